@@ -1,0 +1,84 @@
+"""The attention math of both models, in one place.
+
+- Scaled dot-product attention, Softmax(QKᵀ/√d)V (Vaswani et al. 2017), as used by the ViT
+  (Dosovitskiy et al. 2020). The fused ``F.scaled_dot_product_attention`` kernel is the default path;
+  the explicit path runs only when the caller asks for the attention weights.
+- Additive (Bahdanau) attention, e_i = w·tanh(W_a a_i + W_h h), α = softmax(e), as used by the
+  "Show, Attend and Tell" soft attention (Xu et al. 2015, §4.2).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, return_weights: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Softmax(QKᵀ/√d)V over (B, H, N, d) tensors; the weights (B, H, N, N) only when asked for."""
+    if not return_weights:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    scale = q.shape[-1] ** -0.5
+    weights = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+    weights = weights.softmax(dim=-1)
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ v, weights
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection (parameter names as in timm's ``Attention``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"embed dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, *, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        batch, tokens, dim = x.shape
+        # (B, N, 3·D) -> (3, B, H, N, d)
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        dropout_p = self.attn_drop if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, return_weights=return_weights)
+        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # (B, H, N, d) -> (B, N, D)
+        return self.proj_drop(self.proj(out)), weights
+
+
+class AdditiveAttention(nn.Module):
+    """Bahdanau attention over a set of annotation vectors a_i ∈ R^D, queried by a hidden state h.
+
+    The projection W_a a_i does not depend on the query, so ``project_annotations`` computes it once per
+    image and ``forward`` reuses it at every decoding step.
+    """
+
+    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int) -> None:
+        super().__init__()
+        self.annotation_proj = nn.Linear(annotation_dim, attention_dim)  # W_a
+        self.query_proj = nn.Linear(query_dim, attention_dim)  # W_h
+        self.score = nn.Linear(attention_dim, 1)  # w
+
+    def project_annotations(self, annotations: Tensor) -> Tensor:
+        """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
+        return self.annotation_proj(annotations)
+
+    def forward(self, projected_annotations: Tensor, query: Tensor) -> Tensor:
+        """α over the L locations, (B, L), for a query (B, Q)."""
+        # e_i = w·tanh(W_a a_i + W_h h)
+        scores = self.score(torch.tanh(projected_annotations + self.query_proj(query).unsqueeze(1))).squeeze(-1)
+        return scores.softmax(dim=-1)  # α = softmax(e)

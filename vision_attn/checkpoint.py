@@ -1,0 +1,98 @@
+"""Loading weights and checkpoints without ever executing what is loaded.
+
+Every load in the project goes through here: ``torch.load(weights_only=True)`` for .pt/.pth/.ckpt files,
+safetensors for .safetensors. A file whose pickle asks for anything beyond tensors and plain types is
+refused with a one-line message.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or weights file that cannot be used; the message says which and why."""
+
+
+def load_file(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file as load_safetensors
+
+        try:
+            return load_safetensors(str(path), device=str(map_location))
+        except SafetensorError as error:
+            raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
+    try:
+        loaded = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).splitlines()[0] if str(error) else "unsupported content"
+        raise CheckpointError(
+            f"{path}: refused, the file holds objects other than tensors and plain types ({reason}); "
+            "only weights-only checkpoints are loaded"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({str(error).splitlines()[0]})") from None
+    if not isinstance(loaded, Mapping):
+        raise CheckpointError(f"{path}: expected a dict of weights, found {type(loaded).__name__}")
+    return dict(loaded)
+
+
+def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
+    """The model weights inside a raw state dict, a Lightning checkpoint or a ``{"model": ...}`` wrapper.
+
+    Lightning prefixes keys with the attribute that holds the network (``model.``); that prefix is removed.
+    """
+    for key in ("state_dict", "model", "model_state_dict", "module"):
+        inner = loaded.get(key)
+        if isinstance(inner, Mapping):
+            loaded = inner
+            break
+    state = {k: v for k, v in loaded.items() if isinstance(v, Tensor)}
+    if not state:
+        raise CheckpointError("no tensors found in the weights file")
+    if all(k.startswith("model.") for k in state):
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+    return state
+
+
+KIND_KEY = "vision_attn_kind"
+KIND_NAMES = {"vit": "ViT classifier", "captioner": "Show-Attend-Tell captioner"}
+
+
+def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: str) -> Any:
+    """Rebuild a LightningModule from a checkpoint's plain hyper-parameters and weights.
+
+    ``kind`` is the model family the caller needs; a checkpoint of the other family is refused by name.
+    """
+    loaded = load_file(path)
+    found = loaded.get(KIND_KEY)
+    if found is not None and found != kind:
+        raise CheckpointError(
+            f"{path}: this is a {KIND_NAMES.get(found, found)} checkpoint, but a {KIND_NAMES[kind]} is needed"
+        )
+    if "state_dict" not in loaded or "hyper_parameters" not in loaded:
+        raise CheckpointError(f"{path}: not a vision-attn checkpoint (no state_dict and hyper_parameters)")
+    hparams = {k: v for k, v in loaded["hyper_parameters"].items() if not k.startswith("_")}
+    hparams.pop("pretrained", None)  # the checkpoint's own weights replace any initial weights
+    try:
+        module = cls(**hparams)
+    except TypeError as error:
+        raise CheckpointError(f"{path}: its hyper-parameters do not fit {cls.__name__} ({error})") from None
+    try:
+        module.load_state_dict(loaded["state_dict"])
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: weights do not fit {cls.__name__} ({str(error).splitlines()[0]})") from None
+    return module

@@ -1,0 +1,95 @@
+"""The ``vision-attn`` command: LightningCLI for fit/validate/test/predict, plus the inference tools.
+
+    vision-attn fit --config configs/vit/fashion_mnist.yaml [--trainer.max_epochs 1 ...]
+    vision-attn classify --ckpt model.ckpt image.png ...
+
+The YAML picks the LightningModule and the LightningDataModule by ``class_path``; the DataModule's
+metadata (classes, channels, image size, normalisation) is linked into the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+
+LINKED_FROM_DATA = ("num_classes", "class_names", "in_chans", "mean", "std")
+
+
+class VisionAttnCLI(LightningCLI):
+    """LightningCLI with the DataModule → model links; a link whose ends a class lacks is skipped."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser
+        for name in LINKED_FROM_DATA:
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        parser.link_arguments("data.image_size", "model.init_args.img_size", apply_on="instantiate")
+
+
+def run_lightning(args: Sequence[str] | None) -> None:
+    VisionAttnCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        auto_configure_optimizers=False,
+    )
+
+
+def classify_command(argv: Sequence[str]) -> None:
+    from vision_attn.vit.inference import classify_files, load_classifier
+
+    parser = argparse.ArgumentParser(prog="vision-attn classify", description="Top-k classes of images with a ViT.")
+    parser.add_argument("--ckpt", required=True, help="ViT checkpoint (.ckpt) written by `vision-attn fit`")
+    parser.add_argument("images", nargs="+", help="image files")
+    parser.add_argument("--top-k", type=int, default=5, help="classes to print per image (default 5)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    options = parser.parse_args(argv)
+    module = load_classifier(options.ckpt, device=options.device)
+    for path, ranked in classify_files(module, options.images, top_k=options.top_k):
+        print(path)
+        for name, probability in ranked:
+            print(f"  {probability:7.2%}  {name}")
+
+
+TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
+    "classify": (classify_command, "top-k classes of images with a trained ViT"),
+}
+LIGHTNING_COMMANDS = {
+    "fit": "train a model (--config configs/...yaml)",
+    "validate": "run the validation loop",
+    "test": "run the test loop (--ckpt_path C)",
+    "predict": "run prediction",
+}
+
+
+def print_usage() -> None:
+    print("usage: vision-attn COMMAND [options]\n\ncommands:")
+    for name, text in {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in TOOLS.items()}}.items():
+        print(f"  {name:<10} {text}")
+    print("\n`vision-attn COMMAND --help` shows a command's options.")
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Console-script entry point; ``args`` replaces ``sys.argv[1:]`` when called from Python."""
+    argv = list(sys.argv[1:] if args is None else args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not argv or argv[0] in ("-h", "--help"):
+        print_usage()
+        return
+    if argv[0] in TOOLS:
+        from vision_attn.errors import exit_on_user_error
+
+        with exit_on_user_error():
+            TOOLS[argv[0]][0](argv[1:])
+        return
+    run_lightning(argv if args is not None else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""CIFAR-10 (Krizhevsky 2009): 60k 32×32 colour images of 10 classes.
+
+Reads either release under ``root``: the binary one (``cifar-10-batches-bin``) or the python one
+(``cifar-10-batches-py``, through an unpickler that accepts only numpy arrays and plain types, so a
+tampered file cannot run code). Without either, torchvision's downloader fetches the python release.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vision_attn.data.classification import ClassificationDataModule, TensorImageDataset, split_train_val
+from vision_attn.data.fashion_mnist import DatasetNotFoundError
+
+CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_BATCHES = ["test_batch"]
+MEAN, STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
+RECORD_BYTES = 1 + 3 * 32 * 32
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle's own signature
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}")
+
+
+def _read_binary_batch(path: Path) -> tuple[Tensor, Tensor]:
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size == 0 or raw.size % RECORD_BYTES:
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of CIFAR-10 records")
+    records = raw.reshape(-1, RECORD_BYTES)
+    images = torch.from_numpy(records[:, 1:].copy()).reshape(-1, 3, 32, 32)  # (N, C, H, W)
+    return images, torch.from_numpy(records[:, 0].astype(np.int64))
+
+
+def _read_python_batch(path: Path) -> tuple[Tensor, Tensor]:
+    try:
+        with open(path, "rb") as file:
+            batch = _ArraysOnlyUnpickler(file, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError) as error:
+        raise ValueError(f"{path}: not a CIFAR-10 batch ({error})") from None
+    if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
+        raise ValueError(f"{path}: not a CIFAR-10 batch (no 'data' and 'labels')")
+    images = torch.from_numpy(np.asarray(batch["data"], dtype=np.uint8)).reshape(-1, 3, 32, 32)
+    return images, torch.as_tensor(batch["labels"], dtype=torch.int64)
+
+
+def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tuple[Tensor, Tensor]:
+    """(images uint8 (N, 3, 32, 32), labels (N,)) of the ``train`` or ``test`` split."""
+    root = Path(root)
+    names = TRAIN_BATCHES if split == "train" else TEST_BATCHES
+    binary, python = root / "cifar-10-batches-bin", root / "cifar-10-batches-py"
+    if not any(d.is_dir() for d in (binary, python)) and download:
+        from torchvision.datasets import CIFAR10
+
+        try:
+            CIFAR10(str(root), train=True, download=True)
+        except Exception as error:  # noqa: BLE001 - any network failure means "not there"
+            raise DatasetNotFoundError(
+                f"CIFAR-10 not found under {root} (cifar-10-batches-bin or cifar-10-batches-py) and the "
+                f"download failed ({str(error).splitlines()[0]})"
+            ) from None
+    if binary.is_dir():
+        parts = [_read_binary_batch(binary / f"{name}.bin") for name in names]
+    elif python.is_dir():
+        parts = [_read_python_batch(python / name) for name in names]
+    else:
+        raise DatasetNotFoundError(
+            f"CIFAR-10 not found under {root}: expected cifar-10-batches-bin/ or cifar-10-batches-py/ "
+            "(or set download: true)"
+        )
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+class CIFAR10DataModule(ClassificationDataModule):
+    """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test."""
+
+    def __init__(
+        self,
+        root: str = "data/cifar10",
+        *,
+        val_size: int = 5000,
+        split_seed: int = 0,
+        download: bool = True,
+        batch_size: int = 128,
+        eval_batch_size: int | None = 1000,
+        num_workers: int = 0,
+        pad_crop: int = 4,
+        hflip: bool = True,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            pad_crop=pad_crop,
+            hflip=hflip,
+        )
+        self.root = root
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+        self.class_names = list(CLASS_NAMES)
+        self.in_chans = 3
+        self.image_size = 32
+        self.mean, self.std = list(MEAN), list(STD)
+
+    def prepare_data(self) -> None:
+        load_cifar10(self.root, "test", download=self.download)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = TensorImageDataset(*load_cifar10(self.root, "train"))
+            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = TensorImageDataset(*load_cifar10(self.root, "test"))

@@ -1,0 +1,147 @@
+"""The shape shared by the classification DataModules (Fashion-MNIST, CIFAR-10, ImageFolder).
+
+Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the cheap augmentations (random
+crop with padding, horizontal flip) run on whole batches after they reach the device, in
+``on_after_batch_transfer``: one vectorised op per batch instead of Python per sample, on the GPU when
+there is one. ``num_classes``, ``class_names``, ``in_chans``, ``image_size``, ``mean`` and ``std`` are
+known right after construction, so LightningCLI links them into the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Subset
+
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as one uint8 tensor (N, C, H, W) with integer labels (N,)."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        if images.ndim != 4 or images.dtype != torch.uint8:
+            raise ValueError(f"expected uint8 images (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels.long()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+
+def random_pad_crop(images: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
+    """Per-image random crop of the zero-padded batch (B, C, H, W) back to (H, W)."""
+    batch, _, height, width = images.shape
+    padded = F.pad(images, (padding,) * 4)  # (B, C, H + 2p, W + 2p)
+    shape = (batch,)
+    top = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
+    left = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
+    rows = (top[:, None] + torch.arange(height, device=images.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (left[:, None] + torch.arange(width, device=images.device))[:, None, None, :]  # (B, 1, 1, W)
+    batch_index = torch.arange(batch, device=images.device)[:, None, None, None]
+    channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
+    return padded[batch_index, channel_index, rows, cols]
+
+
+def random_hflip(images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Flip a random half of the batch (B, C, H, W) left-right."""
+    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+class ClassificationDataModule(L.LightningDataModule):
+    """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        pad_crop: int = 0,
+        hflip: bool = False,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if pad_crop < 0:
+            raise ValueError(f"pad_crop must be 0 or more pixels, got {pad_crop}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.pad_crop = pad_crop
+        self.hflip = hflip
+        self.pin_memory = pin_memory
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.class_names: list[str] = []
+        self.in_chans: int = 3
+        self.image_size: int = 32
+        self.mean: list[float] = [0.5] * 3
+        self.std: list[float] = [0.5] * 3
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not been run")
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            drop_last=train and len(dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)
+
+    def normalize(self, images: Tensor) -> Tensor:
+        """uint8 (B, C, H, W) -> float, (x / 255 - mean) / std."""
+        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
+        return (images.float() / 255.0 - mean) / std
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        images, labels = batch
+        if self.trainer is not None and self.trainer.training:
+            if self.pad_crop:
+                images = random_pad_crop(images, self.pad_crop)
+            if self.hflip:
+                images = random_hflip(images)
+        return self.normalize(images), labels
+
+
+def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset, Subset]:
+    """A fixed random hold-out of ``val_size`` items; the rest is for training."""
+    if not 0 < val_size < len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"val_size must be between 1 and {len(dataset) - 1}, got {val_size}")  # type: ignore[arg-type]
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()  # type: ignore[arg-type]
+    return Subset(dataset, order[val_size:]), Subset(dataset, order[:val_size])
+
+
+def check_channels(in_chans: int, allowed: Sequence[int] = (1, 3)) -> None:
+    if in_chans not in allowed:
+        raise ValueError(f"in_chans must be one of {list(allowed)}, got {in_chans}")

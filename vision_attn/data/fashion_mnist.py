@@ -1,0 +1,136 @@
+"""Fashion-MNIST (Xiao et al. 2017): 70k 28×28 grey images of 10 garment classes.
+
+The four ``*-idx?-ubyte.gz`` files are looked for in Debian's ``dataset-fashion-mnist`` location, then in
+the configured root, then fetched with torchvision's downloader; when all three fail, the error names them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vision_attn.data.classification import ClassificationDataModule, TensorImageDataset, split_train_val
+
+log = logging.getLogger(__name__)
+
+SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+               "Ankle boot"]
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+MEAN, STD = 0.2860, 0.3530  # over the 60k training images
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset that is in none of the places we looked; the message lists them."""
+
+
+def read_idx(path: Path) -> Tensor:
+    """Read an IDX file (gzipped or not) into a uint8 tensor of the shape its header gives."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as file:
+            data = file.read()
+    except (OSError, EOFError) as error:
+        raise ValueError(f"{path}: unreadable IDX file ({error})") from None
+    if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
+        raise ValueError(f"{path}: not a uint8 IDX file (bad magic number)")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = 1
+    for size in dims:
+        expected *= size
+    if len(data) - header != expected:
+        raise ValueError(f"{path}: header says {dims} ({expected} bytes) but holds {len(data) - header} bytes")
+    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(dims)
+
+
+def _has_files(directory: Path) -> bool:
+    return all((directory / name).is_file() for pair in FILES.values() for name in pair)
+
+
+def find_fashion_mnist(root: str | Path, *, download: bool = True) -> Path:
+    """The folder holding the four Fashion-MNIST files: system location, then ``root``, then a download."""
+    root = Path(root)
+    candidates = [SYSTEM_DIR, root, root / "FashionMNIST" / "raw"]
+    for directory in candidates:
+        if _has_files(directory):
+            return directory
+    download_error = "download disabled"
+    if download:
+        try:
+            from torchvision.datasets import FashionMNIST
+
+            FashionMNIST(str(root), train=True, download=True)
+            FashionMNIST(str(root), train=False, download=True)
+            if _has_files(candidates[2]):
+                return candidates[2]
+            download_error = "download finished without the files"
+        except Exception as error:  # noqa: BLE001 - any network failure means "not there"
+            download_error = str(error).splitlines()[0] if str(error) else type(error).__name__
+    raise DatasetNotFoundError(
+        f"Fashion-MNIST not found: looked in {SYSTEM_DIR} (apt-get install dataset-fashion-mnist), "
+        f"in {root} (the configured root), and torchvision's download failed ({download_error})"
+    )
+
+
+def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
+    """(images uint8 (N, 28, 28), labels int64 (N,)) of the official ``train`` or ``test`` split."""
+    image_file, label_file = FILES[split]
+    images, labels = read_idx(directory / image_file), read_idx(directory / label_file)
+    if images.ndim != 3 or len(images) != len(labels):
+        raise ValueError(f"{directory}: {split} images {tuple(images.shape)} do not match labels {len(labels)}")
+    return images, labels.long()
+
+
+class FashionMNISTDataModule(ClassificationDataModule):
+    """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test."""
+
+    def __init__(
+        self,
+        root: str = "data/fashion_mnist",
+        *,
+        val_size: int = 5000,
+        split_seed: int = 0,
+        download: bool = True,
+        batch_size: int = 128,
+        eval_batch_size: int | None = 1000,
+        num_workers: int = 0,
+        pad_crop: int = 0,
+        hflip: bool = False,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            pad_crop=pad_crop,
+            hflip=hflip,
+        )
+        self.root = root
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+        self.class_names = list(CLASS_NAMES)
+        self.in_chans = 1
+        self.image_size = 28
+        self.mean, self.std = [MEAN], [STD]
+
+    def prepare_data(self) -> None:
+        find_fashion_mnist(self.root, download=self.download)
+
+    def setup(self, stage: str | None = None) -> None:
+        directory = find_fashion_mnist(self.root, download=False)
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            images, labels = load_fashion_mnist(directory, "train")
+            full = TensorImageDataset(images.unsqueeze(1), labels)  # (N, 1, 28, 28)
+            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+        if stage in (None, "test", "predict") and self.test_set is None:
+            images, labels = load_fashion_mnist(directory, "test")
+            self.test_set = TensorImageDataset(images.unsqueeze(1), labels)

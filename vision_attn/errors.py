@@ -1,0 +1,23 @@
+"""User-facing errors: a one-line message and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from vision_attn.checkpoint import CheckpointError
+from vision_attn.data.fashion_mnist import DatasetNotFoundError
+from vision_attn.data.images import BadImageError
+
+USER_ERRORS = (CheckpointError, DatasetNotFoundError, BadImageError, FileNotFoundError, ValueError)
+
+
+@contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """Turn the errors a user can fix (bad file, bad value, missing data) into ``error: ...`` and exit 2."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

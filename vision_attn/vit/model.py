@@ -1,0 +1,187 @@
+"""Vision Transformer: "An Image is Worth 16x16 Words" (Dosovitskiy et al. 2020, arXiv 2010.11929).
+
+A conv patch embedding, a cls token, a learned position embedding, pre-LN Transformer blocks of
+multi-head self-attention and an MLP, a final LayerNorm and a linear head on the cls token.
+Parameter names and shapes equal timm's ``VisionTransformer``, so timm state dicts load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vision_attn.attention import MultiHeadSelfAttention
+
+
+def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
+    """Stochastic depth: drop the whole residual branch per sample (Huang et al. 2016)."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep_prob = 1.0 - drop_prob
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)
+    return x * mask / keep_prob
+
+
+class PatchEmbed(nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size."""
+
+    def __init__(self, *, img_size: int, patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        if img_size % patch_size != 0:
+            raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}")
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-2:] != (self.img_size, self.img_size):
+            raise ValueError(
+                f"input is {tuple(x.shape[-2:])} but the model expects {self.img_size}x{self.img_size}; "
+                "resize the input or build the model with that img_size"
+            )
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, Gh, Gw) -> (B, N, D)
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = MultiHeadSelfAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+        )
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.drop_path = drop_path
+
+    def forward(self, x: Tensor, *, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        attended, weights = self.attn(self.norm1(x), return_weights=return_attention)
+        x = x + drop_path(attended, self.drop_path, self.training)  # z' = MSA(LN(z)) + z
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
+        return x, weights
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits.
+
+    Attention weights are opt-in: ``model(x, return_attention=True)`` returns ``(logits, attentions)``
+    with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel.
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.embed_dim = embed_dim
+        self.patch_embed = PatchEmbed(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        drop_path_rates = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
+        self.blocks = nn.ModuleList(
+            Block(
+                embed_dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                drop=drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=rate,
+            )
+            for rate in drop_path_rates
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.patch_embed.grid_size
+
+    def init_weights(self) -> None:
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(
+        self, x: Tensor, *, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Image (B, C, H, W) -> normalised tokens (B, 1 + N, D), cls token first."""
+        x = self.patch_embed(x)  # (B, N, D)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, return_attention=return_attention)
+            if return_attention:
+                attentions.append(weights)
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
+        """Tokens (B, 1 + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``."""
+        x = self.head_drop(x[:, 0])  # y = LN(z_L^0), the cls token
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        if return_attention:
+            tokens, attentions = self.forward_features(x, return_attention=True)
+            return self.forward_head(tokens), attentions
+        return self.forward_head(self.forward_features(x))

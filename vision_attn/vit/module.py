@@ -1,0 +1,122 @@
+"""LightningModule for the ViT classifier: loss, accuracy, optimiser and schedule."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from torch import Tensor
+
+from vision_attn.checkpoint import KIND_KEY
+from vision_attn.schedule import decay_groups, warmup_cosine
+from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.pretrained import load_pretrained
+
+log = logging.getLogger(__name__)
+
+
+class ViTClassifier(L.LightningModule):
+    """Trains ``VisionTransformer`` with AdamW, warm-up + cosine, label smoothing; logs top-1 accuracy.
+
+    ``num_classes``, ``in_chans``, ``img_size``, ``class_names``, ``mean`` and ``std`` are linked from the
+    DataModule by the CLI, and stored with the checkpoint, so ``classify`` can preprocess new images alone.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        img_size: int = 28,
+        in_chans: int = 1,
+        patch_size: int = 4,
+        embed_dim: int = 64,
+        depth: int = 6,
+        num_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 0.0,
+        label_smoothing: float = 0.0,
+        pretrained: str | None = None,
+        compile: bool = False,
+        class_names: list[str] | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+        self.model = VisionTransformer(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+        )
+        if pretrained:
+            fresh = load_pretrained(self.model, pretrained)
+            log.info("loaded %s (fresh: %s)", pretrained, ", ".join(fresh) or "nothing")
+        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
+        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
+        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
+        if compile:
+            self.model.compile()  # in place: parameter names and checkpoints stay the same
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        logits = self.model(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.train_accuracy(logits, labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: torchmetrics.Metric) -> None:
+        images, labels = batch
+        logits = self.model(images)
+        accuracy(logits, labels)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_accuracy)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_accuracy)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.model(batch[0]).softmax(dim=-1)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[KIND_KEY] = "vit"
+
+    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
+        groups = decay_groups(self.model, self.hparams.weight_decay, skip=self.model.no_weight_decay())
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        steps_per_epoch = total_steps / max(1, self.trainer.max_epochs or 1)
+        warmup_steps = max(1, round(self.hparams.warmup_epochs * steps_per_epoch))
+        schedule = warmup_cosine(
+            optimizer, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=self.hparams.min_lr_ratio
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
