@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,10 +37,17 @@ def load_file(path: str | os.PathLike, *, map_location: str | torch.device = "cp
             return load_safetensors(str(path), device=str(map_location))
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
+    with open(path, "rb") as file:
+        magic = file.read(4)
+    if magic[:2] != b"PK" and magic[:1] != b"\x80":  # torch.save writes a zip; the legacy format a pickle
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (neither a zip archive nor a pickle)")
     try:
-        loaded = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # protocol notices; the outcome is what matters
+            loaded = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).splitlines()[0] if str(error) else "unsupported content"
+        found = re.search(r"WeightsUnpickler error: ([^\n]*)", str(error))
+        reason = (found.group(1).split(". Please")[0].strip() if found else "") or "unsupported content"
         raise CheckpointError(
             f"{path}: refused, the file holds objects other than tensors and plain types ({reason}); "
             "only weights-only checkpoints are loaded"

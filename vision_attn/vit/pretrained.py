@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def resample_pos_embed(pos_embed: Tensor, new_grid: tuple[int, int], num_prefix_tokens: int = 1) -> Tensor:
-    """(1, P + Gh·Gw, D) -> (1, P + Gh'·Gw', D): bicubic resampling of the grid part, prefix kept."""
+    """(1, P + Gh·Gw, D) -> (1, P + Gh'·Gw', D): bicubic (antialiased) resampling of the grid part, prefix kept."""
     prefix, grid_part = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     old_tokens, dim = grid_part.shape[1], grid_part.shape[2]
     old_side = math.isqrt(old_tokens)
@@ -32,7 +32,7 @@ def resample_pos_embed(pos_embed: Tensor, new_grid: tuple[int, int], num_prefix_
     if (old_side, old_side) == tuple(new_grid):
         return pos_embed
     grid_part = grid_part.reshape(1, old_side, old_side, dim).permute(0, 3, 1, 2)  # (1, D, G, G)
-    grid_part = F.interpolate(grid_part.float(), size=new_grid, mode="bicubic", align_corners=False)
+    grid_part = F.interpolate(grid_part.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=True)
     grid_part = grid_part.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)  # (1, G'·G', D)
     return torch.cat([prefix, grid_part.to(pos_embed.dtype)], dim=1)
 

@@ -1,0 +1,81 @@
+"""The real entry point: LightningCLI fit/test with tiny configs, and `classify` through the console script."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import CONFIGS, console_script
+from vision_attn.cli import main
+from vision_attn.data.fashion_mnist import CLASS_NAMES, find_fashion_mnist, load_fashion_mnist
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([console_script(), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def vit_checkpoint(tmp_path_factory) -> Path:
+    """A tiny ViT trained for a few steps on Fashion-MNIST through the in-process CLI."""
+    run_dir = tmp_path_factory.mktemp("vit_run")
+    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(run_dir)])
+    checkpoint = next(run_dir.rglob("best.ckpt"))
+    assert (checkpoint.parent / "last.ckpt").exists()
+    return checkpoint
+
+
+def test_fast_dev_run_through_the_console_script(tmp_path) -> None:
+    result = run_script("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.fast_dev_run", "2",
+                        "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "fast_dev_run" in result.stderr + result.stdout
+
+
+def test_shipped_configs_parse(tmp_path) -> None:
+    for config in sorted((REPO / "configs" / "vit").glob("*.yaml")):
+        result = run_script("fit", "--config", str(config), "--print_config")
+        assert result.returncode == 0, f"{config.name}: {result.stderr[-1500:]}"
+        assert "vision_attn.vit.ViTClassifier" in result.stdout
+
+
+def test_test_command_prints_test_accuracy(vit_checkpoint, tmp_path) -> None:
+    result = run_script("test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
+                        "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "test/acc" in result.stdout
+
+
+def test_classify_prints_top5_for_images_of_any_mode_and_size(vit_checkpoint, tmp_path) -> None:
+    images, labels = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "test")
+    grey = tmp_path / "garment.png"
+    Image.fromarray(images[0].numpy()).save(grey)
+    rgb = tmp_path / "wide.jpg"
+    Image.fromarray(np.stack([images[1].numpy()] * 3, -1)).resize((90, 40)).save(rgb)
+    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(grey), str(rgb))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == str(grey) and lines[6] == str(rgb)
+    probabilities = [float(line.split("%")[0]) for line in lines[1:6]]
+    assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 100.01
+    assert all(line.split("%", 1)[1].strip() in CLASS_NAMES for line in lines[1:6])
+
+
+def test_classify_missing_image_is_one_line_error(vit_checkpoint, tmp_path) -> None:
+    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(tmp_path / "nope.png"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'nope.png'}: file not found"
+
+
+def test_classify_with_a_non_checkpoint_is_one_line_error(tmp_path) -> None:
+    bogus = tmp_path / "model.ckpt"
+    bogus.write_text("not a checkpoint")
+    result = run_script("classify", "--ckpt", str(bogus), str(bogus))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {bogus}: not a readable PyTorch checkpoint")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,138 @@
+"""The ViT equals timm's VisionTransformer, returns attention on request, and loads local weights."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+
+from vision_attn.attention import scaled_dot_product_attention
+from vision_attn.checkpoint import CheckpointError, load_file
+from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
+
+TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)
+
+
+@pytest.fixture(scope="module")
+def timm_tiny() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).eval()
+
+
+def test_state_dict_keys_and_shapes_equal_timm(timm_tiny: torch.nn.Module) -> None:
+    ours = VisionTransformer(img_size=224, in_chans=3, num_classes=10, **TINY).state_dict()
+    theirs = timm_tiny.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in ours)
+
+
+def test_logits_equal_timm_after_loading_its_state_dict(timm_tiny: torch.nn.Module) -> None:
+    model = VisionTransformer(img_size=224, in_chans=3, num_classes=10, **TINY).eval()
+    model.load_state_dict(timm_tiny.state_dict())
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(model(x), timm_tiny(x), atol=1e-5)
+        assert torch.allclose(model.forward_features(x), timm_tiny.forward_features(x), atol=1e-5)
+
+
+def test_attention_weights_are_opt_in_and_match_the_fused_path() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=3,
+                              num_heads=4).eval()
+    x = torch.randn(5, 1, 28, 28)
+    with torch.no_grad():
+        fused = model(x)
+        explicit, attentions = model(x, return_attention=True)
+    assert isinstance(fused, torch.Tensor)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    assert len(attentions) == 3
+    assert attentions[0].shape == (5, 4, 50, 50)  # (B, heads, 1 + 7·7, 1 + 7·7)
+    assert torch.allclose(attentions[-1].sum(-1), torch.ones(5, 4, 50))
+
+
+def test_explicit_attention_is_softmax_qk_over_sqrt_d() -> None:
+    q, k, v = torch.randn(3, 2, 2, 6, 8).unbind(0)
+    out, weights = scaled_dot_product_attention(q, k, v, return_weights=True)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, dim=-1)
+    assert torch.allclose(weights, expected, atol=1e-6)
+    assert torch.allclose(out, expected @ v, atol=1e-6)
+
+
+def test_forward_head_pre_logits_and_no_weight_decay() -> None:
+    model = VisionTransformer(img_size=32, patch_size=8, in_chans=3, num_classes=7, embed_dim=16, depth=1,
+                              num_heads=2)
+    tokens = model.forward_features(torch.randn(2, 3, 32, 32))
+    assert tokens.shape == (2, 17, 16)
+    assert model.forward_head(tokens, pre_logits=True).shape == (2, 16)
+    assert model.forward_head(tokens).shape == (2, 7)
+    assert model.no_weight_decay() == {"pos_embed", "cls_token"}
+
+
+def test_wrong_input_size_is_a_clear_error() -> None:
+    model = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=16, depth=1,
+                              num_heads=2)
+    with pytest.raises(ValueError, match="expects 28x28"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_load_local_weights_with_new_classes_and_grey_input(timm_tiny, tmp_path, suffix) -> None:
+    path = tmp_path / f"vit_tiny{suffix}"
+    state = {k: v.contiguous() for k, v in timm_tiny.state_dict().items()}
+    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
+    model = VisionTransformer(img_size=224, in_chans=1, num_classes=5, **TINY).eval()
+    fresh = load_pretrained(model, path)
+    assert fresh == ["head.weight", "head.bias"]
+    grey = torch.randn(2, 1, 224, 224)
+    with torch.no_grad():
+        ours = model.forward_head(model.forward_features(grey), pre_logits=True)
+        theirs = timm_tiny.forward_head(timm_tiny.forward_features(grey.repeat(1, 3, 1, 1)), pre_logits=True)
+    assert torch.allclose(ours, theirs, atol=1e-4)  # summed kernel on grey == RGB kernel on grey×3
+
+
+def test_load_local_weights_resamples_position_embedding(timm_tiny, tmp_path) -> None:
+    path = tmp_path / "vit.pth"
+    torch.save(timm_tiny.state_dict(), path)
+    model = VisionTransformer(img_size=128, in_chans=3, num_classes=10, **TINY)
+    load_pretrained(model, path)
+    expected = resample_abs_pos_embed(timm_tiny.pos_embed.detach(), new_size=(8, 8), num_prefix_tokens=1)
+    assert model.pos_embed.shape == (1, 65, 192)
+    assert torch.allclose(model.pos_embed.detach(), expected, atol=1e-5)
+    assert torch.equal(resample_pos_embed(timm_tiny.pos_embed, (14, 14)), timm_tiny.pos_embed)
+
+
+def test_lightning_checkpoint_weights_load_into_a_bare_model(tmp_path) -> None:
+    source = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=16, depth=1,
+                               num_heads=2)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in source.state_dict().items()}, "epoch": 3},
+               tmp_path / "run.ckpt")
+    target = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=16, depth=1,
+                               num_heads=2)
+    assert load_pretrained(target, tmp_path / "run.ckpt") == []
+    pairs = zip(source.state_dict().values(), target.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_mismatched_architecture_is_refused_with_the_offending_key(timm_tiny, tmp_path) -> None:
+    torch.save(timm_tiny.state_dict(), tmp_path / "tiny.pth")
+    model = VisionTransformer(img_size=224, in_chans=3, num_classes=10, embed_dim=96, depth=12, num_heads=3)
+    with pytest.raises(CheckpointError, match="do not fit this ViT"):
+        load_pretrained(model, tmp_path / "tiny.pth")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("payload ran",))
+
+
+def test_pickled_code_in_a_weights_file_is_refused(tmp_path) -> None:
+    path = tmp_path / "evil.pth"
+    with open(path, "wb") as file:
+        pickle.dump({"weight": _Payload()}, file)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_file(path)
