@@ -24,20 +24,20 @@ def timm_tiny() -> torch.nn.Module:
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).eval()
 
 
-def test_state_dict_keys_and_shapes_equal_timm(timm_tiny: torch.nn.Module) -> None:
-    ours = VisionTransformer(img_size=224, in_chans=3, num_classes=10, **TINY).state_dict()
-    theirs = timm_tiny.state_dict()
-    assert list(ours) == list(theirs)
-    assert all(ours[k].shape == theirs[k].shape for k in ours)
-
-
-def test_logits_equal_timm_after_loading_its_state_dict(timm_tiny: torch.nn.Module) -> None:
-    model = VisionTransformer(img_size=224, in_chans=3, num_classes=10, **TINY).eval()
-    model.load_state_dict(timm_tiny.state_dict())
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+def test_state_dict_and_logits_equal_timm(global_pool: str) -> None:
+    torch.manual_seed(0)
+    theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10,
+                               global_pool=global_pool).eval()
+    model = VisionTransformer(img_size=224, in_chans=3, num_classes=10, global_pool=global_pool, **TINY).eval()
+    ours_state, theirs_state = model.state_dict(), theirs.state_dict()
+    assert list(ours_state) == list(theirs_state)
+    assert all(ours_state[k].shape == theirs_state[k].shape for k in ours_state)
+    model.load_state_dict(theirs_state)
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        assert torch.allclose(model(x), timm_tiny(x), atol=1e-5)
-        assert torch.allclose(model.forward_features(x), timm_tiny.forward_features(x), atol=1e-5)
+        assert torch.allclose(model(x), theirs(x), atol=1e-5)
+        assert torch.allclose(model.forward_features(x), theirs.forward_features(x), atol=1e-5)
 
 
 def test_attention_weights_are_opt_in_and_match_the_fused_path() -> None:

@@ -78,7 +78,8 @@ class AdditiveAttention(nn.Module):
         return self.annotation_proj(annotations)
 
     def forward(self, projected_annotations: Tensor, query: Tensor) -> Tensor:
-        """α over the L locations, (B, L), for a query (B, Q)."""
+        """α over the L locations, (B, L), for a query (B, Q); ``projected_annotations`` is (B, L, A)."""
+        projected_query = self.query_proj(query).unsqueeze(1)  # (B, 1, A)
         # e_i = w·tanh(W_a a_i + W_h h)
-        scores = self.score(torch.tanh(projected_annotations + self.query_proj(query).unsqueeze(1))).squeeze(-1)
+        scores = self.score(torch.tanh(projected_annotations + projected_query)).squeeze(-1)
         return scores.softmax(dim=-1)  # α = softmax(e)

@@ -57,8 +57,26 @@ def classify_command(argv: Sequence[str]) -> None:
             print(f"  {probability:7.2%}  {name}")
 
 
+def export_samples_command(argv: Sequence[str]) -> None:
+    from vision_attn.data.fashion_mnist import export_samples
+
+    parser = argparse.ArgumentParser(prog="vision-attn export-samples",
+                                     description="Write dataset images as PNG files named by their true class.")
+    parser.add_argument("--dataset", choices=["fashion-mnist"], default="fashion-mnist")
+    parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
+    parser.add_argument("--split", choices=["train", "test"], default="test")
+    parser.add_argument("--count", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="output folder")
+    options = parser.parse_args(argv)
+    for path in export_samples(options.root, options.out, count=options.count, split=options.split,
+                               seed=options.seed):
+        print(path)
+
+
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
     "classify": (classify_command, "top-k classes of images with a trained ViT"),
+    "export-samples": (export_samples_command, "write dataset images as PNG files (for classify and overlay)"),
 }
 LIGHTNING_COMMANDS = {
     "fit": "train a model (--config configs/...yaml)",
@@ -71,7 +89,7 @@ LIGHTNING_COMMANDS = {
 def print_usage() -> None:
     print("usage: vision-attn COMMAND [options]\n\ncommands:")
     for name, text in {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in TOOLS.items()}}.items():
-        print(f"  {name:<10} {text}")
+        print(f"  {name:<15} {text}")
     print("\n`vision-attn COMMAND --help` shows a command's options.")
 
 

@@ -134,3 +134,22 @@ class FashionMNISTDataModule(ClassificationDataModule):
         if stage in (None, "test", "predict") and self.test_set is None:
             images, labels = load_fashion_mnist(directory, "test")
             self.test_set = TensorImageDataset(images.unsqueeze(1), labels)
+
+
+def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0) -> list[Path]:
+    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``."""
+    from PIL import Image
+
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    images, labels = load_fashion_mnist(find_fashion_mnist(root), split)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    written = []
+    for index in chosen:
+        name = CLASS_NAMES[int(labels[index])].replace("/", "-").replace(" ", "-")
+        path = out / f"{index:05d}_{name}.png"
+        Image.fromarray(images[index].numpy(), mode="L").save(path)
+        written.append(path)
+    return written

@@ -7,6 +7,8 @@ Parameter names and shapes equal timm's ``VisionTransformer``, so timm state dic
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -111,9 +113,11 @@ class VisionTransformer(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        global_pool: Literal["token", "avg"] = "token",
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
+        self.global_pool = global_pool
         self.embed_dim = embed_dim
         self.patch_embed = PatchEmbed(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
@@ -134,7 +138,9 @@ class VisionTransformer(nn.Module):
             )
             for rate in drop_path_rates
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        # As in timm: the cls token gets the final norm; mean pooling normalises after pooling (fc_norm).
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "token" else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
@@ -163,7 +169,7 @@ class VisionTransformer(nn.Module):
     def forward_features(
         self, x: Tensor, *, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Image (B, C, H, W) -> normalised tokens (B, 1 + N, D), cls token first."""
+        """Image (B, C, H, W) -> tokens (B, 1 + N, D), cls token first (normalised for token pooling)."""
         x = self.patch_embed(x)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
@@ -177,7 +183,8 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``."""
-        x = self.head_drop(x[:, 0])  # y = LN(z_L^0), the cls token
+        pooled = x[:, 0] if self.global_pool == "token" else x[:, 1:].mean(dim=1)  # y = LN(z_L^0), or mean of patches
+        x = self.head_drop(self.fc_norm(pooled))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:

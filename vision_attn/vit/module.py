@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import lightning as L
 import torch
@@ -40,6 +41,7 @@ class ViTClassifier(L.LightningModule):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        global_pool: Literal["token", "avg"] = "token",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -69,6 +71,7 @@ class ViTClassifier(L.LightningModule):
             drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
+            global_pool=global_pool,
         )
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)

@@ -1,0 +1,209 @@
+"""Show-Attend-Tell modules: shapes, the paper's quantities, beam search = exhaustive, hard-attention gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torchvision
+
+from vision_attn.captioning.beam_search import beam_search, greedy_decode
+from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.encoder import AnnotationEncoder
+from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
+
+PAD, START, END = 0, 1, 2
+
+
+def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft") -> AttentionDecoder:
+    torch.manual_seed(0)
+    return AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
+                            attention_dim=7, dropout=0.0, attention=attention)
+
+
+def captions_batch() -> torch.Tensor:
+    return torch.tensor([[START, 5, 6, 7, END, PAD, PAD], [START, 8, END, PAD, PAD, PAD, PAD]])
+
+
+def test_small_encoder_gives_a_grid_of_annotation_vectors() -> None:
+    encoder = AnnotationEncoder(backbone="small", width=16)
+    annotations, grid = encoder(torch.randn(2, 3, 96, 96))
+    assert grid == (6, 6) and annotations.shape == (2, 36, 128)
+    assert encoder.grid_for(96) == (6, 6)
+
+
+def test_decoder_shapes_alpha_sums_to_one_and_beta_is_a_scalar_gate() -> None:
+    decoder = tiny_decoder()
+    output = decoder(torch.randn(2, 9, 8), captions_batch())
+    assert output.logits.shape == (2, 6, 12)
+    assert output.alphas.shape == (2, 6, 9)
+    assert torch.allclose(output.alphas.sum(-1), torch.ones(2, 6), atol=1e-6)
+    assert output.betas.shape == (2, 6)
+    assert ((output.betas > 0) & (output.betas < 1)).all()
+
+
+def test_initial_state_is_tanh_of_the_mean_annotation() -> None:
+    decoder = tiny_decoder()
+    annotations = torch.randn(3, 9, 8)
+    state = decoder.initial_state(annotations)
+    expected = torch.tanh(decoder.init_hidden(annotations.mean(1)))
+    assert torch.allclose(state.hidden, expected)
+
+
+def test_teacher_forcing_equals_step_by_step_decoding() -> None:
+    decoder = tiny_decoder().eval()
+    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    output = decoder(annotations, captions)
+    image, state = decoder.encode(annotations), decoder.initial_state(annotations)
+    for t in range(captions.shape[1] - 1):
+        logits, alpha, beta, state = decoder.step(captions[:, t], image, state)
+        assert torch.allclose(logits, output.logits[:, t], atol=1e-5)
+        assert torch.allclose(alpha, output.alphas[:, t], atol=1e-6)
+        assert torch.allclose(beta, output.betas[:, t], atol=1e-6)
+
+
+def test_doubly_stochastic_penalty_by_hand() -> None:
+    alphas = torch.tensor([[[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [1.0, 0.0, 0.0]]])  # (1, T=3, L=3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third step is padding
+    # Σ_t α_ti over real steps = [0.5, 1.0, 0.5] -> Σ_i (1 − ·)² = 0.25 + 0 + 0.25
+    assert torch.allclose(doubly_stochastic_penalty(alphas, mask), torch.tensor([0.5]))
+
+
+def test_padding_is_excluded_from_the_loss() -> None:
+    logits = torch.randn(2, 4, 5)
+    targets = torch.tensor([[3, 4, END, PAD], [3, END, PAD, PAD]])
+    mask = (targets != PAD).float()
+    changed = logits.clone()
+    changed[0, 3] += 100.0
+    changed[1, 2:] -= 50.0
+    assert torch.allclose(caption_nll(logits, targets, mask), caption_nll(changed, targets, mask))
+    manual = -logits[1].log_softmax(-1)[[0, 1], [3, END]].sum()
+    assert torch.allclose(caption_nll(logits, targets, mask)[1], manual)
+
+
+@torch.no_grad()
+def _sequence_log_prob(decoder: AttentionDecoder, annotations: torch.Tensor, words: tuple[int, ...]) -> float:
+    captions = torch.tensor([[START, *words, END]])
+    logits = decoder(annotations, captions).logits.log_softmax(-1)[0]
+    return float(logits[torch.arange(len(words) + 1), captions[0, 1:]].sum())
+
+
+def test_beam_search_equals_exhaustive_search_on_a_tiny_model() -> None:
+    vocab_size, max_length = 6, 3  # words 3, 4, 5 (3 plays <unk>); <pad> <start> are never emitted
+    decoder = tiny_decoder(vocab_size=vocab_size).eval()
+    annotations = torch.randn(2, 9, 8)
+    words = [3, 4, 5]
+    candidates = [seq for n in range(max_length + 1) for seq in itertools.product(words, repeat=n)]
+    # k = |words|^max_length keeps every prefix alive, so beam search must find the exhaustive optimum
+    results = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=len(words) ** max_length,
+                          max_length=max_length)
+    for b in range(2):
+        scored = sorted(((_sequence_log_prob(decoder, annotations[b : b + 1], c), c) for c in candidates),
+                        reverse=True)
+        best_score, best = scored[0]
+        assert tuple(results[b][0].tokens) == best
+        assert results[b][0].log_prob == pytest.approx(best_score, abs=1e-4)
+        top5 = [tuple(h.tokens) for h in results[b][:5]]
+        assert top5 == [c for _, c in scored[:5]]
+
+
+def test_beam_returns_alpha_and_beta_per_emitted_word_and_respects_max_length() -> None:
+    decoder = tiny_decoder().eval()
+    annotations = torch.randn(3, 9, 8)
+    for beams in beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=4, max_length=5):
+        assert len(beams) == 4
+        assert [h.score for h in beams] == sorted((h.score for h in beams), reverse=True)
+        for h in beams:
+            assert len(h.tokens) <= 5 and END not in h.tokens and START not in h.tokens and PAD not in h.tokens
+            assert h.alphas.shape == (len(h.tokens), 9) and h.betas.shape == (len(h.tokens),)
+            if h.tokens:
+                assert torch.allclose(h.alphas.sum(-1), torch.ones(len(h.tokens)), atol=1e-5)
+
+
+def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time() -> None:
+    decoder = tiny_decoder().eval()
+    annotations = torch.randn(4, 9, 8)
+    greedy = greedy_decode(decoder, annotations, start_id=START, end_id=END, max_length=6)
+    batched = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6)
+    for b in range(4):
+        alone = beam_search(decoder, annotations[b : b + 1], start_id=START, end_id=END, beam_size=3, max_length=6)
+        assert [h.tokens for h in alone[0]] == [h.tokens for h in batched[b]]
+        step_by_step = []
+        image, state = decoder.encode(annotations[b : b + 1]), decoder.initial_state(annotations[b : b + 1])
+        word = torch.tensor([START])
+        for _ in range(6):
+            logits, _, _, state = decoder.step(word, image, state)
+            logits[:, [START, PAD]] = float("-inf")
+            word = logits.argmax(-1)
+            if word.item() == END:
+                break
+            step_by_step.append(word.item())
+        assert greedy[b].tokens == step_by_step
+
+
+def test_length_penalty_prefers_longer_captions_than_raw_log_probability() -> None:
+    decoder = tiny_decoder().eval()
+    annotations = torch.randn(6, 9, 8)
+    raw = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=5, max_length=8)
+    normalised = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=5, max_length=8,
+                             length_penalty=1.0)
+    raw_lengths = sum(len(beams[0].tokens) for beams in raw)
+    assert sum(len(beams[0].tokens) for beams in normalised) >= raw_lengths
+    for beams in normalised:
+        assert beams[0].score == pytest.approx(beams[0].log_prob / (len(beams[0].tokens) + 1), abs=1e-5)
+
+
+def test_hard_attention_samples_one_location_and_gradients_flow() -> None:
+    decoder = tiny_decoder(attention="hard").train()
+    decoder.hard_expectation_prob = 0.0
+    annotations = torch.randn(2, 9, 8, requires_grad=True)
+    captions = captions_batch()
+    output = decoder(annotations, captions)
+    assert output.location_log_probs is not None and output.location_log_probs.shape == (2, 6)
+    mask = (captions[:, 1:] != PAD).float()
+    nll = caption_nll(output.logits, captions[:, 1:], mask)
+    surrogate = reinforce_surrogate(-nll, output.location_log_probs, output.location_entropy, mask, baseline=-5.0)
+    (nll.mean() - surrogate.mean()).backward()
+    for name in ("attention.annotation_proj.weight", "attention.query_proj.weight", "attention.score.weight",
+                 "lstm.weight_ih", "output_words.weight"):
+        gradient = dict(decoder.named_parameters())[name].grad
+        assert gradient is not None and gradient.abs().sum() > 0, name
+    # the context of a hard step is exactly one annotation vector, scaled by β
+    decoder.eval()
+    image, state = decoder.encode(annotations.detach()), decoder.initial_state(annotations.detach())
+    context, alpha, beta, _ = decoder.context(image, state)
+    chosen = annotations.detach()[torch.arange(2), alpha.argmax(1)]
+    assert torch.allclose(context, beta[:, None] * chosen, atol=1e-6)
+
+
+def test_vgg19_and_resnet_encoders_match_the_paper_grids(tmp_path) -> None:
+    vgg = AnnotationEncoder(backbone="vgg19").eval()
+    with torch.no_grad():
+        annotations, grid = vgg(torch.randn(1, 3, 224, 224))
+    assert grid == (14, 14) and annotations.shape == (1, 196, 512)
+    resnet = AnnotationEncoder(backbone="resnet50", grid_size=14)
+    assert resnet.annotation_dim == 2048 and resnet.grid_for(224) == (14, 14)
+
+
+def test_encoder_loads_local_torchvision_weights_and_freezes_stages(tmp_path) -> None:
+    source = torchvision.models.resnet50(weights=None)
+    torch.save(source.state_dict(), tmp_path / "resnet50.pth")
+    encoder = AnnotationEncoder(backbone="resnet50", pretrained=tmp_path / "resnet50.pth", trainable_stages=1)
+    assert torch.equal(encoder.trunk[4][0].conv1.weight, source.layer4[0].conv1.weight)
+    assert torch.equal(encoder.trunk[0][0].weight, source.conv1.weight)
+    trainable = {name.split(".")[1] for name, p in encoder.named_parameters() if p.requires_grad}
+    assert trainable == {"4"}  # only layer4 fine-tunes
+    encoder.train()
+    assert not encoder.trunk[0][1].training and encoder.trunk[4].training  # frozen BN keeps its statistics
+
+
+def test_timm_backbone_through_features_only() -> None:
+    encoder = AnnotationEncoder(backbone="timm:resnet18", grid_size=7)
+    annotations, grid = encoder(torch.randn(1, 3, 96, 96))
+    assert grid == (7, 7) and annotations.shape == (1, 49, 512)
+
+
+def test_unknown_backbone_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown backbone 'vgg16'"):
+        AnnotationEncoder(backbone="vgg16")

@@ -1,0 +1,122 @@
+"""Greedy decoding and batched beam search for the attention decoder.
+
+All B images and their k beams advance together as one (B·k) batch per step. Every beam keeps its word,
+α and β history, so the chosen caption comes back with the attention that produced each word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
+
+
+@dataclass
+class Hypothesis:
+    """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word."""
+
+    tokens: list[int]
+    alphas: Tensor
+    betas: Tensor
+    log_prob: float
+    score: float
+
+
+def _select(state: DecoderState, index: Tensor) -> DecoderState:
+    return DecoderState(state.hidden[index], state.cell[index])
+
+
+@torch.no_grad()
+def beam_search(
+    decoder: AttentionDecoder,
+    annotations: Tensor,
+    *,
+    start_id: int,
+    end_id: int,
+    pad_id: int = 0,
+    beam_size: int = 5,
+    max_length: int = 20,
+    length_penalty: float = 0.0,
+) -> list[list[Hypothesis]]:
+    """The ``beam_size`` best captions of each image, best first.
+
+    The search space is every caption of at most ``max_length`` words followed by <end>; <start> and <pad>
+    are never emitted. ``annotations`` is (B, L, D). Scores are summed log-probabilities divided by
+    length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
+    ``beam_size`` 1 is greedy.
+    """
+    batch, locations, _ = annotations.shape
+    k = beam_size
+    device = annotations.device
+    # Every beam of an image shares its annotations: expand once, never reorder. (B, L, D) -> (B·k, L, D)
+    expanded = annotations.repeat_interleave(k, dim=0)
+    image = decoder.encode(expanded)
+    state = decoder.initial_state(expanded)
+    words = torch.full((batch * k,), start_id, dtype=torch.long, device=device)
+    # Only the first beam of each image is live at t = 0, so the k beams do not start as k copies.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, k, device=device)  # words emitted, <end> included
+    history_tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
+    history_alphas = torch.zeros(batch, k, 0, locations, device=device)
+    history_betas = torch.zeros(batch, k, 0, device=device)
+    for t in range(max_length + 1):  # up to max_length words, then <end>
+        logits, alpha, beta, new_state = decoder.step(words, image, state)
+        log_probs = logits.log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V)
+        vocab = log_probs.shape[-1]
+        log_probs[..., [start_id, pad_id]] = float("-inf")
+        if t == max_length:
+            log_probs[..., :end_id] = float("-inf")
+            log_probs[..., end_id + 1 :] = float("-inf")
+        # A finished beam stays as it is: one continuation (<end> again) at no cost, all others impossible.
+        frozen = torch.full_like(log_probs, float("-inf"))
+        frozen[..., end_id] = 0.0
+        log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
+        candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)  # (B, k·V)
+        scores, flat = candidates.topk(k, dim=-1)  # (B, k)
+        parent, token = flat // vocab, flat % vocab
+        rows = (torch.arange(batch, device=device).unsqueeze(1) * k + parent).view(-1)  # parent beam in (B·k)
+        was_finished = finished.gather(1, parent)
+        history_tokens = torch.cat([history_tokens.gather(1, parent[..., None].expand_as(history_tokens)),
+                                    token.unsqueeze(-1)], dim=2)
+        step_alpha = alpha[rows].view(batch, k, 1, locations)
+        step_beta = beta[rows].view(batch, k, 1)
+        history_alphas = torch.cat([history_alphas[torch.arange(batch, device=device)[:, None], parent], step_alpha], 2)
+        history_betas = torch.cat([history_betas.gather(1, parent[..., None].expand_as(history_betas)), step_beta], 2)
+        lengths = lengths.gather(1, parent) + (~was_finished).float()
+        finished = was_finished | (token == end_id)
+        state = _select(new_state, rows)
+        words = token.view(-1)
+        if finished.all():
+            break
+    normalised = scores / lengths.clamp_min(1) ** length_penalty if length_penalty else scores
+    order = normalised.argsort(dim=1, descending=True)
+    results: list[list[Hypothesis]] = []
+    for b in range(batch):
+        beams = []
+        for j in order[b].tolist():
+            emitted = int(lengths[b, j].item())
+            tokens = history_tokens[b, j, :emitted].tolist()
+            keep = emitted - 1 if tokens and tokens[-1] == end_id else emitted  # α/β of words, not of <end>
+            beams.append(Hypothesis(
+                tokens=tokens[:keep],
+                alphas=history_alphas[b, j, :keep].cpu(),
+                betas=history_betas[b, j, :keep].cpu(),
+                log_prob=float(scores[b, j]),
+                score=float(normalised[b, j]),
+            ))
+        results.append(beams)
+    return results
+
+
+def greedy_decode(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int, end_id: int, pad_id: int = 0,
+                  max_length: int = 20) -> list[Hypothesis]:
+    """The single most likely next word at each step (beam size 1)."""
+    beams = beam_search(decoder, annotations, start_id=start_id, end_id=end_id, pad_id=pad_id, beam_size=1,
+                        max_length=max_length)
+    return [image_beams[0] for image_beams in beams]
+

@@ -1,0 +1,154 @@
+"""The LSTM decoder of "Show, Attend and Tell" (Xu et al. 2015, arXiv 1502.03044, §3.1.2 and §4).
+
+At step t the decoder attends over the annotation vectors a_1..a_L with its previous hidden state,
+gates the context with a scalar β_t, and feeds [E y_{t-1}; z_t] to an LSTM; the deep output layer turns
+E y_{t-1}, h_t and z_t into word scores.
+
+Soft attention (§4.2) takes the expectation Σ_i α_ti a_i. Hard attention (§4.1) samples one location
+s_t ~ Multinoulli(α_t) and is trained with REINFORCE (see ``losses.py``); with probability
+``hard_expectation_prob`` a training sequence uses the expected context instead, as the paper allows.
+
+Speed: W_a a_i does not depend on t, so it is computed once per image (``encode``), not at every step;
+the deep output and the vocabulary projection run once over all steps after the recurrence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from vision_attn.attention import AdditiveAttention
+
+
+@dataclass
+class DecoderState:
+    """What the recurrence carries from one step to the next."""
+
+    hidden: Tensor  # h_{t-1} (B, H)
+    cell: Tensor  # c_{t-1} (B, H)
+
+
+@dataclass
+class EncodedImage:
+    """Per-image tensors computed once and reused at every step."""
+
+    annotations: Tensor  # a (B, L, D)
+    projected: Tensor  # W_a a (B, L, A)
+
+
+@dataclass
+class DecoderOutput:
+    """Teacher-forced outputs for a batch of captions of T steps."""
+
+    logits: Tensor  # (B, T, V)
+    alphas: Tensor  # α (B, T, L): the attention used to emit word t
+    betas: Tensor  # β (B, T)
+    location_log_probs: Tensor | None = None  # log p(s_t | a) (B, T), hard attention only
+    location_entropy: Tensor | None = None  # H[α_t] (B, T), hard attention only
+
+
+class AttentionDecoder(nn.Module):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        annotation_dim: int,
+        embed_dim: int = 512,
+        hidden_dim: int = 512,
+        attention_dim: int = 512,
+        dropout: float = 0.5,
+        attention: Literal["soft", "hard"] = "soft",
+        hard_expectation_prob: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.attention_mode = attention
+        self.hard_expectation_prob = hard_expectation_prob
+        self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
+        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim)  # W_a, W_h, w
+        self.gate = nn.Linear(hidden_dim, 1)  # w_β
+        self.init_hidden = nn.Linear(annotation_dim, hidden_dim)  # f_init,h
+        self.init_cell = nn.Linear(annotation_dim, hidden_dim)  # f_init,c
+        self.lstm = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)
+        self.output_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
+        self.output_context = nn.Linear(annotation_dim, embed_dim)  # L_z
+        self.output_dropout = nn.Dropout(dropout)
+        self.output_words = nn.Linear(embed_dim, vocab_size)  # L_o
+
+    def encode(self, annotations: Tensor) -> EncodedImage:
+        """Precompute W_a a_i for all locations: (B, L, D) -> (B, L, A)."""
+        return EncodedImage(annotations, self.attention.project_annotations(annotations))
+
+    def initial_state(self, annotations: Tensor) -> DecoderState:
+        mean_annotation = annotations.mean(dim=1)  # (1/L) Σ_i a_i, (B, D)
+        hidden = torch.tanh(self.init_hidden(mean_annotation))  # h_0 = tanh(f_init,h(mean a))
+        cell = torch.tanh(self.init_cell(mean_annotation))  # c_0 = tanh(f_init,c(mean a))
+        return DecoderState(hidden, cell)
+
+    def context(
+        self, image: EncodedImage, state: DecoderState, *, sample: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(z_t, α_t, β_t, s_t): the gated context vector (B, D) and its attention; s_t when sampled."""
+        alpha = self.attention(image.projected, state.hidden)  # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1}))
+        beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
+        location = None
+        if self.attention_mode == "hard" and sample:
+            location = torch.multinomial(alpha, 1).squeeze(1)  # s_t ~ Multinoulli(α_t), (B,)
+            weights = nn.functional.one_hot(location, alpha.shape[1]).to(alpha.dtype)
+        elif self.attention_mode == "hard" and not self.training:
+            weights = nn.functional.one_hot(alpha.argmax(dim=1), alpha.shape[1]).to(alpha.dtype)  # the likeliest a_i
+        else:
+            weights = alpha
+        attended = torch.bmm(weights.unsqueeze(1), image.annotations).squeeze(1)  # Σ_i α_ti a_i, (B, D)
+        return beta * attended, alpha, beta.squeeze(1), location  # z_t = β_t Σ_i α_ti a_i
+
+    def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState) -> DecoderState:
+        hidden, cell = self.lstm(torch.cat([embedded_word, context], dim=1), (state.hidden, state.cell))
+        return DecoderState(hidden, cell)  # h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
+
+    def deep_output(self, embedded_word: Tensor, hidden: Tensor, context: Tensor) -> Tensor:
+        """Word logits; works on (B, ·) for one step and on (B, T, ·) for all steps at once."""
+        combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
+        return self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
+
+    def step(
+        self, word: Tensor, image: EncodedImage, state: DecoderState
+    ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
+        """One decoding step from the previous words (B,): (logits (B, V), α_t (B, L), β_t (B,), new state)."""
+        embedded = self.embedding(word)
+        context, alpha, beta, _ = self.context(image, state)
+        state = self.recur(embedded, context, state)
+        return self.deep_output(embedded, state.hidden, context), alpha, beta, state
+
+    def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
+        """Teacher forcing over ``captions`` (B, T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:]."""
+        image = self.encode(annotations)
+        state = self.initial_state(annotations)
+        inputs = captions[:, :-1]
+        embedded = self.embedding(inputs)  # E y_{t-1} for every step, (B, T, m)
+        sample = self.attention_mode == "hard" and self.training
+        if sample and torch.rand(()) < self.hard_expectation_prob:
+            sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
+        hiddens, contexts, alphas, betas, locations = [], [], [], [], []
+        for t in range(inputs.shape[1]):
+            context, alpha, beta, location = self.context(image, state, sample=sample)
+            state = self.recur(embedded[:, t], context, state)
+            hiddens.append(state.hidden)
+            contexts.append(context)
+            alphas.append(alpha)
+            betas.append(beta)
+            locations.append(location)
+        hidden_all, context_all = torch.stack(hiddens, 1), torch.stack(contexts, 1)  # (B, T, H), (B, T, D)
+        output = DecoderOutput(
+            logits=self.deep_output(embedded, hidden_all, context_all),  # (B, T, V), one projection for all t
+            alphas=torch.stack(alphas, 1),  # (B, T, L)
+            betas=torch.stack(betas, 1),  # (B, T)
+        )
+        if sample:
+            chosen = torch.stack(locations, 1)  # (B, T)
+            log_alphas = output.alphas.clamp_min(1e-12).log()
+            output.location_log_probs = log_alphas.gather(2, chosen.unsqueeze(-1)).squeeze(-1)  # log p(s_t | a)
+            output.location_entropy = -(output.alphas * log_alphas).sum(-1)  # H[α_t]
+        return output

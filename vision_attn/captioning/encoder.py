@@ -1,0 +1,160 @@
+"""The annotation-vector encoder of "Show, Attend and Tell" (Xu et al. 2015, §3.1.1).
+
+A CNN trunk turns an image into a grid of conv features; each of the L = Gh·Gw cells is an annotation
+vector a_i ∈ R^D. The paper uses VGG-19's conv5_4 (14×14×512 at 224 px). Also here: ResNet-50/101
+(layer4, optionally pooled to a chosen grid), any timm backbone through ``features_only``, and a small CNN
+that learns on a CPU in minutes. Pretrained weights come from a local file; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Literal
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+from vision_attn.checkpoint import CheckpointError, extract_state_dict, load_file
+
+log = logging.getLogger(__name__)
+
+Backbone = Literal["small", "vgg19", "resnet50", "resnet101"] | str
+
+
+class SmallCNN(nn.Sequential):
+    """Four conv stages (conv-BN-ReLU ×2, 2×2 max-pool): S×S×3 -> S/16 × S/16 × width·8."""
+
+    def __init__(self, width: int = 32, in_chans: int = 3) -> None:
+        stages: list[nn.Module] = []
+        channels = in_chans
+        for multiplier in (1, 2, 4, 8):
+            out = width * multiplier
+            stages.append(nn.Sequential(
+                nn.Conv2d(channels, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True),
+                nn.Conv2d(out, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            ))
+            channels = out
+        super().__init__(*stages)
+        self.out_channels = channels
+
+
+def _vgg19_conv5_4() -> tuple[nn.Sequential, int]:
+    features = torchvision.models.vgg19(weights=None).features
+    return features[:36], 512  # up to the ReLU after conv5_4, before the last max-pool
+
+
+def _resnet_layer4(depth: int) -> tuple[nn.Sequential, int]:
+    resnet = getattr(torchvision.models, f"resnet{depth}")(weights=None)
+    stem = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool)
+    return nn.Sequential(stem, resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4), 2048
+
+
+class _TimmFeatures(nn.Module):
+    """The last feature map of a timm backbone built with ``features_only``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        import timm
+
+        try:
+            self.body = timm.create_model(name, pretrained=False, features_only=True, out_indices=(-1,))
+        except RuntimeError as error:
+            raise ValueError(f"timm backbone '{name}': {error}") from None
+        self.out_channels = self.body.feature_info.channels()[-1]
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.body(images)[-1]
+
+
+class AnnotationEncoder(nn.Module):
+    """Image (B, 3, H, W) -> annotation vectors (B, L, D) over a Gh×Gw grid.
+
+    ``backbone`` is "small", "vgg19", "resnet50", "resnet101" or "timm:<model name>". ``grid_size`` pools the
+    feature map to a fixed grid (None keeps the trunk's own). ``trainable_stages`` fine-tunes only the last N
+    top-level stages of the trunk (-1: all, 0: frozen).
+    """
+
+    def __init__(
+        self,
+        *,
+        backbone: Backbone = "small",
+        width: int = 32,
+        grid_size: int | None = None,
+        pretrained: str | os.PathLike | None = None,
+        trainable_stages: int = -1,
+    ) -> None:
+        super().__init__()
+        self.backbone_name = backbone
+        if backbone == "small":
+            self.trunk: nn.Module = SmallCNN(width)
+            self.annotation_dim = self.trunk.out_channels
+        elif backbone == "vgg19":
+            self.trunk, self.annotation_dim = _vgg19_conv5_4()
+        elif backbone in ("resnet50", "resnet101"):
+            self.trunk, self.annotation_dim = _resnet_layer4(int(backbone.removeprefix("resnet")))
+        elif backbone.startswith("timm:"):
+            self.trunk = _TimmFeatures(backbone.removeprefix("timm:"))
+            self.annotation_dim = self.trunk.out_channels
+        else:
+            raise ValueError(f"unknown backbone '{backbone}': use small, vgg19, resnet50, resnet101 or timm:<name>")
+        self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
+        if pretrained:
+            self.load_trunk_weights(pretrained)
+        self.set_trainable_stages(trainable_stages)
+
+    def load_trunk_weights(self, path: str | os.PathLike) -> None:
+        """Load a torchvision/timm state dict (or our own trunk's) from a local file; classifier keys are skipped."""
+        state = extract_state_dict(load_file(path))
+        own = self.trunk.state_dict()
+        if self.backbone_name == "vgg19":  # torchvision names: features.N.*
+            state = {k.removeprefix("features."): v for k, v in state.items()}
+        elif self.backbone_name.startswith("resnet"):  # torchvision names: conv1, bn1, layer1..4, fc
+            renamed = {"conv1": "0.0", "bn1": "0.1", "layer1": "1", "layer2": "2", "layer3": "3", "layer4": "4"}
+            state = {
+                renamed[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v
+                for k, v in state.items() if k.split(".", 1)[0] in renamed
+            }
+        elif self.backbone_name.startswith("timm:"):
+            state = {k if k.startswith("body.") else f"body.{k}": v for k, v in state.items()}
+        usable = {k: v for k, v in state.items() if k in own}
+        if not usable:
+            raise CheckpointError(f"{path}: no weights match the {self.backbone_name} trunk")
+        wrong = [k for k, v in usable.items() if v.shape != own[k].shape]
+        if wrong:
+            raise CheckpointError(f"{path}: shapes differ for {', '.join(wrong[:3])}; is it a {self.backbone_name}?")
+        missing = [k for k in own if k not in usable and not k.endswith("num_batches_tracked")]
+        if missing:
+            raise CheckpointError(f"{path}: {len(missing)} trunk weights missing, e.g. {missing[0]}")
+        self.trunk.load_state_dict(usable, strict=False)
+        log.info("loaded %d trunk tensors from %s", len(usable), path)
+
+    def set_trainable_stages(self, stages: int) -> None:
+        """Fine-tune the last ``stages`` top-level children of the trunk (-1: all); freeze the rest."""
+        children = list(self.trunk.children()) if not isinstance(self.trunk, _TimmFeatures) else [self.trunk]
+        frozen = [] if stages < 0 else children[: max(0, len(children) - stages)]
+        for child in children:
+            child.requires_grad_(child not in frozen)
+        self.frozen_stages = frozen
+
+    def train(self, mode: bool = True) -> AnnotationEncoder:
+        super().train(mode)
+        for child in self.frozen_stages:  # frozen BatchNorm keeps its running statistics
+            child.eval()
+        return self
+
+    def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        features = self.pool(self.trunk(images))  # (B, D, Gh, Gw)
+        grid = (features.shape[-2], features.shape[-1])
+        return features.flatten(2).transpose(1, 2), grid  # (B, D, Gh·Gw) -> (B, L, D)
+
+    @torch.no_grad()
+    def grid_for(self, image_size: int) -> tuple[int, int]:
+        """The annotation grid for a square input of ``image_size`` (runs the trunk once on zeros)."""
+        was_training = self.training
+        self.eval()
+        _, grid = self(torch.zeros(1, 3, image_size, image_size, device=next(self.parameters()).device))
+        self.train(was_training)
+        return grid
