@@ -17,16 +17,25 @@ from collections.abc import Callable, Sequence
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
-LINKED_FROM_DATA = ("num_classes", "class_names", "in_chans", "mean", "std")
+# DataModule attribute -> model argument; a pair whose ends the chosen classes lack is skipped.
+LINKED_FROM_DATA = {
+    "num_classes": "num_classes",
+    "class_names": "class_names",
+    "in_chans": "in_chans",
+    "mean": "mean",
+    "std": "std",
+    "image_size": "image_size",
+    "vocab_tokens": "vocabulary",
+}
 
 
 class VisionAttnCLI(LightningCLI):
     """LightningCLI with the DataModule → model links; a link whose ends a class lacks is skipped."""
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser
-        for name in LINKED_FROM_DATA:
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
-        parser.link_arguments("data.image_size", "model.init_args.img_size", apply_on="instantiate")
+        for source, target in LINKED_FROM_DATA.items():
+            parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
+        parser.link_arguments("data.image_size", "model.init_args.img_size", apply_on="instantiate")  # timm's name
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
@@ -74,9 +83,33 @@ def export_samples_command(argv: Sequence[str]) -> None:
         print(path)
 
 
+def make_scenes_command(argv: Sequence[str]) -> None:
+    from vision_attn.data.scenes import make_scenes
+
+    parser = argparse.ArgumentParser(prog="vision-attn make-scenes",
+                                     description="Generate the Fashion scenes captioning dataset (COCO format).")
+    parser.add_argument("--root", default="data/fashion_scenes", help="output folder (default data/fashion_scenes)")
+    parser.add_argument("--train", type=int, default=20000, help="training scenes (default 20000)")
+    parser.add_argument("--val", type=int, default=1000, help="validation scenes (default 1000)")
+    parser.add_argument("--test", type=int, default=1000, help="test scenes (default 1000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--canvas-size", type=int, default=96, help="canvas side in pixels (default 96)")
+    parser.add_argument("--grid-size", type=int, default=3, help="grid cells per side (default 3)")
+    parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
+                        help="where to look for Fashion-MNIST after the system location")
+    options = parser.parse_args(argv)
+    written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
+                          seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
+                          fashion_mnist_root=options.fashion_mnist_root)
+    for split, counts in written.items():
+        print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "
+              f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
+
+
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
     "classify": (classify_command, "top-k classes of images with a trained ViT"),
     "export-samples": (export_samples_command, "write dataset images as PNG files (for classify and overlay)"),
+    "make-scenes": (make_scenes_command, "generate the Fashion scenes captioning dataset"),
 }
 LIGHTNING_COMMANDS = {
     "fit": "train a model (--config configs/...yaml)",

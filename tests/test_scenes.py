@@ -1,0 +1,234 @@
+"""Fashion scenes: COCO files, determinism, captions true of the drawn boxes, and the make-scenes command."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pycocotools.coco import COCO
+
+from vision_attn.cli import main
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, make_scenes, relation
+
+COUNTS = {"train": 40, "val": 10, "test": 10}
+SPLITS = list(COUNTS)
+
+
+def _load(root: Path, kind: str, split: str) -> dict:
+    return json.loads((root / "annotations" / f"{kind}_{split}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("scenes")
+    written = make_scenes(root, counts=COUNTS, seed=0)
+    assert {split: counts["images"] for split, counts in written.items()} == COUNTS
+    return root
+
+
+def _objects(root: Path, split: str) -> dict[int, list[dict]]:
+    """Per image id: each object's class word, colour, bbox and grid cell, joined from the three files."""
+    instances, attributes = _load(root, "instances", split), _load(root, "attributes", split)
+    words = {category["id"]: category["name"] for category in instances["categories"]}
+    extra = {entry["id"]: entry for entry in attributes["instances"]}
+    objects: dict[int, list[dict]] = {}
+    for annotation in instances["annotations"]:
+        entry, word = extra[annotation["id"]], words[annotation["category_id"]]
+        assert entry["image_id"] == annotation["image_id"]
+        objects.setdefault(annotation["image_id"], []).append({
+            "id": annotation["id"], "image_id": annotation["image_id"], "word": word, "colour": entry["colour"],
+            "name": f"{entry['colour']} {word}", "bbox": annotation["bbox"], "cell": tuple(entry["cell"]),
+            "source_split": entry["source_split"], "source": entry["source_index"]})
+    return objects
+
+
+def _holds(phrase: str, subject_box: list[float], object_box: list[float]) -> bool:
+    """Whether ``phrase`` is true of the two boxes' centres."""
+    (sx, sy), (ox, oy) = ((x + w / 2, y + h / 2) for x, y, w, h in (subject_box, object_box))
+    return {"to the left of": sx < ox, "to the right of": sx > ox, "above": sy < oy, "below": sy > oy}[phrase]
+
+
+def test_files_are_coco_captions_and_instances(scenes: Path) -> None:
+    for split, count in COUNTS.items():
+        captions, instances = _load(scenes, "captions", split), _load(scenes, "instances", split)
+        assert len(captions["images"]) == count
+        assert all(set(image) == {"id", "file_name", "width", "height"} for image in captions["images"])
+        assert all(set(a) == {"id", "image_id", "caption"} for a in captions["annotations"])
+        assert all(set(a) == {"id", "image_id", "category_id", "bbox", "area", "iscrowd"}
+                   for a in instances["annotations"])
+        assert [(c["id"], c["name"]) for c in instances["categories"]] == [
+            (label + 1, word) for label, word in enumerate(CLASS_WORDS)]
+        assert instances["images"] == captions["images"]
+        for image in captions["images"]:
+            assert image["file_name"] == f"{image['id']}.png" and isinstance(image["id"], int)
+            with Image.open(scenes / "images" / split / image["file_name"]) as png:
+                assert (png.format, png.mode, png.size) == ("PNG", "RGB", (96, 96))
+                assert (image["width"], image["height"]) == (96, 96)
+
+
+def test_boxes_are_the_tight_boxes_of_the_tinted_items(scenes: Path) -> None:
+    """Every object's bbox holds exactly its pixels > 0, in its colour, and nothing else is drawn."""
+    for split in SPLITS:
+        for image_id, objects in _objects(scenes, split).items():
+            pixels = np.asarray(Image.open(scenes / "images" / split / f"{image_id}.png"))  # (96, 96, 3)
+            covered = np.zeros(pixels.shape[:2], dtype=bool)
+            for obj in objects:
+                x, y, w, h = obj["bbox"]
+                assert 0 <= x and 0 <= y and x + w <= 96 and y + h <= 96 and w > 0 and h > 0
+                crop = pixels[y : y + h, x : x + w]  # (h, w, 3)
+                drawn = crop.any(axis=2)
+                assert drawn[0].any() and drawn[-1].any() and drawn[:, 0].any() and drawn[:, -1].any()  # tight
+                off_channels = [c for c, value in enumerate(COLOURS[obj["colour"]]) if value == 0]
+                assert not crop[..., off_channels].any()  # tinted by its colour only
+                covered[y : y + h, x : x + w] = True
+            assert not pixels[~covered].any()
+
+
+def test_sources_are_real_fashion_mnist_items(scenes: Path) -> None:
+    """The recorded Fashion-MNIST image, tinted, is what the canvas shows inside the box."""
+    train_images, _ = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "train")
+    for image_id, objects in list(_objects(scenes, "train").items())[:5]:
+        pixels = np.asarray(Image.open(scenes / "images" / "train" / f"{image_id}.png"))
+        for obj in objects:
+            item = train_images[obj["source"]].numpy()  # (28, 28)
+            rows, cols = np.nonzero(item)
+            x, y, w, h = obj["bbox"]
+            expected = item[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1, None].astype(np.uint16)
+            expected = expected * np.array(COLOURS[obj["colour"]], dtype=np.uint16) // 255  # (h, w, 3)
+            assert np.array_equal(pixels[y : y + h, x : x + w], expected)
+
+
+def test_same_seed_same_bytes_other_seed_differs(scenes: Path, tmp_path: Path) -> None:
+    make_scenes(tmp_path / "again", counts=COUNTS, seed=0)
+    make_scenes(tmp_path / "other", counts=COUNTS, seed=1)
+    files = sorted(p.relative_to(scenes) for p in scenes.rglob("*") if p.is_file())
+    assert len(files) == sum(COUNTS.values()) + 3 * len(SPLITS)
+    assert sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*") if p.is_file()) == files
+    for relative in files:
+        assert (scenes / relative).read_bytes() == (tmp_path / "again" / relative).read_bytes(), relative
+    assert (scenes / "images/val/1.png").read_bytes() != (tmp_path / "other/images/val/1.png").read_bytes()
+    assert _load(scenes, "captions", "train") != _load(tmp_path / "other", "captions", "train")
+
+
+def test_five_captions_name_every_object_with_its_colour(scenes: Path) -> None:
+    for split in SPLITS:
+        objects = _objects(scenes, split)
+        by_image: dict[int, list[str]] = {}
+        for annotation in _load(scenes, "captions", split)["annotations"]:
+            by_image.setdefault(annotation["image_id"], []).append(annotation["caption"])
+        assert set(by_image) == set(objects)
+        for image_id, captions in by_image.items():
+            assert len(captions) == 5 and len(set(captions)) == 5
+            for caption in captions:
+                assert caption == caption.lower() and not caption.endswith(".")
+                for obj in objects[image_id]:
+                    assert re.search(rf"\b{obj['name']}\b", caption), (caption, obj["name"])
+
+
+def test_every_relation_phrase_is_true_of_the_boxes(scenes: Path) -> None:
+    """The attributes file records each relation phrase of each caption; every one holds for the bboxes."""
+    relation_pattern = re.compile("|".join(RELATIONS))
+    checked = 0
+    for split in SPLITS:
+        objects = {obj["id"]: obj for image in _objects(scenes, split).values() for obj in image}
+        records: dict[int, list[dict]] = {}
+        for record in _load(scenes, "attributes", split)["relations"]:
+            records.setdefault(record["caption_id"], []).append(record)
+        for annotation in _load(scenes, "captions", split)["annotations"]:
+            caption, recorded = annotation["caption"], records.get(annotation["id"], [])
+            assert relation_pattern.findall(caption) == [r["relation"] for r in recorded], caption
+            for record in recorded:
+                subject, obj = objects[record["subject_id"]], objects[record["object_id"]]
+                assert subject["image_id"] == obj["image_id"] == annotation["image_id"] and subject is not obj
+                assert re.search(rf"{record['relation']} (a|the) {obj['name']}\b", caption), (caption, record)
+                assert _holds(record["relation"], subject["bbox"], obj["bbox"]), (caption, record)
+                checked += 1
+    assert checked > 100
+
+
+def test_two_object_relation_captions_parsed_from_text_alone(scenes: Path) -> None:
+    """Independent of the record: "a X to the left of a Y" / "the X is above the Y", looked up by name."""
+    sentence = re.compile(rf"(?:a|the) (\w+ \w+) (?:is )?({'|'.join(RELATIONS)}) (?:a|the) (\w+ \w+)")
+    parsed = 0
+    for split in SPLITS:
+        objects = _objects(scenes, split)
+        for annotation in _load(scenes, "captions", split)["annotations"]:
+            match = sentence.fullmatch(annotation["caption"])
+            if match:
+                names = {obj["name"]: obj for obj in objects[annotation["image_id"]]}
+                subject, phrase, obj = names[match[1]], match[2], names[match[3]]
+                assert _holds(phrase, subject["bbox"], obj["bbox"]), annotation["caption"]
+                parsed += 1
+    assert parsed > 20
+
+
+def test_scene_composition(scenes: Path) -> None:
+    """2 and 3 objects both occur, on distinct cells, with distinct classes; every colour and class is used."""
+    sizes, colours, words = set(), set(), set()
+    for split in SPLITS:
+        for objects in _objects(scenes, split).values():
+            sizes.add(len(objects))
+            assert len({obj["word"] for obj in objects}) == len(objects)
+            assert len({obj["cell"] for obj in objects}) == len(objects)
+            colours |= {obj["colour"] for obj in objects}
+            words |= {obj["word"] for obj in objects}
+    assert sizes == {2, 3}
+    assert colours == set(COLOURS) and words == set(CLASS_WORDS)
+
+
+def test_val_and_test_draw_disjoint_fashion_mnist_test_images(scenes: Path) -> None:
+    sources = {split: {(obj["source_split"], obj["source"]) for objects in _objects(scenes, split).values()
+                       for obj in objects} for split in SPLITS}
+    assert {name for name, _ in sources["train"]} == {"train"}
+    assert {name for name, _ in sources["val"] | sources["test"]} == {"test"}
+    assert not sources["val"] & sources["test"]
+    assert max(index for _, index in sources["val"]) < 5000 <= min(index for _, index in sources["test"])
+
+
+def test_pycocotools_reads_the_files(scenes: Path) -> None:
+    captions = COCO(str(scenes / "annotations" / "captions_val.json"))
+    instances = COCO(str(scenes / "annotations" / "instances_val.json"))
+    assert len(captions.getImgIds()) == COUNTS["val"] and len(captions.getAnnIds()) == 5 * COUNTS["val"]
+    assert [category["name"] for category in instances.loadCats(instances.getCatIds())] == CLASS_WORDS
+    sneaker = instances.getCatIds(catNms=["sneaker"])
+    assert instances.loadAnns(instances.getAnnIds(catIds=sneaker)) == [
+        a for a in instances.dataset["annotations"] if a["category_id"] == sneaker[0]]
+    results = captions.loadRes([{"image_id": image_id, "caption": "a red bag"} for image_id in captions.getImgIds()])
+    assert len(results.getAnnIds()) == COUNTS["val"]
+
+
+def test_relation_of_cells() -> None:
+    assert relation((1, 0), (1, 2), prefer_vertical=True) == "to the left of"  # same row: only left/right holds
+    assert relation((0, 1), (2, 1), prefer_vertical=False) == "above"  # same column: only above/below holds
+    assert relation((2, 2), (0, 0), prefer_vertical=True) == "below"
+    assert relation((2, 2), (0, 0), prefer_vertical=False) == "to the right of"
+    with pytest.raises(ValueError, match="same cell"):
+        relation((1, 1), (1, 1), prefer_vertical=False)
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="canvas_size // grid_size must be at least 28"):
+        make_scenes(tmp_path, counts={"train": 1}, canvas_size=64, grid_size=3)
+    with pytest.raises(ValueError, match="scene split 'dev'"):
+        make_scenes(tmp_path, counts={"dev": 1})
+    with pytest.raises(ValueError, match="whole number"):
+        make_scenes(tmp_path, counts={"train": -1})
+
+
+def test_make_scenes_command(tmp_path: Path, capsys) -> None:
+    main(["make-scenes", "--root", str(tmp_path), "--train", "3", "--val", "2", "--test", "2", "--seed", "5",
+          "--canvas-size", "128", "--grid-size", "4"])
+    printed = capsys.readouterr().out
+    assert "train: 3 images" in printed and "15 captions" in printed and "test: 2 images" in printed
+    with Image.open(tmp_path / "images" / "val" / "2.png") as png:
+        assert png.size == (128, 128)
+    assert _load(tmp_path, "captions", "train")["info"]["seed"] == 5
+    with pytest.raises(SystemExit) as exit_info:
+        main(["make-scenes", "--root", str(tmp_path), "--canvas-size", "50"])
+    assert exit_info.value.code == 2
+    assert "error: canvas_size // grid_size" in capsys.readouterr().err

@@ -1,0 +1,150 @@
+"""Caption tokens and the word <-> id mapping of the captioner.
+
+``tokenize`` approximates what the COCO evaluation's PTB tokenizer leaves once it drops punctuation:
+lower case, words of letters, digits and underscores (with inner hyphens and apostrophes kept, as in
+"t-shirt" or "man's"), every punctuation mark gone. The vocabulary is built from the training captions only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)
+PAD_ID, START_ID, END_ID, UNK_ID = range(len(SPECIALS))
+
+_WORD = re.compile(r"\w+(?:['\-]\w+)*")  # letters/digits/underscores, joined by single inner ' or -
+_WORD_OR_BREAK = re.compile(r"\n|" + _WORD.pattern)
+_BREAK = "\n"  # never inside a word, so it can separate captions in one string
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case words of a caption, punctuation dropped: "A man's T-shirt, red." -> [a, man's, t-shirt, red]."""
+    return _WORD.findall(text.lower())
+
+
+def _tokenize_joined(captions: Sequence[str]) -> list[str]:
+    """The tokens of all ``captions`` in one list, with a ``_BREAK`` entry between consecutive captions.
+
+    One regex pass over the joined text instead of one call per caption: about twice as fast on COCO's
+    ~600k captions, and the same tokens as ``tokenize`` since no word can span a line break.
+    """
+    text = _BREAK.join(captions)
+    if text.count(_BREAK) != len(captions) - 1:  # some caption holds line breaks of its own
+        text = _BREAK.join(caption.replace(_BREAK, " ") for caption in captions)
+    return _WORD_OR_BREAK.findall(text.lower())
+
+
+class Vocabulary:
+    """Word <-> id mapping with ``<pad>``=0, ``<start>``=1, ``<end>``=2, ``<unk>``=3, then the words."""
+
+    def __init__(self, tokens: Sequence[str], *, min_count: int = 1) -> None:
+        if tuple(tokens[: len(SPECIALS)]) != SPECIALS:
+            raise ValueError(f"a vocabulary's tokens must start with {list(SPECIALS)}, got {list(tokens[:4])}")
+        if len(set(tokens)) != len(tokens):
+            duplicates = sorted(word for word, n in Counter(tokens).items() if n > 1)
+            raise ValueError(f"a vocabulary's tokens must be unique; repeated: {duplicates[:5]}")
+        self._tokens = list(tokens)
+        self._ids = {word: index for index, word in enumerate(self._tokens)}
+        self.min_count = min_count
+
+    @classmethod
+    def build(cls, captions: Iterable[str] | Iterable[Sequence[str]], *, min_count: int = 1) -> Vocabulary:
+        """The words seen at least ``min_count`` times in ``captions`` (all strings, or all token lists), most
+        frequent first, ties in alphabetical order."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be at least 1, got {min_count}")
+        captions = list(captions)
+        if captions and isinstance(captions[0], str):
+            counts = Counter(_tokenize_joined(captions))
+        else:
+            counts = Counter(chain.from_iterable(captions))
+        for special in (*SPECIALS, _BREAK):
+            counts.pop(special, None)
+        words = sorted((word for word, n in counts.items() if n >= min_count), key=lambda word: (-counts[word], word))
+        return cls([*SPECIALS, *words], min_count=min_count)
+
+    @property
+    def tokens(self) -> list[str]:
+        """Every token in id order, specials first (a plain list, to store in checkpoints)."""
+        return list(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self._ids
+
+    def id(self, word: str) -> int:
+        """The id of ``word``, ``<unk>``'s if it is not in the vocabulary."""
+        return self._ids.get(word, UNK_ID)
+
+    def encode(self, tokens: Sequence[str], max_length: int | None = None) -> list[int]:
+        """``<start>`` w1 .. wn ``<end>`` as ids, keeping at most ``max_length`` words."""
+        get = self._ids.get
+        words = tokens if max_length is None else tokens[:max_length]
+        return [START_ID, *[get(word, UNK_ID) for word in words], END_ID]
+
+    def encode_batch(self, captions: Sequence[str], max_length: int) -> tuple[Tensor, Tensor]:
+        """Tokenise and encode many captions at once: ids (N, T) int64, each row ``<start>`` w1 .. wn ``<end>``
+        then ``<pad>`` (at most ``max_length`` words), and lengths (N,) counting ``<start>`` and ``<end>``."""
+        if not captions:
+            return torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        flat = _tokenize_joined(captions)
+        lookup = {**self._ids, _BREAK: -1}
+        ids = np.fromiter(map(lookup.get, flat, repeat(UNK_ID)), dtype=np.int64, count=len(flat))  # (F,)
+        is_break = ids < 0
+        caption = np.cumsum(is_break) - is_break  # (F,) index of the caption each entry belongs to
+        starts = np.concatenate(([0], np.flatnonzero(is_break) + 1))  # (N,) where each caption begins in flat
+        keep = ~is_break & (np.arange(len(ids)) - starts[caption] < max_length)  # (F,) words within max_length
+        words = np.bincount(caption[keep], minlength=len(captions))  # (N,)
+        lengths = words + 2
+        columns = np.arange(int(lengths.max()))
+        matrix = np.full((len(captions), len(columns)), PAD_ID, dtype=np.int64)  # (N, T)
+        matrix[:, 0] = START_ID
+        matrix[(columns >= 1) & (columns <= words[:, None])] = ids[keep]  # row-major: captions, then words
+        matrix[np.arange(len(captions)), words + 1] = END_ID
+        return torch.from_numpy(matrix), torch.from_numpy(lengths)
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """The words of ``ids`` up to the first ``<end>``, special tokens left out."""
+        words = []
+        for index in ids:
+            index = int(index)
+            if index == END_ID:
+                break
+            if not 0 <= index < len(self._tokens):
+                raise ValueError(f"token id {index} is outside this vocabulary of {len(self._tokens)} tokens")
+            if index >= len(SPECIALS):
+                words.append(self._tokens[index])
+        return words
+
+    def to_json(self, path: str | Path) -> None:
+        """Save as ``{"tokens": [...], "min_count": n}``."""
+        Path(path).write_text(json.dumps({"tokens": self._tokens, "min_count": self.min_count}, indent=0))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Vocabulary:
+        """Load a vocabulary saved by ``to_json``."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: vocabulary file not found") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: not a readable vocabulary JSON file ({error})") from None
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(word, str) for word in tokens):
+            raise ValueError(f"{path}: expected {{\"tokens\": [strings], \"min_count\": n}}")
+        try:
+            return cls(tokens, min_count=int(data.get("min_count", 1)))
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
