@@ -24,21 +24,27 @@ Backbone = Literal["small", "vgg19", "resnet50", "resnet101"] | str
 
 
 class SmallCNN(nn.Sequential):
-    """Four conv stages (conv-BN-ReLU ×2, 2×2 max-pool): S×S×3 -> S/16 × S/16 × width·8."""
+    """A CPU-sized trunk: S×S×3 -> S/16 × S/16 × 8·width, one conv-BN-ReLU per stage.
+
+    Strides 2, 2 then 2×2 max-pools twice; the receptive field (~50 px) covers one Fashion-MNIST item.
+    """
 
     def __init__(self, width: int = 32, in_chans: int = 3) -> None:
-        stages: list[nn.Module] = []
-        channels = in_chans
-        for multiplier in (1, 2, 4, 8):
-            out = width * multiplier
-            stages.append(nn.Sequential(
-                nn.Conv2d(channels, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True),
-                nn.Conv2d(out, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
-            ))
-            channels = out
-        super().__init__(*stages)
-        self.out_channels = channels
+        def stage(inputs: int, outputs: int, *, stride: int = 1, pool: bool = False) -> nn.Sequential:
+            layers: list[nn.Module] = [
+                nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False),
+                nn.BatchNorm2d(outputs),
+                nn.ReLU(inplace=True),
+            ]
+            return nn.Sequential(*layers, nn.MaxPool2d(2)) if pool else nn.Sequential(*layers)
+
+        super().__init__(
+            stage(in_chans, width, stride=2),
+            stage(width, 2 * width, stride=2),
+            stage(2 * width, 4 * width, pool=True),
+            stage(4 * width, 8 * width, pool=True),
+        )
+        self.out_channels = 8 * width
 
 
 def _vgg19_conv5_4() -> tuple[nn.Sequential, int]:

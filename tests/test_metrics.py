@@ -1,0 +1,90 @@
+"""Caption metrics through pycocoevalcap (with and without Java) and pointing accuracy by hand."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from vision_attn import metrics
+from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
+
+REFERENCES = {
+    1: ["a red sneaker to the left of a white bag", "a white bag to the right of a red sneaker"],
+    2: ["a blue coat above a green boot", "a green boot below a blue coat"],
+    3: ["there is a yellow dress and a red top", "a yellow dress next to a red top"],
+}
+EXPECTED_KEYS = {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"}
+
+
+@pytest.mark.skipif(not metrics.java_available(), reason="Java is part of the set-up; this machine has none")
+def test_all_coco_metrics_with_java_rank_good_captions_above_bad_ones() -> None:
+    good = caption_scores({k: v[0] for k, v in REFERENCES.items()}, REFERENCES)
+    bad = caption_scores({1: "a dog on a sofa", 2: "two cats", 3: "a man riding a horse"}, REFERENCES)
+    assert set(good) == EXPECTED_KEYS
+    assert good["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
+    assert all(good[key] > bad[key] for key in EXPECTED_KEYS)
+
+
+def test_without_java_meteor_is_skipped_with_one_warning(monkeypatch, tmp_path: Path, caplog) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no java on it
+    monkeypatch.setattr(metrics, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="vision_attn.metrics"):
+        first = caption_scores({k: v[0] for k, v in REFERENCES.items()}, REFERENCES)
+        caption_scores({k: v[1] for k, v in REFERENCES.items()}, REFERENCES)
+    assert set(first) == EXPECTED_KEYS - {"METEOR"}
+    assert first["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
+    java_warnings = [r for r in caplog.records if "Java not found" in r.getMessage()]
+    assert len(java_warnings) == 1
+    assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_predictions_without_references_are_refused() -> None:
+    with pytest.raises(ValueError, match="no references, e.g. image id 9"):
+        caption_scores({9: "a bag"}, REFERENCES)
+
+
+def test_deduplicate_keeps_one_result_per_image() -> None:
+    gathered = [{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"}, {"image_id": 1, "caption": "a"}]
+    assert deduplicate(gathered) == [{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"}]
+
+
+def _record(tokens, alphas, grid=(3, 3), size=(96, 96)) -> dict:
+    return {"image_id": 7, "tokens": tokens, "grid": list(grid), "image_size": list(size), "alphas": alphas}
+
+
+def one_hot(cell: int, cells: int = 9) -> list[float]:
+    return [1.0 if i == cell else 0.0 for i in range(cells)]
+
+
+def test_pointing_accuracy_and_mass_by_hand() -> None:
+    boxes = {7: [("sneaker", [0, 0, 28, 28]), ("bag", [64, 64, 30, 30])]}  # cells (0, 0) and (2, 2) of 32 px
+    record = _record(
+        ["a", "red", "sneaker", "left", "of", "a", "bag", "and", "coat"],
+        [one_hot(4)] * 2 + [one_hot(0)] + [one_hot(4)] * 3 + [one_hot(4)] + [one_hot(4)] * 2,
+    )
+    scores = pointing_scores([record], boxes)
+    # counted words: "sneaker" (hit: centre (16, 16) in the box) and "bag" (miss: centre (48, 48) is outside
+    # the box grown by 16 px = [48, 48]..; on the edge counts as inside) -> choose cell 4 centre (48, 48)
+    assert scores["pointing_words"] == 2  # "coat" is not in the scene, the other words are not class words
+    assert scores["pointing_accuracy"] == pytest.approx(1.0)  # (48, 48) lies on the grown box's edge
+    # mass: sneaker cell (0,0) covers [0,32)² and the box [0,28]² -> 28²/32²; bag: cell (1,1) misses [64,94]
+    assert scores["alpha_mass_in_box"] == pytest.approx((28 * 28 / (32 * 32) + 0.0) / 2)
+
+
+def test_pointing_miss_outside_the_grown_box() -> None:
+    boxes = {7: [("bag", [70, 70, 20, 20])]}  # grown by 16 px: [54, 106]; cell 4 centre (48, 48) is out
+    scores = pointing_scores([_record(["bag"], [one_hot(4)])], boxes)
+    assert scores["pointing_accuracy"] == 0.0 and scores["alpha_mass_in_box"] == 0.0
+
+
+def test_pointing_with_scaled_boxes_and_no_class_words() -> None:
+    boxes = {7: [("boot", [0, 0, 10, 10])]}  # original image 3x smaller than the network input
+    record = _record(["boot"], [[0.5, 0.5] + [0.0] * 7])
+    scores = pointing_scores([record], boxes, box_scale={7: (3.0, 3.0)})
+    assert scores["pointing_accuracy"] == 1.0
+    assert scores["alpha_mass_in_box"] == pytest.approx(0.5 * (30 * 30) / (32 * 32) + 0.0)
+    empty = pointing_scores([_record(["a", "thing"], [one_hot(0)] * 2)], boxes)
+    assert empty["pointing_words"] == 0

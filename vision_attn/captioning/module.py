@@ -1,0 +1,246 @@
+"""LightningModule for the Show-Attend-Tell captioner: losses, decoding, COCO metrics, results JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from vision_attn.captioning.beam_search import Hypothesis, beam_search
+from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.encoder import AnnotationEncoder
+from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
+from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
+from vision_attn.checkpoint import KIND_KEY
+from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
+from vision_attn.schedule import warmup_cosine
+
+log = logging.getLogger(__name__)
+
+
+def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
+    """Write JSON next to ``path`` and rename it into place, so a crash never leaves half a file there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as file:
+        json.dump(payload, file)
+        temporary = Path(file.name)
+    temporary.replace(path)
+    return path
+
+
+class ShowAttendTell(L.LightningModule):
+    """Trains encoder + attention decoder with teacher forcing; decodes with beam search in val/test.
+
+    ``vocabulary`` (the DataModule's tokens, linked by the CLI), ``image_size``, ``mean`` and ``std`` are
+    stored with the checkpoint as plain lists, so ``caption`` needs nothing else.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocabulary: list[str] | None = None,
+        backbone: str = "small",
+        encoder_width: int = 32,
+        grid_size: int | None = None,
+        pretrained_encoder: str | None = None,
+        trainable_stages: int = -1,
+        embed_dim: int = 512,
+        hidden_dim: int = 512,
+        attention_dim: int = 512,
+        dropout: float = 0.5,
+        attention: Literal["soft", "hard"] = "soft",
+        doubly_stochastic_weight: float = 0.0,
+        hard_expectation_prob: float = 0.5,
+        reinforce_weight: float = 1.0,
+        entropy_weight: float = 0.01,
+        baseline_decay: float = 0.9,
+        lr: float = 4e-4,
+        encoder_lr: float | None = None,
+        weight_decay: float = 0.0,
+        warmup_epochs: float = 0.0,
+        beam_size: int = 3,
+        max_decode_length: int = 20,
+        length_penalty: float = 0.0,
+        image_size: int = 224,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        results_file: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not vocabulary:
+            raise ValueError("vocabulary is empty: link it from the DataModule (the CLI does) or pass the tokens")
+        self.save_hyperparameters()
+        self.vocab = Vocabulary(vocabulary)
+        self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, grid_size=grid_size,
+                                         pretrained=pretrained_encoder, trainable_stages=trainable_stages)
+        self.decoder = AttentionDecoder(
+            vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
+            hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention=attention,
+            hard_expectation_prob=hard_expectation_prob,
+        )
+        self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
+        self._outputs: list[dict[str, Any]] = []
+
+    def forward(self, images: Tensor, captions: Tensor):  # noqa: ANN201 - DecoderOutput
+        annotations, _ = self.encoder(images)
+        return self.decoder(annotations, captions)
+
+    # ----------------------------------------------------------------------------------------- training
+    def _loss(self, images: Tensor, captions: Tensor, stage: str) -> Tensor:
+        captions = captions.long()
+        output = self(images, captions)
+        targets = captions[:, 1:]
+        mask = (targets != PAD_ID).to(output.logits.dtype)  # (B, T): real tokens, <end> included
+        tokens = mask.sum().clamp_min(1)
+        nll = caption_nll(output.logits, targets, mask)  # (B,)
+        loss = nll.sum() / tokens
+        if self.hparams.doubly_stochastic_weight:
+            penalty = doubly_stochastic_penalty(output.alphas, mask).mean()
+            loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)²
+            self.log(f"{stage}/ds_penalty", penalty)
+        if output.location_log_probs is not None:
+            sequence_log_likelihood = -nll.detach()
+            surrogate = reinforce_surrogate(
+                -nll, output.location_log_probs, output.location_entropy, mask,
+                baseline=float(self.reward_baseline), reinforce_weight=self.hparams.reinforce_weight,
+                entropy_weight=self.hparams.entropy_weight,
+            )
+            loss = loss - surrogate.sum() / tokens
+            decay = self.hparams.baseline_decay  # b ← decay·b + (1 − decay)·log p(y | s, a)
+            self.reward_baseline.mul_(decay).add_((1 - decay) * sequence_log_likelihood.mean())
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(images))
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:  # noqa: ANN001 - CaptionBatch
+        loss = self._loss(batch.images, batch.captions, "train")
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
+        return loss
+
+    # ------------------------------------------------------------------------------------- evaluation
+    def encode_references(self, references: list[list[str]]) -> Tensor:
+        """The first reference of each image as padded ids (B, T+1), for the teacher-forced eval loss."""
+        limit = self.hparams.max_decode_length
+        encoded = [self.vocab.encode(tokenize(refs[0]), limit) for refs in references]
+        width = max(len(ids) for ids in encoded)
+        return torch.tensor([ids + [PAD_ID] * (width - len(ids)) for ids in encoded], device=self.device)
+
+    def decode(self, images: Tensor, *, beam_size: int | None = None) -> tuple[list[Hypothesis], tuple[int, int]]:
+        """Best caption per image with its α/β traces, and the annotation grid (Gh, Gw)."""
+        annotations, grid = self.encoder(images)
+        beams = beam_search(
+            self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
+            beam_size=beam_size or self.hparams.beam_size, max_length=self.hparams.max_decode_length,
+            length_penalty=self.hparams.length_penalty,
+        )
+        return [image_beams[0] for image_beams in beams], grid
+
+    def to_record(self, image_id: Any, hypothesis: Hypothesis, grid: tuple[int, int],
+                  image_size: tuple[int, int], file_name: str = "") -> dict[str, Any]:
+        """A SPEC §4 record: the COCO result fields plus tokens, grid, α rows and β per token."""
+        words = [self.vocab.tokens[i] for i in hypothesis.tokens]  # one word per α row, <unk> kept
+        return {
+            "image_id": image_id,
+            "file_name": file_name,
+            "caption": " ".join(words),
+            "tokens": words,
+            "grid": list(grid),
+            "image_size": list(image_size),
+            "alphas": [[round(float(a), 6) for a in row] for row in hypothesis.alphas.tolist()],
+            "betas": [round(float(b), 6) for b in hypothesis.betas.tolist()],
+        }
+
+    def _evaluation_step(self, batch, stage: str) -> None:  # noqa: ANN001 - EvalCaptionBatch
+        self._loss(batch.images, self.encode_references(batch.references), stage)
+        hypotheses, grid = self.decode(batch.images)
+        size = (batch.images.shape[-2], batch.images.shape[-1])
+        for image_id, references, hypothesis in zip(batch.image_ids, batch.references, hypotheses, strict=True):
+            record = self.to_record(image_id, hypothesis, grid, size)
+            record["references"] = list(references)
+            self._outputs.append(record)
+
+    def validation_step(self, batch, batch_idx: int) -> None:  # noqa: ANN001
+        self._evaluation_step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:  # noqa: ANN001
+        self._evaluation_step(batch, "test")
+
+    def on_validation_epoch_start(self) -> None:
+        self._outputs = []
+
+    def on_test_epoch_start(self) -> None:
+        self._outputs = []
+
+    def _gathered_outputs(self) -> list[dict[str, Any]]:
+        """Every rank's records, deduplicated by image id (DDP pads ranks with repeated images)."""
+        outputs = self._outputs
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, outputs)
+            outputs = [record for part in gathered for record in (part or [])]
+        return sorted(deduplicate(outputs), key=lambda record: str(record["image_id"]))
+
+    def _score(self, records: list[dict[str, Any]], stage: str) -> dict[str, float]:
+        scores: dict[str, float] = {}
+        if self.trainer.is_global_zero and records:
+            predictions = {r["image_id"]: r["caption"] for r in records}
+            references = {r["image_id"]: r["references"] for r in records}
+            scores = caption_scores(predictions, references)
+            boxes = self._boxes(stage)
+            if boxes:
+                scores.update(pointing_scores(records, boxes))
+            scores["images"] = float(len(records))
+        return self.trainer.strategy.broadcast(scores, src=0)
+
+    def _boxes(self, stage: str) -> dict:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "boxes"):
+            return {}
+        return datamodule.boxes(datamodule.splits["val" if stage == "val" else "test"])
+
+    def _finish_evaluation(self, stage: str) -> list[dict[str, Any]]:
+        records = self._gathered_outputs()
+        if self.trainer.sanity_checking:
+            return records
+        for name, value in self._score(records, stage).items():
+            if not math.isnan(value):
+                self.log(f"{stage}/{name}", value, rank_zero_only=False, sync_dist=False)
+        return records
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish_evaluation("val")
+        self._outputs = []
+
+    def on_test_epoch_end(self) -> None:
+        records = self._finish_evaluation("test")
+        if self.trainer.is_global_zero and records:
+            path = self.hparams.results_file or Path(self.trainer.log_dir or ".") / "results_test.json"
+            payload = [{k: v for k, v in record.items() if k != "references"} for record in records]
+            log.info("wrote %d results to %s", len(payload), write_json_atomically(path, payload))
+        self._outputs = []
+
+    # --------------------------------------------------------------------------------------- plumbing
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[KIND_KEY] = "captioner"
+
+    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
+        encoder_params = [p for p in self.encoder.parameters() if p.requires_grad]
+        groups = [{"params": list(self.decoder.parameters()), "lr": self.hparams.lr}]
+        if encoder_params:
+            groups.append({"params": encoder_params, "lr": self.hparams.encoder_lr or self.hparams.lr})
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        steps_per_epoch = total_steps / max(1, self.trainer.max_epochs or 1)
+        warmup_steps = max(1, round(self.hparams.warmup_epochs * steps_per_epoch))
+        schedule = warmup_cosine(optimizer, warmup_steps=warmup_steps, total_steps=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
