@@ -161,6 +161,25 @@ def test_train_batches_are_padded_with_lengths(coco_root: Path) -> None:
     assert decoded == every  # every caption once per epoch, cut to 4 words
 
 
+def test_grouped_batches_hold_every_caption_of_each_image_once(coco_root: Path) -> None:
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=2, group_captions=True)
+    dm.setup("fit")
+    assert len(dm.train_set) == len(CAPTIONS["train"])  # one item per image
+    seen = []
+    for batch in dm.train_dataloader():
+        assert batch.caption_images is not None and len(batch.caption_images) == len(batch.captions)
+        for image_index, caption in zip(batch.caption_images.tolist(), batch.captions.tolist(), strict=True):
+            assert 0 <= image_index < len(batch.images)
+            seen.append(" ".join(dm.vocab.decode(caption)))
+        for image_index in range(len(batch.images)):  # each image's captions are one file entry's captions
+            own = {" ".join(dm.vocab.decode(c)) for c, i in zip(batch.captions.tolist(),
+                                                                batch.caption_images.tolist(), strict=True)
+                   if i == image_index}
+            assert any(own == {" ".join(tokenize(t)) for t in texts} for _, texts in CAPTIONS["train"].values())
+    every = sorted(" ".join(tokenize(c)) for _, texts in CAPTIONS["train"].values() for c in texts)
+    assert sorted(seen) == every  # every caption exactly once per epoch
+
+
 def test_images_become_rgb_squares_whatever_their_mode(coco_root: Path) -> None:
     dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=8, eval_batch_size=8)
     dm.setup("fit")

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
-# DataModule attribute -> model argument; a pair whose ends the chosen classes lack is skipped.
+# DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
+# a model that lacks the argument gets an error: every model must accept every target its data can send.
 LINKED_FROM_DATA = {
     "num_classes": "num_classes",
     "class_names": "class_names",
@@ -30,12 +31,11 @@ LINKED_FROM_DATA = {
 
 
 class VisionAttnCLI(LightningCLI):
-    """LightningCLI with the DataModule → model links; a link whose ends a class lacks is skipped."""
+    """LightningCLI with the DataModule → model links of ``LINKED_FROM_DATA``."""
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser
         for source, target in LINKED_FROM_DATA.items():
             parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
-        parser.link_arguments("data.image_size", "model.init_args.img_size", apply_on="instantiate")  # timm's name
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
@@ -106,10 +106,52 @@ def make_scenes_command(argv: Sequence[str]) -> None:
               f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
 
 
+def caption_command(argv: Sequence[str]) -> None:
+    from vision_attn.captioning.inference import caption_files, coco_inputs, expand_inputs, load_captioner
+    from vision_attn.io import write_json_atomically
+
+    parser = argparse.ArgumentParser(
+        prog="vision-attn caption",
+        description="Caption images with a Show-Attend-Tell checkpoint; writes results JSON with attention (SPEC §4).",
+    )
+    parser.add_argument("--ckpt", required=True, help="captioner checkpoint (.ckpt) written by `vision-attn fit`")
+    parser.add_argument("inputs", nargs="*", help="image files or folders of images")
+    parser.add_argument("--coco-annotations", help="a COCO captions JSON: caption its images instead")
+    parser.add_argument("--image-dir", help="the images of --coco-annotations")
+    parser.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--out", default="results.json", help="results JSON to write (default results.json)")
+    parser.add_argument("--device", default="cpu")
+    options = parser.parse_args(argv)
+    if bool(options.coco_annotations) != bool(options.image_dir):
+        parser.error("--coco-annotations and --image-dir go together")
+    if not options.inputs and not options.coco_annotations:
+        parser.error("give image files or folders, or --coco-annotations with --image-dir")
+    if options.beam is not None and options.beam < 1:
+        parser.error("--beam must be at least 1")
+    inputs = expand_inputs(options.inputs) if options.inputs else []
+    if options.coco_annotations:
+        inputs += coco_inputs(options.coco_annotations, options.image_dir)
+    module = load_captioner(options.ckpt, device=options.device)
+    records = []
+    for record in caption_files(module, inputs, beam_size=options.beam, batch_size=options.batch_size):
+        print(f"{record['file_name']}: {record['caption']}")
+        records.append(record)
+    print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}")
+
+
+def benchmark_command(argv: Sequence[str]) -> None:
+    from vision_attn.benchmark import main as benchmark_main
+
+    benchmark_main(list(argv))
+
+
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
     "classify": (classify_command, "top-k classes of images with a trained ViT"),
+    "caption": (caption_command, "caption images with a trained captioner; results JSON with attention"),
     "export-samples": (export_samples_command, "write dataset images as PNG files (for classify and overlay)"),
     "make-scenes": (make_scenes_command, "generate the Fashion scenes captioning dataset"),
+    "benchmark": (benchmark_command, "measured speed side by side (markdown table + JSON)"),
 }
 LIGHTNING_COMMANDS = {
     "fit": "train a model (--config configs/...yaml)",

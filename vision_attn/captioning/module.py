@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,28 +18,19 @@ from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
 from vision_attn.checkpoint import KIND_KEY
+from vision_attn.io import write_json_atomically
 from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
 from vision_attn.schedule import warmup_cosine
 
 log = logging.getLogger(__name__)
 
 
-def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
-    """Write JSON next to ``path`` and rename it into place, so a crash never leaves half a file there."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as file:
-        json.dump(payload, file)
-        temporary = Path(file.name)
-    temporary.replace(path)
-    return path
-
-
 class ShowAttendTell(L.LightningModule):
     """Trains encoder + attention decoder with teacher forcing; decodes with beam search in val/test.
 
     ``vocabulary`` (the DataModule's tokens, linked by the CLI), ``image_size``, ``mean`` and ``std`` are
-    stored with the checkpoint as plain lists, so ``caption`` needs nothing else.
+    stored with the checkpoint as plain lists, so ``caption`` needs nothing else. ``test`` writes the SPEC §4
+    results JSON to ``<log dir>/results_test.json`` (the run's ``default_root_dir`` without a logger).
     """
 
     def __init__(
@@ -74,7 +62,6 @@ class ShowAttendTell(L.LightningModule):
         image_size: int = 224,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        results_file: str | None = None,
     ) -> None:
         super().__init__()
         if not vocabulary:
@@ -91,14 +78,17 @@ class ShowAttendTell(L.LightningModule):
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._outputs: list[dict[str, Any]] = []
 
-    def forward(self, images: Tensor, captions: Tensor):  # noqa: ANN201 - DecoderOutput
-        annotations, _ = self.encoder(images)
+    def forward(self, images: Tensor, captions: Tensor, caption_images: Tensor | None = None):  # noqa: ANN201
+        """Teacher-forced DecoderOutput; caption n is of image ``caption_images[n]`` (default: of image n)."""
+        annotations, _ = self.encoder(images)  # each image encoded once, however many captions it has
+        if caption_images is not None:
+            annotations = annotations[caption_images]  # (B, L, D) -> (N, L, D)
         return self.decoder(annotations, captions)
 
     # ----------------------------------------------------------------------------------------- training
-    def _loss(self, images: Tensor, captions: Tensor, stage: str) -> Tensor:
+    def _loss(self, images: Tensor, captions: Tensor, stage: str, caption_images: Tensor | None = None) -> Tensor:
         captions = captions.long()
-        output = self(images, captions)
+        output = self(images, captions, caption_images)
         targets = captions[:, 1:]
         mask = (targets != PAD_ID).to(output.logits.dtype)  # (B, T): real tokens, <end> included
         tokens = mask.sum().clamp_min(1)
@@ -107,7 +97,7 @@ class ShowAttendTell(L.LightningModule):
         if self.hparams.doubly_stochastic_weight:
             penalty = doubly_stochastic_penalty(output.alphas, mask).mean()
             loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)²
-            self.log(f"{stage}/ds_penalty", penalty)
+            self.log(f"{stage}/ds_penalty", penalty, batch_size=len(captions))
         if output.location_log_probs is not None:
             sequence_log_likelihood = -nll.detach()
             surrogate = reinforce_surrogate(
@@ -118,11 +108,11 @@ class ShowAttendTell(L.LightningModule):
             loss = loss - surrogate.sum() / tokens
             decay = self.hparams.baseline_decay  # b ← decay·b + (1 − decay)·log p(y | s, a)
             self.reward_baseline.mul_(decay).add_((1 - decay) * sequence_log_likelihood.mean())
-        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(images))
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
         return loss
 
     def training_step(self, batch, batch_idx: int) -> Tensor:  # noqa: ANN001 - CaptionBatch
-        loss = self._loss(batch.images, batch.captions, "train")
+        loss = self._loss(batch.images, batch.captions, "train", batch.caption_images)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
         return loss
@@ -223,13 +213,20 @@ class ShowAttendTell(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         records = self._finish_evaluation("test")
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "results_test.json"  # a collective
         if self.trainer.is_global_zero and records:
-            path = self.hparams.results_file or Path(self.trainer.log_dir or ".") / "results_test.json"
             payload = [{k: v for k, v in record.items() if k != "references"} for record in records]
             log.info("wrote %d results to %s", len(payload), write_json_atomically(path, payload))
         self._outputs = []
 
     # --------------------------------------------------------------------------------------- plumbing
+    def on_fit_start(self) -> None:
+        """Save the vocabulary as plain JSON next to the checkpoints (it is inside them too, as a list)."""
+        callback = self.trainer.checkpoint_callback
+        if self.trainer.is_global_zero and callback is not None and getattr(callback, "dirpath", None):
+            Path(callback.dirpath).mkdir(parents=True, exist_ok=True)
+            self.vocab.to_json(Path(callback.dirpath) / "vocab.json")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[KIND_KEY] = "captioner"
 

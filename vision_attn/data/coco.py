@@ -48,12 +48,14 @@ class CaptionedImage:
 
 
 class CaptionBatch(NamedTuple):
-    """A training batch: images (B, 3, H, W), captions (B, T) = <start> w1..wn <end> <pad>.., lengths (B,)
-    counting <start> and <end>."""
+    """A training batch: images (B, 3, H, W), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,)
+    counting <start> and <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to
+    image n (N = B)."""
 
     images: Tensor
     captions: Tensor
     lengths: Tensor
+    caption_images: Tensor | None = None
 
 
 class EvalCaptionBatch(NamedTuple):
@@ -154,10 +156,17 @@ def load_caption_image(path: Path, image_size: int) -> Tensor:
 
 
 class CaptionTrainDataset(Dataset):
-    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length)."""
+    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length).
+
+    With ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)),
+    so the encoder sees each image once per epoch while the decoder still sees every caption.
+    """
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
-                 image_size: int) -> None:
+                 image_size: int, group_captions: bool = False) -> None:
+        self.group_captions = group_captions
+        counts = torch.tensor([len(record.captions) for record in records])
+        self.caption_starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])  # (images + 1,)
         self.paths = [record.path for record in records]
         self.image_size = image_size
         self.image_index = torch.tensor([index for index, record in enumerate(records)
@@ -167,9 +176,13 @@ class CaptionTrainDataset(Dataset):
         self.captions = captions.to(torch.int32)  # (N, T), half the memory of int64 on COCO's 600k captions
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return len(self.paths) if self.group_captions else len(self.lengths)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor]:
+        if self.group_captions:
+            start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
+            image = load_caption_image(self.paths[index], self.image_size)
+            return image, self.captions[start:end], self.lengths[start:end]
         image = load_caption_image(self.paths[int(self.image_index[index])], self.image_size)
         return image, self.captions[index], self.lengths[index]
 
@@ -192,6 +205,12 @@ class CaptionEvalDataset(Dataset):
 def collate_captions(items: list[tuple[Tensor, Tensor, Tensor]]) -> CaptionBatch:
     """Stack training items, trimming the caption padding to the batch's longest caption."""
     images, captions, lengths = zip(*items, strict=True)
+    if captions[0].ndim == 2:  # grouped: every caption of each image
+        counts = torch.tensor([len(group) for group in lengths])
+        lengths = torch.cat(lengths)  # (N,)
+        captions = torch.cat(captions)[:, : int(lengths.max())].long()  # (N, T)
+        caption_images = torch.repeat_interleave(torch.arange(len(images)), counts)  # (N,)
+        return CaptionBatch(torch.stack(images), captions, lengths, caption_images)
     lengths = torch.stack(lengths)  # (B,)
     captions = torch.stack(captions)[:, : int(lengths.max())].long()  # (B, T)
     return CaptionBatch(torch.stack(images), captions, lengths)
@@ -211,7 +230,9 @@ class CocoCaptionsDataModule(L.LightningDataModule):
     with images under ``karpathy_image_root/<filepath>/<filename>`` (default root); its restval joins train.
     ``generate_scenes=True`` writes the Fashion scenes into ``root`` first when they are not there.
     ``max_caption_length`` caps the words of a training caption; the default 24 keeps every Fashion scene
-    caption whole (the longest has 23 words).
+    caption whole (the longest has 23 words). ``group_captions`` makes a training item one image with all
+    its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
+    encoder runs once per image instead of once per caption.
     """
 
     def __init__(
@@ -236,6 +257,7 @@ class CocoCaptionsDataModule(L.LightningDataModule):
         num_workers: int = 0,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        group_captions: bool = False,
         generate_scenes: bool = False,
         scenes_counts: dict[str, int] | None = None,
         scenes_seed: int = 0,
@@ -272,6 +294,7 @@ class CocoCaptionsDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
+        self.group_captions = group_captions
         self.mean = list(mean) if mean is not None else list(IMAGENET_MEAN)
         self.std = list(std) if std is not None else list(IMAGENET_STD)
         if len(self.mean) != 3 or len(self.std) != 3:
@@ -346,7 +369,8 @@ class CocoCaptionsDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
-                                                 max_caption_length=self.max_caption_length)
+                                                 max_caption_length=self.max_caption_length,
+                                                 group_captions=self.group_captions)
         if stage in (None, "fit", "validate") and self.val_set is None:
             self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size)
         if stage in (None, "test", "predict") and self.test_set is None:

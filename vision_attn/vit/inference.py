@@ -22,8 +22,8 @@ def load_classifier(path: str | os.PathLike, *, device: str = "cpu") -> ViTClass
 def preprocess(module: ViTClassifier, path: str | os.PathLike) -> Tensor:
     """An image file as the network input the checkpoint was trained on: (C, H, W), normalised."""
     hparams = module.hparams
-    image = open_image(path, mode="L" if hparams.in_chans == 1 else "RGB", max_side=2 * hparams.img_size)
-    pixels = eval_transform(hparams.img_size)(to_tensor(image)).float() / 255.0
+    image = open_image(path, mode="L" if hparams.in_chans == 1 else "RGB", max_side=2 * hparams.image_size)
+    pixels = eval_transform(hparams.image_size)(to_tensor(image)).float() / 255.0
     mean = torch.tensor(hparams.mean or [0.5] * hparams.in_chans).view(-1, 1, 1)
     std = torch.tensor(hparams.std or [0.5] * hparams.in_chans).view(-1, 1, 1)
     return (pixels - mean) / std

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class ViTClassifier(L.LightningModule):
     """Trains ``VisionTransformer`` with AdamW, warm-up + cosine, label smoothing; logs top-1 accuracy.
 
-    ``num_classes``, ``in_chans``, ``img_size``, ``class_names``, ``mean`` and ``std`` are linked from the
+    ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
     DataModule by the CLI, and stored with the checkpoint, so ``classify`` can preprocess new images alone.
     """
 
@@ -30,7 +30,7 @@ class ViTClassifier(L.LightningModule):
         self,
         *,
         num_classes: int = 10,
-        img_size: int = 28,
+        image_size: int = 28,
         in_chans: int = 1,
         patch_size: int = 4,
         embed_dim: int = 64,
@@ -59,7 +59,7 @@ class ViTClassifier(L.LightningModule):
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
         self.model = VisionTransformer(
-            img_size=img_size,
+            img_size=image_size,
             patch_size=patch_size,
             in_chans=in_chans,
             num_classes=num_classes,

@@ -1,0 +1,133 @@
+"""The captioner through the real entry point: fit/test on a tiny scenes set, then `caption` on files and COCO."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.conftest import CONFIGS, console_script
+from vision_attn.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT_KEYS = {"image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas"}
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([console_script(), *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    """A tiny captioner fitted for a few steps on a tiny generated scenes set, through the in-process CLI."""
+    work = tmp_path_factory.mktemp("captioner")
+    scenes, run = work / "scenes", work / "run"
+    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+          "--trainer.default_root_dir", str(run)])
+    return {"scenes": scenes, "run": run, "ckpt": next(run.rglob("best.ckpt"))}
+
+
+def check_records(records: list[dict], count: int) -> None:
+    assert len(records) == count
+    for record in records:
+        assert RESULT_KEYS <= set(record)
+        grid_h, grid_w = record["grid"]
+        assert (grid_h, grid_w) == (6, 6) and record["image_size"] == [96, 96]
+        assert len(record["alphas"]) == len(record["tokens"]) == len(record["betas"])
+        assert record["caption"] == " ".join(record["tokens"])
+        for row in record["alphas"]:
+            assert len(row) == grid_h * grid_w and abs(sum(row) - 1) < 1e-3
+
+
+def test_fit_writes_checkpoints_and_the_vocabulary_json(trained) -> None:
+    checkpoint_dir = trained["ckpt"].parent
+    assert (checkpoint_dir / "last.ckpt").exists()
+    vocabulary = json.loads((checkpoint_dir / "vocab.json").read_text())["tokens"]
+    assert vocabulary[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+    assert {"a", "of", "the"} <= set(vocabulary)  # words every scene caption set uses
+
+
+def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(trained, tmp_path) -> None:
+    result = run_script("test", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+                        "--data.init_args.root", str(trained["scenes"]), "--ckpt_path", str(trained["ckpt"]),
+                        "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    # pointing is computed on scenes; its accuracy is reported once the model names objects (not this 3-step one)
+    for metric in ("test/BLEU-4", "test/CIDEr-D", "test/ROUGE-L", "test/METEOR", "test/pointing_words"):
+        assert metric in result.stdout, metric
+    records = json.loads((tmp_path / "results_test.json").read_text())
+    check_records(records, 6)
+    assert sorted(r["image_id"] for r in records) == list(range(1, 7))  # one result per test image
+
+
+def test_results_json_feeds_pycocoevalcap(trained, tmp_path) -> None:
+    from pycocotools.coco import COCO
+
+    out = tmp_path / "results.json"
+    result = run_script("caption", "--ckpt", str(trained["ckpt"]), "--coco-annotations",
+                        str(trained["scenes"] / "annotations" / "captions_test.json"),
+                        "--image-dir", str(trained["scenes"] / "images" / "test"), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_records(json.loads(out.read_text()), 6)
+    coco = COCO(str(trained["scenes"] / "annotations" / "captions_test.json"))
+    coco_results = coco.loadRes(str(out))  # the COCO results format: image_id + caption
+    assert sorted(coco_results.getImgIds()) == sorted(coco.getImgIds())
+
+
+def test_caption_own_images_of_odd_sizes_and_modes(trained, tmp_path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    Image.new("L", (37, 121), 90).save(folder / "tall_grey.png")
+    Image.new("RGBA", (300, 40), (200, 10, 10, 128)).save(folder / "wide_rgba.png")
+    Image.new("CMYK", (64, 64), (0, 120, 200, 0)).save(folder / "cmyk.jpg")
+    Image.new("P", (50, 50)).save(folder / "palette.gif")
+    out = tmp_path / "out" / "results.json"
+    result = run_script("caption", "--ckpt", str(trained["ckpt"]), str(folder), "--beam", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(out.read_text())
+    check_records(records, 4)
+    assert [r["image_id"] for r in records] == ["cmyk.jpg", "palette.gif", "tall_grey.png", "wide_rgba.png"]
+    assert len(result.stdout.strip().splitlines()) == 5  # one caption per image, then where the JSON went
+
+
+def test_caption_refuses_a_vit_checkpoint_in_one_line(tmp_path) -> None:
+    import torch
+
+    bogus = tmp_path / "vit.ckpt"
+    torch.save({"vision_attn_kind": "vit", "state_dict": {}, "hyper_parameters": {}}, bogus)
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    result = run_script("caption", "--ckpt", str(bogus), str(image))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: {bogus}: this is a ViT classifier checkpoint, but a Show-Attend-Tell "
+                                     "captioner is needed")
+
+
+def _printed_metrics(stdout: str) -> dict[str, str]:
+    """The ``test/...`` rows of Lightning's results table, as printed (exact text, no rounding of ours)."""
+    import re
+
+    return dict(re.findall(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", stdout, flags=re.MULTILINE))
+
+
+def test_two_ddp_processes_score_exactly_like_one(trained, tmp_path) -> None:
+    common = ["test", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+              str(trained["scenes"]), "--ckpt_path", str(trained["ckpt"]), "--data.init_args.eval_batch_size", "1"]
+    one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
+    two = run_script(*common, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                     "--trainer.default_root_dir", str(tmp_path / "two"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    one_metrics, two_metrics = _printed_metrics(one.stdout), _printed_metrics(two.stdout)
+    assert set(one_metrics) == set(two_metrics)
+    scored = ["test/BLEU-1", "test/BLEU-2", "test/BLEU-3", "test/BLEU-4", "test/METEOR", "test/ROUGE-L",
+              "test/CIDEr-D", "test/pointing_words", "test/images"]
+    assert {k: one_metrics[k] for k in scored} == {k: two_metrics[k] for k in scored}  # exactly, as printed
+    assert one_metrics["test/images"] == "6.0"  # every test image once: none duplicated, none missing
+    for averaged in ("test/loss", "test/ds_penalty"):  # means of per-rank means: float order differs
+        assert float(one_metrics[averaged]) == pytest.approx(float(two_metrics[averaged]), rel=1e-5)
+    one_results = json.loads((tmp_path / "one" / "results_test.json").read_text())
+    assert one_results == json.loads((tmp_path / "two" / "results_test.json").read_text())

@@ -1,0 +1,62 @@
+"""Captioning image files or a COCO-format split with a trained checkpoint, with attention traces."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vision_attn.captioning.module import ShowAttendTell
+from vision_attn.checkpoint import load_module
+from vision_attn.data.coco import load_caption_image, read_coco_captions
+from vision_attn.data.images import IMAGE_EXTENSIONS, list_images
+
+
+def load_captioner(path: str | os.PathLike, *, device: str = "cpu") -> ShowAttendTell:
+    """A ShowAttendTell from a checkpoint, in eval mode on ``device``."""
+    return load_module(ShowAttendTell, path, kind="captioner").to(device).eval()
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
+    """(image id, path) for image files and the images directly inside folders; the id is the file name."""
+    found: list[tuple[str, Path]] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            images = list_images(item)
+            if not images:
+                raise FileNotFoundError(f"{item}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
+            found += [(path.name, path) for path in images]
+        elif item.exists():
+            found.append((item.name, item))
+        else:
+            raise FileNotFoundError(f"{item}: no such file or folder")
+    return found
+
+
+def coco_inputs(annotations: str | os.PathLike, image_dir: str | os.PathLike) -> list[tuple[int | str, Path]]:
+    """(COCO image id, path) for every captioned image of a COCO captions file."""
+    return [(record.image_id, record.path) for record in read_coco_captions(Path(annotations), Path(image_dir))]
+
+
+@torch.inference_mode()
+def caption_files(
+    module: ShowAttendTell,
+    inputs: Sequence[tuple[Any, Path]],
+    *,
+    beam_size: int | None = None,
+    batch_size: int = 32,
+) -> Iterator[dict[str, Any]]:
+    """SPEC §4 records, one per (image id, path), in order."""
+    size = module.hparams.image_size
+    mean = torch.tensor(module.hparams.mean or [0.485, 0.456, 0.406], device=module.device).view(1, 3, 1, 1)
+    std = torch.tensor(module.hparams.std or [0.229, 0.224, 0.225], device=module.device).view(1, 3, 1, 1)
+    for start in range(0, len(inputs), batch_size):
+        chunk = inputs[start : start + batch_size]
+        pixels = torch.stack([load_caption_image(path, size) for _, path in chunk]).to(module.device)
+        images = (pixels.float() / 255.0 - mean) / std  # (B, 3, S, S)
+        hypotheses, grid = module.decode(images, beam_size=beam_size)
+        for (image_id, path), hypothesis in zip(chunk, hypotheses, strict=True):
+            yield module.to_record(image_id, hypothesis, grid, (size, size), file_name=str(path))
