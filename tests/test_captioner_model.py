@@ -207,3 +207,14 @@ def test_timm_backbone_through_features_only() -> None:
 def test_unknown_backbone_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown backbone 'vgg16'"):
         AnnotationEncoder(backbone="vgg16")
+
+
+def test_initial_gate_sets_the_starting_beta_and_is_checked() -> None:
+    torch.manual_seed(0)
+    decoder = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
+                               initial_gate=0.95)
+    assert torch.sigmoid(decoder.gate.bias).item() == pytest.approx(0.95)
+    betas = decoder(torch.randn(4, 9, 8), captions_batch().repeat(2, 1)).betas
+    assert betas.mean() > 0.85  # w_β·h is small at initialisation, so β starts near the bias
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        AttentionDecoder(vocab_size=12, annotation_dim=8, initial_gate=1.0)

@@ -62,13 +62,18 @@ class AttentionDecoder(nn.Module):
         dropout: float = 0.5,
         attention: Literal["soft", "hard"] = "soft",
         hard_expectation_prob: float = 0.5,
+        initial_gate: float = 0.5,
     ) -> None:
         super().__init__()
+        if not 0.0 < initial_gate < 1.0:
+            raise ValueError(f"initial_gate is the starting β and must be strictly between 0 and 1, got {initial_gate}")
         self.attention_mode = attention
         self.hard_expectation_prob = hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
         self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim)  # W_a, W_h, w
         self.gate = nn.Linear(hidden_dim, 1)  # w_β
+        # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
+        nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(initial_gate)).item())
         self.init_hidden = nn.Linear(annotation_dim, hidden_dim)  # f_init,h
         self.init_cell = nn.Linear(annotation_dim, hidden_dim)  # f_init,c
         self.lstm = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)

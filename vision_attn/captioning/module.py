@@ -47,6 +47,7 @@ class ShowAttendTell(L.LightningModule):
         attention_dim: int = 512,
         dropout: float = 0.5,
         attention: Literal["soft", "hard"] = "soft",
+        initial_gate: float = 0.5,
         doubly_stochastic_weight: float = 0.0,
         hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0,
@@ -73,7 +74,7 @@ class ShowAttendTell(L.LightningModule):
         self.decoder = AttentionDecoder(
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention=attention,
-            hard_expectation_prob=hard_expectation_prob,
+            hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate,
         )
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._outputs: list[dict[str, Any]] = []
