@@ -383,7 +383,7 @@ class CocoCaptionsDataModule(L.LightningDataModule):
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
             shuffle=train,
-            drop_last=train and len(dataset) > self.batch_size,
+            drop_last=False,  # every caption (and every evaluation image) once per epoch
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=collate_captions if train else collate_references,
