@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vision_attn.data.classification import ClassificationDataModule, TensorImageDataset, split_train_val
+from vision_attn.data.classification import HeldOutValidationDataModule
 from vision_attn.data.fashion_mnist import DatasetNotFoundError
 
 CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -86,7 +86,7 @@ def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tup
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-class CIFAR10DataModule(ClassificationDataModule):
+class CIFAR10DataModule(HeldOutValidationDataModule):
     """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test."""
 
     def __init__(
@@ -103,16 +103,16 @@ class CIFAR10DataModule(ClassificationDataModule):
         hflip: bool = True,
     ) -> None:
         super().__init__(
+            root,
+            val_size=val_size,
+            split_seed=split_seed,
+            download=download,
             batch_size=batch_size,
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
             pad_crop=pad_crop,
             hflip=hflip,
         )
-        self.root = root
-        self.val_size = val_size
-        self.split_seed = split_seed
-        self.download = download
         self.class_names = list(CLASS_NAMES)
         self.in_chans = 3
         self.image_size = 32
@@ -121,9 +121,5 @@ class CIFAR10DataModule(ClassificationDataModule):
     def prepare_data(self) -> None:
         load_cifar10(self.root, "test", download=self.download)
 
-    def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit", "validate") and self.train_set is None:
-            full = TensorImageDataset(*load_cifar10(self.root, "train"))
-            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
-        if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = TensorImageDataset(*load_cifar10(self.root, "test"))
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        return load_cifar10(self.root, split)

@@ -9,8 +9,6 @@ known right after construction, so LightningCLI links them into the model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -134,6 +132,31 @@ class ClassificationDataModule(L.LightningDataModule):
         return self.normalize(images), labels
 
 
+class HeldOutValidationDataModule(ClassificationDataModule):
+    """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
+
+    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+    """
+
+    def __init__(self, root: str, *, val_size: int, split_seed: int, download: bool, **loader_options) -> None:
+        super().__init__(**loader_options)
+        self.root = root
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = TensorImageDataset(*self.load_split("train"))
+            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = TensorImageDataset(*self.load_split("test"))
+
+
 def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset, Subset]:
     """A fixed random hold-out of ``val_size`` items; the rest is for training."""
     if not 0 < val_size < len(dataset):  # type: ignore[arg-type]
@@ -141,7 +164,3 @@ def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset,
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()  # type: ignore[arg-type]
     return Subset(dataset, order[val_size:]), Subset(dataset, order[:val_size])
 
-
-def check_channels(in_chans: int, allowed: Sequence[int] = (1, 3)) -> None:
-    if in_chans not in allowed:
-        raise ValueError(f"in_chans must be one of {list(allowed)}, got {in_chans}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vision_attn.data.classification import ClassificationDataModule, TensorImageDataset, split_train_val
+from vision_attn.data.classification import HeldOutValidationDataModule
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
     return images, labels.long()
 
 
-class FashionMNISTDataModule(ClassificationDataModule):
+class FashionMNISTDataModule(HeldOutValidationDataModule):
     """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test."""
 
     def __init__(
@@ -107,16 +107,16 @@ class FashionMNISTDataModule(ClassificationDataModule):
         hflip: bool = False,
     ) -> None:
         super().__init__(
+            root,
+            val_size=val_size,
+            split_seed=split_seed,
+            download=download,
             batch_size=batch_size,
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
             pad_crop=pad_crop,
             hflip=hflip,
         )
-        self.root = root
-        self.val_size = val_size
-        self.split_seed = split_seed
-        self.download = download
         self.class_names = list(CLASS_NAMES)
         self.in_chans = 1
         self.image_size = 28
@@ -125,15 +125,9 @@ class FashionMNISTDataModule(ClassificationDataModule):
     def prepare_data(self) -> None:
         find_fashion_mnist(self.root, download=self.download)
 
-    def setup(self, stage: str | None = None) -> None:
-        directory = find_fashion_mnist(self.root, download=False)
-        if stage in (None, "fit", "validate") and self.train_set is None:
-            images, labels = load_fashion_mnist(directory, "train")
-            full = TensorImageDataset(images.unsqueeze(1), labels)  # (N, 1, 28, 28)
-            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
-        if stage in (None, "test", "predict") and self.test_set is None:
-            images, labels = load_fashion_mnist(directory, "test")
-            self.test_set = TensorImageDataset(images.unsqueeze(1), labels)
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        images, labels = load_fashion_mnist(find_fashion_mnist(self.root, download=False), split)
+        return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
 
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0) -> list[Path]:
