@@ -12,7 +12,8 @@ import torch
 from vision_attn.captioning.module import ShowAttendTell
 from vision_attn.checkpoint import load_module
 from vision_attn.data.coco import load_caption_image, read_coco_captions
-from vision_attn.data.images import IMAGE_EXTENSIONS, list_images
+from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
+from vision_attn.data.images import IMAGE_EXTENSIONS, list_images, normalize
 
 
 def load_captioner(path: str | os.PathLike, *, device: str = "cpu") -> ShowAttendTell:
@@ -51,12 +52,11 @@ def caption_files(
 ) -> Iterator[dict[str, Any]]:
     """SPEC §4 records, one per (image id, path), in order."""
     size = module.hparams.image_size
-    mean = torch.tensor(module.hparams.mean or [0.485, 0.456, 0.406], device=module.device).view(1, 3, 1, 1)
-    std = torch.tensor(module.hparams.std or [0.229, 0.224, 0.225], device=module.device).view(1, 3, 1, 1)
+    mean, std = module.hparams.mean or IMAGENET_MEAN, module.hparams.std or IMAGENET_STD
     for start in range(0, len(inputs), batch_size):
         chunk = inputs[start : start + batch_size]
         pixels = torch.stack([load_caption_image(path, size) for _, path in chunk]).to(module.device)
-        images = (pixels.float() / 255.0 - mean) / std  # (B, 3, S, S)
+        images = normalize(pixels, mean, std)  # (B, 3, S, S)
         hypotheses, grid = module.decode(images, beam_size=beam_size)
         for (image_id, path), hypothesis in zip(chunk, hypotheses, strict=True):
             yield module.to_record(image_id, hypothesis, grid, (size, size), file_name=str(path))

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from vision_attn.data.images import normalize
+
 
 class TensorImageDataset(Dataset):
     """Images held in memory as one uint8 tensor (N, C, H, W) with integer labels (N,)."""
@@ -118,9 +120,7 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, C, H, W) -> float, (x / 255 - mean) / std."""
-        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
-        return (images.float() / 255.0 - mean) / std
+        return normalize(images, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch

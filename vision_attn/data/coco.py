@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from vision_attn.captioning.vocabulary import Vocabulary
 from vision_attn.data.fashion_mnist import DatasetNotFoundError
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
-from vision_attn.data.images import open_image, to_tensor
+from vision_attn.data.images import normalize, open_image, to_tensor
 from vision_attn.data.scenes import make_scenes
 
 log = logging.getLogger(__name__)
@@ -403,9 +403,7 @@ class CocoCaptionsDataModule(L.LightningDataModule):
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, 3, H, W) -> float, (x / 255 - mean) / std."""
-        mean = torch.tensor(self.mean, device=images.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, 3, 1, 1)
-        return (images.float() / 255.0 - mean) / std
+        return normalize(images, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
                                 dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:

@@ -78,3 +78,11 @@ class ImageFileDataset(torch.utils.data.Dataset):
         path, label = self.samples[index]
         image = to_tensor(open_image(path, mode=self.mode, max_side=self.max_side))
         return self.transform(image), torch.tensor(label)
+
+
+def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
+    """uint8 images (B, C, H, W) or (C, H, W) -> float (x / 255 - mean) / std, per channel."""
+    shape = (-1, 1, 1)
+    mean_tensor = torch.tensor(mean, device=images.device).view(shape)
+    std_tensor = torch.tensor(std, device=images.device).view(shape)
+    return (images.float() / 255.0 - mean_tensor) / std_tensor

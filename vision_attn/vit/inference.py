@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from vision_attn.checkpoint import load_module
-from vision_attn.data.images import eval_transform, open_image, to_tensor
+from vision_attn.data.images import eval_transform, normalize, open_image, to_tensor
 from vision_attn.vit.module import ViTClassifier
 
 
@@ -23,10 +23,8 @@ def preprocess(module: ViTClassifier, path: str | os.PathLike) -> Tensor:
     """An image file as the network input the checkpoint was trained on: (C, H, W), normalised."""
     hparams = module.hparams
     image = open_image(path, mode="L" if hparams.in_chans == 1 else "RGB", max_side=2 * hparams.image_size)
-    pixels = eval_transform(hparams.image_size)(to_tensor(image)).float() / 255.0
-    mean = torch.tensor(hparams.mean or [0.5] * hparams.in_chans).view(-1, 1, 1)
-    std = torch.tensor(hparams.std or [0.5] * hparams.in_chans).view(-1, 1, 1)
-    return (pixels - mean) / std
+    pixels = eval_transform(hparams.image_size)(to_tensor(image))  # uint8 (C, H, W)
+    return normalize(pixels, hparams.mean or [0.5] * hparams.in_chans, hparams.std or [0.5] * hparams.in_chans)
 
 
 @torch.inference_mode()
