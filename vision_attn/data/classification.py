@@ -9,13 +9,12 @@ known right after construction, so LightningCLI links them into the model.
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vision_attn.data.images import normalize
+from vision_attn.data.base import SplitDataModule
 
 
 class TensorImageDataset(Dataset):
@@ -56,7 +55,7 @@ def random_hflip(images: Tensor, generator: torch.Generator | None = None) -> Te
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
-class ClassificationDataModule(L.LightningDataModule):
+class ClassificationDataModule(SplitDataModule):
     """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
 
     def __init__(
@@ -105,22 +104,6 @@ class ClassificationDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
-
-    def normalize(self, images: Tensor) -> Tensor:
-        """uint8 (B, C, H, W) -> float, (x / 255 - mean) / std."""
-        return normalize(images, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import lightning as L
 import torch
 from PIL import Image
 from pycocotools.coco import COCO
@@ -27,9 +26,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.captioning.vocabulary import Vocabulary
+from vision_attn.data.base import SplitDataModule
 from vision_attn.data.fashion_mnist import DatasetNotFoundError
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
-from vision_attn.data.images import normalize, open_image, to_tensor
+from vision_attn.data.images import open_image, to_tensor
 from vision_attn.data.scenes import make_scenes
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def collate_references(items: list[tuple[Tensor, int | str, list[str]]]) -> Eval
     return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references))
 
 
-class CocoCaptionsDataModule(L.LightningDataModule):
+class CocoCaptionsDataModule(SplitDataModule):
     """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits.
 
     ``annotation_format="coco"`` reads ``root/captions_file_pattern`` with images in ``root/image_dir_pattern``
@@ -388,22 +388,6 @@ class CocoCaptionsDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             collate_fn=collate_captions if train else collate_references,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
-
-    def normalize(self, images: Tensor) -> Tensor:
-        """uint8 (B, 3, H, W) -> float, (x / 255 - mean) / std."""
-        return normalize(images, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
                                 dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
