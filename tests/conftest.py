@@ -1,12 +1,18 @@
-"""Shared helpers for the tests."""
+"""Shared helpers and fixtures for the tests: the console script, and tiny trained checkpoints."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from vision_attn.cli import main
+
 CONFIGS = Path(__file__).parent / "configs"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def console_script() -> str:
@@ -16,3 +22,28 @@ def console_script() -> str:
     if not found:
         raise RuntimeError("the vision-attn console script is not installed; run `make setup`")
     return found
+
+
+def run_script(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``vision-attn ARGS`` as a user runs it, output captured."""
+    return subprocess.run([console_script(), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def vit_checkpoint(tmp_path_factory) -> Path:
+    """A tiny ViT trained for a few steps on Fashion-MNIST through the in-process CLI."""
+    run_dir = tmp_path_factory.mktemp("vit_run")
+    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(run_dir)])
+    checkpoint = next(run_dir.rglob("best.ckpt"))
+    assert (checkpoint.parent / "last.ckpt").exists()
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def trained_captioner(tmp_path_factory) -> dict[str, Path]:
+    """A tiny captioner fitted for a few steps on a tiny generated scenes set, through the in-process CLI."""
+    work = tmp_path_factory.mktemp("captioner")
+    scenes, run = work / "scenes", work / "run"
+    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+          "--trainer.default_root_dir", str(run)])
+    return {"scenes": scenes, "run": run, "ckpt": next(run.rglob("best.ckpt"))}

@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from tests.conftest import CONFIGS, console_script
-from vision_attn.cli import main
+from tests.conftest import CONFIGS, run_script
 
-REPO = Path(__file__).resolve().parents[1]
 RESULT_KEYS = {"image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas"}
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([console_script(), *args], cwd=REPO, capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict[str, Path]:
-    """A tiny captioner fitted for a few steps on a tiny generated scenes set, through the in-process CLI."""
-    work = tmp_path_factory.mktemp("captioner")
-    scenes, run = work / "scenes", work / "run"
-    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
-          "--trainer.default_root_dir", str(run)])
-    return {"scenes": scenes, "run": run, "ckpt": next(run.rglob("best.ckpt"))}
 
 
 def check_records(records: list[dict], count: int) -> None:
@@ -42,17 +24,18 @@ def check_records(records: list[dict], count: int) -> None:
             assert len(row) == grid_h * grid_w and abs(sum(row) - 1) < 1e-3
 
 
-def test_fit_writes_checkpoints_and_the_vocabulary_json(trained) -> None:
-    checkpoint_dir = trained["ckpt"].parent
+def test_fit_writes_checkpoints_and_the_vocabulary_json(trained_captioner) -> None:
+    checkpoint_dir = trained_captioner["ckpt"].parent
     assert (checkpoint_dir / "last.ckpt").exists()
     vocabulary = json.loads((checkpoint_dir / "vocab.json").read_text())["tokens"]
     assert vocabulary[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
     assert {"a", "of", "the"} <= set(vocabulary)  # words every scene caption set uses
 
 
-def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(trained, tmp_path) -> None:
+def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(trained_captioner, tmp_path) -> None:
     result = run_script("test", "--config", str(CONFIGS / "captioner_tiny.yaml"),
-                        "--data.init_args.root", str(trained["scenes"]), "--ckpt_path", str(trained["ckpt"]),
+                        "--data.init_args.root", str(trained_captioner["scenes"]),
+                        "--ckpt_path", str(trained_captioner["ckpt"]),
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     # pointing is computed on scenes; its accuracy is reported once the model names objects (not this 3-step one)
@@ -63,21 +46,21 @@ def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(train
     assert sorted(r["image_id"] for r in records) == list(range(1, 7))  # one result per test image
 
 
-def test_results_json_feeds_pycocoevalcap(trained, tmp_path) -> None:
+def test_results_json_feeds_pycocoevalcap(trained_captioner, tmp_path) -> None:
     from pycocotools.coco import COCO
 
     out = tmp_path / "results.json"
-    result = run_script("caption", "--ckpt", str(trained["ckpt"]), "--coco-annotations",
-                        str(trained["scenes"] / "annotations" / "captions_test.json"),
-                        "--image-dir", str(trained["scenes"] / "images" / "test"), "--out", str(out))
+    result = run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), "--coco-annotations",
+                        str(trained_captioner["scenes"] / "annotations" / "captions_test.json"),
+                        "--image-dir", str(trained_captioner["scenes"] / "images" / "test"), "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     check_records(json.loads(out.read_text()), 6)
-    coco = COCO(str(trained["scenes"] / "annotations" / "captions_test.json"))
+    coco = COCO(str(trained_captioner["scenes"] / "annotations" / "captions_test.json"))
     coco_results = coco.loadRes(str(out))  # the COCO results format: image_id + caption
     assert sorted(coco_results.getImgIds()) == sorted(coco.getImgIds())
 
 
-def test_caption_own_images_of_odd_sizes_and_modes(trained, tmp_path) -> None:
+def test_caption_own_images_of_odd_sizes_and_modes(trained_captioner, tmp_path) -> None:
     folder = tmp_path / "mine"
     folder.mkdir()
     Image.new("L", (37, 121), 90).save(folder / "tall_grey.png")
@@ -85,7 +68,8 @@ def test_caption_own_images_of_odd_sizes_and_modes(trained, tmp_path) -> None:
     Image.new("CMYK", (64, 64), (0, 120, 200, 0)).save(folder / "cmyk.jpg")
     Image.new("P", (50, 50)).save(folder / "palette.gif")
     out = tmp_path / "out" / "results.json"
-    result = run_script("caption", "--ckpt", str(trained["ckpt"]), str(folder), "--beam", "3", "--out", str(out))
+    result = run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), str(folder), "--beam", "3",
+                        "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
     check_records(records, 4)
@@ -113,9 +97,10 @@ def _printed_metrics(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", stdout, flags=re.MULTILINE))
 
 
-def test_two_ddp_processes_score_exactly_like_one(trained, tmp_path) -> None:
+def test_two_ddp_processes_score_exactly_like_one(trained_captioner, tmp_path) -> None:
     common = ["test", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
-              str(trained["scenes"]), "--ckpt_path", str(trained["ckpt"]), "--data.init_args.eval_batch_size", "1"]
+              str(trained_captioner["scenes"]), "--ckpt_path", str(trained_captioner["ckpt"]),
+              "--data.init_args.eval_batch_size", "1"]
     one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
     two = run_script(*common, "--trainer.strategy", "ddp", "--trainer.devices", "2",
                      "--trainer.default_root_dir", str(tmp_path / "two"))

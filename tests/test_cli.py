@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import numpy as np
-import pytest
 from PIL import Image
 
-from tests.conftest import CONFIGS, console_script
-from vision_attn.cli import main
+from tests.conftest import CONFIGS, REPO, run_script
 from vision_attn.data.fashion_mnist import CLASS_NAMES, find_fashion_mnist, load_fashion_mnist
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_script(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([console_script(), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def vit_checkpoint(tmp_path_factory) -> Path:
-    """A tiny ViT trained for a few steps on Fashion-MNIST through the in-process CLI."""
-    run_dir = tmp_path_factory.mktemp("vit_run")
-    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(run_dir)])
-    checkpoint = next(run_dir.rglob("best.ckpt"))
-    assert (checkpoint.parent / "last.ckpt").exists()
-    return checkpoint
 
 
 def test_fast_dev_run_through_the_console_script(tmp_path) -> None:

@@ -81,12 +81,19 @@ KIND_KEY = "vision_attn_kind"
 KIND_NAMES = {"vit": "ViT classifier", "captioner": "Show-Attend-Tell captioner"}
 
 
-def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: str) -> Any:
+def checkpoint_kind(loaded: Mapping[str, Any]) -> str | None:
+    """The model family ("vit" or "captioner") a loaded checkpoint was written by, if it says."""
+    return loaded.get(KIND_KEY)
+
+
+def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: str,
+                loaded: Mapping[str, Any] | None = None) -> Any:
     """Rebuild a LightningModule from a checkpoint's plain hyper-parameters and weights.
 
     ``kind`` is the model family the caller needs; a checkpoint of the other family is refused by name.
+    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice.
     """
-    loaded = load_file(path)
+    loaded = load_file(path) if loaded is None else loaded
     found = loaded.get(KIND_KEY)
     if found is not None and found != kind:
         raise CheckpointError(

@@ -76,10 +76,12 @@ def export_samples_command(argv: Sequence[str]) -> None:
     parser.add_argument("--split", choices=["train", "test"], default="test")
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--canvas-size", type=int, default=28,
+                        help="paste each garment at a random place on a black square this big (default 28: as is)")
     parser.add_argument("--out", required=True, help="output folder")
     options = parser.parse_args(argv)
     for path in export_samples(options.root, options.out, count=options.count, split=options.split,
-                               seed=options.seed):
+                               seed=options.seed, canvas_size=options.canvas_size):
         print(path)
 
 
@@ -107,7 +109,8 @@ def make_scenes_command(argv: Sequence[str]) -> None:
 
 
 def caption_command(argv: Sequence[str]) -> None:
-    from vision_attn.captioning.inference import caption_files, coco_inputs, expand_inputs, load_captioner
+    from vision_attn.captioning.inference import caption_files, coco_inputs, load_captioner
+    from vision_attn.data.images import expand_inputs
     from vision_attn.io import write_json_atomically
 
     parser = argparse.ArgumentParser(
@@ -140,6 +143,116 @@ def caption_command(argv: Sequence[str]) -> None:
     print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}")
 
 
+def overlay_command(argv: Sequence[str]) -> None:
+    import json
+    from pathlib import Path
+
+    from vision_attn.checkpoint import CheckpointError, checkpoint_kind, load_file
+    from vision_attn.data.images import expand_inputs, open_image
+    from vision_attn.overlay import save_png, write_gallery
+
+    parser = argparse.ArgumentParser(
+        prog="vision-attn overlay",
+        description="Draw attention over images: per word for a captioner (or a `caption` results JSON), "
+        "rollout and last-layer heads for a ViT. Writes one PNG per image and an index.html gallery.",
+    )
+    parser.add_argument("inputs", nargs="+", help="image files, folders of images, or results JSON from `caption`")
+    parser.add_argument("--ckpt", help="captioner or ViT checkpoint (not needed when every input is a results JSON)")
+    parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
+    parser.add_argument("--beam", type=int, default=None, help="captioner beam size (default: the checkpoint's)")
+    parser.add_argument("--upsample", choices=["bilinear", "pyramid"], default="bilinear",
+                        help="how the attention grid is enlarged to the image (default bilinear)")
+    parser.add_argument("--sigma", type=float, default=None,
+                        help="Gaussian smoothing in output pixels (default: a quarter of a grid cell)")
+    parser.add_argument("--cmap", default="turbo", help="matplotlib colour map (default turbo)")
+    parser.add_argument("--opacity", type=float, default=0.6, help="blend opacity at the strongest attention")
+    parser.add_argument("--panel-size", type=int, default=224, help="longer side of each panel in pixels")
+    parser.add_argument("--columns", type=int, default=5, help="panels per row before wrapping (default 5)")
+    parser.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean", help="ViT rollout")
+    parser.add_argument("--discard-ratio", type=float, default=0.0,
+                        help="ViT rollout: fraction of the weakest attention links dropped per layer")
+    parser.add_argument("--gradient-class", help="ViT: also draw gradient rollout for this class (name or index)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    options = parser.parse_args(argv)
+    if options.panel_size < 16:
+        parser.error("--panel-size must be at least 16")
+    if options.columns < 1:
+        parser.error("--columns must be at least 1")
+    style = {"mode": options.upsample, "sigma": options.sigma, "cmap": options.cmap, "opacity": options.opacity}
+    layout = {"panel_size": options.panel_size, "columns": options.columns}
+    out = Path(options.out)
+    json_inputs = [Path(item) for item in options.inputs if item.lower().endswith(".json")]
+    image_inputs = [item for item in options.inputs if not item.lower().endswith(".json")]
+    written: list[tuple[str, str]] = []
+    used_names: set[str] = set()
+
+    def save(source: str, figure, text: str) -> None:  # noqa: ANN001 - a PIL image
+        name = f"{Path(source).stem or 'image'}.png"
+        counter = 2
+        while name in used_names:
+            name, counter = f"{Path(source).stem}_{counter}.png", counter + 1
+        used_names.add(name)
+        save_png(figure, out / name)
+        written.append((name, text))
+        print(f"{source}: {text} -> {out / name}")
+
+    records = []
+    for results in json_inputs:
+        if not results.is_file():
+            raise FileNotFoundError(f"{results}: no such results JSON")
+        try:
+            loaded = json.loads(results.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{results}: not valid JSON ({error})") from None
+        if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
+            raise ValueError(f"{results}: expected a list of caption records (SPEC §4), as `caption` writes")
+        for record in loaded:
+            name = str(record.get("file_name") or "")
+            path = Path(name) if Path(name).is_file() else results.parent / name
+            if not name or not path.is_file():
+                raise FileNotFoundError(f"{results}: image {name!r} of record {record.get('image_id')!r} not found "
+                                        f"(looked in the working directory and in {results.parent})")
+            records.append((record, path))
+
+    module = kind = None
+    if image_inputs:
+        if not options.ckpt:
+            parser.error("--ckpt is needed to overlay image files (only results JSON can go without)")
+        loaded_checkpoint = load_file(options.ckpt)
+        kind = checkpoint_kind(loaded_checkpoint)
+        if kind not in ("vit", "captioner"):
+            raise CheckpointError(f"{options.ckpt}: not a checkpoint written by `vision-attn fit` (no model kind)")
+        if kind == "vit":
+            from vision_attn.vit.inference import class_index, load_classifier, vit_overlays
+
+            module = load_classifier(options.ckpt, device=options.device, loaded=loaded_checkpoint)
+            gradient_class = class_index(module, options.gradient_class) if options.gradient_class else None
+            paths = [path for _, path in expand_inputs(image_inputs)]
+            for source, figure, text in vit_overlays(
+                module, paths, head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
+                gradient_class=gradient_class, batch_size=options.batch_size, **layout, **style,
+            ):
+                save(source, figure, text)
+        else:
+            from vision_attn.captioning.inference import caption_files, load_captioner
+
+            if options.gradient_class:
+                parser.error("--gradient-class is for ViT checkpoints")
+            module = load_captioner(options.ckpt, device=options.device, loaded=loaded_checkpoint)
+            captioned = caption_files(module, expand_inputs(image_inputs), beam_size=options.beam,
+                                      batch_size=options.batch_size)
+            records += [(record, Path(record["file_name"])) for record in captioned]
+
+    if records:
+        from vision_attn.overlay import caption_overlay
+
+        for record, path in records:
+            image = open_image(path, mode="RGB", max_side=2 * options.panel_size)
+            save(str(path), caption_overlay(image, record, **layout, **style), record.get("caption", ""))
+    print(f"wrote {len(written)} overlays and {write_gallery(out, written)}")
+
+
 def benchmark_command(argv: Sequence[str]) -> None:
     from vision_attn.benchmark import main as benchmark_main
 
@@ -151,6 +264,7 @@ TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
     "caption": (caption_command, "caption images with a trained captioner; results JSON with attention"),
     "export-samples": (export_samples_command, "write dataset images as PNG files (for classify and overlay)"),
     "make-scenes": (make_scenes_command, "generate the Fashion scenes captioning dataset"),
+    "overlay": (overlay_command, "attention over images: per word (captioner) or rollout and heads (ViT)"),
     "benchmark": (benchmark_command, "measured speed side by side (markdown table + JSON)"),
 }
 LIGHTNING_COMMANDS = {

@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
-    """Write JSON to a temporary file beside ``path``, then rename it into place (atomic on POSIX)."""
+def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX).
+
+    If ``write`` fails the temporary file is removed and ``path`` is untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
                                      delete=False) as file:
         try:
-            json.dump(payload, file)
+            write(file)
         except BaseException:
             file.close()
             os.unlink(file.name)
@@ -24,3 +28,8 @@ def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
         temporary = Path(file.name)
     temporary.replace(path)
     return path
+
+
+def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
+    """Write JSON to ``path`` atomically."""
+    return replace_atomically(path, lambda file: file.write(json.dumps(payload).encode("utf-8")))

@@ -24,12 +24,16 @@ Backbone = Literal["small", "vgg19", "resnet50", "resnet101"] | str
 
 
 class SmallCNN(nn.Sequential):
-    """A CPU-sized trunk: S×S×3 -> S/16 × S/16 × 8·width, one conv-BN-ReLU per stage.
+    """A CPU-sized trunk: S×S×3 -> S/stride × S/stride × 8·width, one conv-BN-ReLU per stage.
 
-    Strides 2, 2 then 2×2 max-pools twice; the receptive field (~50 px) covers one Fashion-MNIST item.
+    Strides 2, 2 then 2×2 max-pools twice (stride 16; the receptive field, ~50 px, covers one Fashion-MNIST
+    item), or once (stride 8: a grid twice as fine whose ~35 px receptive field stays within one item's cell).
     """
 
-    def __init__(self, width: int = 32, in_chans: int = 3) -> None:
+    def __init__(self, width: int = 32, in_chans: int = 3, *, stride: int = 16) -> None:
+        if stride not in (8, 16):
+            raise ValueError(f"the small CNN's output stride is 8 or 16, got {stride}")
+
         def stage(inputs: int, outputs: int, *, stride: int = 1, pool: bool = False) -> nn.Sequential:
             layers: list[nn.Module] = [
                 nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False),
@@ -42,7 +46,7 @@ class SmallCNN(nn.Sequential):
             stage(in_chans, width, stride=2),
             stage(width, 2 * width, stride=2),
             stage(2 * width, 4 * width, pool=True),
-            stage(4 * width, 8 * width, pool=True),
+            stage(4 * width, 8 * width, pool=stride == 16),
         )
         self.out_channels = 8 * width
 
@@ -80,7 +84,7 @@ class AnnotationEncoder(nn.Module):
 
     ``backbone`` is "small", "vgg19", "resnet50", "resnet101" or "timm:<model name>". ``grid_size`` pools the
     feature map to a fixed grid (None keeps the trunk's own). ``trainable_stages`` fine-tunes only the last N
-    top-level stages of the trunk (-1: all, 0: frozen).
+    top-level stages of the trunk (-1: all, 0: frozen). ``small_stride`` (8 or 16) sets the small CNN's grid.
     """
 
     def __init__(
@@ -91,11 +95,12 @@ class AnnotationEncoder(nn.Module):
         grid_size: int | None = None,
         pretrained: str | os.PathLike | None = None,
         trainable_stages: int = -1,
+        small_stride: int = 16,
     ) -> None:
         super().__init__()
         self.backbone_name = backbone
         if backbone == "small":
-            self.trunk: nn.Module = SmallCNN(width)
+            self.trunk: nn.Module = SmallCNN(width, stride=small_stride)
             self.annotation_dim = self.trunk.out_channels
         elif backbone == "vgg19":
             self.trunk, self.annotation_dim = _vgg19_conv5_4()

@@ -13,28 +13,12 @@ from vision_attn.captioning.module import ShowAttendTell
 from vision_attn.checkpoint import load_module
 from vision_attn.data.coco import load_caption_image, read_coco_captions
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
-from vision_attn.data.images import IMAGE_EXTENSIONS, list_images, normalize
+from vision_attn.data.images import normalize
 
 
-def load_captioner(path: str | os.PathLike, *, device: str = "cpu") -> ShowAttendTell:
+def load_captioner(path: str | os.PathLike, *, device: str = "cpu", loaded: dict | None = None) -> ShowAttendTell:
     """A ShowAttendTell from a checkpoint, in eval mode on ``device``."""
-    return load_module(ShowAttendTell, path, kind="captioner").to(device).eval()
-
-
-def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
-    """(image id, path) for image files and the images directly inside folders; the id is the file name."""
-    found: list[tuple[str, Path]] = []
-    for item in map(Path, inputs):
-        if item.is_dir():
-            images = list_images(item)
-            if not images:
-                raise FileNotFoundError(f"{item}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
-            found += [(path.name, path) for path in images]
-        elif item.exists():
-            found.append((item.name, item))
-        else:
-            raise FileNotFoundError(f"{item}: no such file or folder")
-    return found
+    return load_module(ShowAttendTell, path, kind="captioner", loaded=loaded).to(device).eval()
 
 
 def coco_inputs(annotations: str | os.PathLike, image_dir: str | os.PathLike) -> list[tuple[int | str, Path]]:

@@ -18,8 +18,11 @@ from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
 from vision_attn.checkpoint import KIND_KEY
+from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
+from vision_attn.data.images import denormalize, to_pil
 from vision_attn.io import write_json_atomically
 from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
+from vision_attn.overlay import caption_overlay, log_figures
 from vision_attn.schedule import warmup_cosine
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ class ShowAttendTell(L.LightningModule):
         vocabulary: list[str] | None = None,
         backbone: str = "small",
         encoder_width: int = 32,
+        encoder_stride: int = 16,
         grid_size: int | None = None,
         pretrained_encoder: str | None = None,
         trainable_stages: int = -1,
@@ -63,6 +67,7 @@ class ShowAttendTell(L.LightningModule):
         image_size: int = 224,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        log_overlays: int = 4,
     ) -> None:
         super().__init__()
         if not vocabulary:
@@ -70,7 +75,8 @@ class ShowAttendTell(L.LightningModule):
         self.save_hyperparameters()
         self.vocab = Vocabulary(vocabulary)
         self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, grid_size=grid_size,
-                                         pretrained=pretrained_encoder, trainable_stages=trainable_stages)
+                                         pretrained=pretrained_encoder, trainable_stages=trainable_stages,
+                                         small_stride=encoder_stride)
         self.decoder = AttentionDecoder(
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention=attention,
@@ -78,6 +84,7 @@ class ShowAttendTell(L.LightningModule):
         )
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._outputs: list[dict[str, Any]] = []
+        self._overlay_examples: list[tuple[Tensor, dict[str, Any]]] = []
 
     def forward(self, images: Tensor, captions: Tensor, caption_images: Tensor | None = None):  # noqa: ANN201
         """Teacher-forced DecoderOutput; caption n is of image ``caption_images[n]`` (default: of image n)."""
@@ -161,7 +168,13 @@ class ShowAttendTell(L.LightningModule):
             self._outputs.append(record)
 
     def validation_step(self, batch, batch_idx: int) -> None:  # noqa: ANN001
+        start = len(self._outputs)
         self._evaluation_step(batch, "val")
+        if batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
+                and self.trainer.is_global_zero:
+            count = self.hparams.log_overlays
+            self._overlay_examples = list(zip(batch.images[:count].detach(), self._outputs[start:start + count],
+                                              strict=False))
 
     def test_step(self, batch, batch_idx: int) -> None:  # noqa: ANN001
         self._evaluation_step(batch, "test")
@@ -211,6 +224,18 @@ class ShowAttendTell(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._finish_evaluation("val")
         self._outputs = []
+        if self._overlay_examples:
+            self._log_overlays()
+
+    def _log_overlays(self) -> None:
+        """The paper's figure (image, then α_t per word) for the first validation images, to the logger."""
+        mean, std = self.hparams.mean or IMAGENET_MEAN, self.hparams.std or IMAGENET_STD
+        figures = []
+        for index, (image, record) in enumerate(self._overlay_examples):
+            shown = to_pil(denormalize(image, mean, std))
+            figures.append((f"val_overlay/{index}", caption_overlay(shown, record, panel_size=128, columns=6)))
+        self._overlay_examples = []
+        log_figures(self.loggers, figures, step=self.global_step, fallback_dir=self.trainer.default_root_dir)
 
     def on_test_epoch_end(self) -> None:
         records = self._finish_evaluation("test")

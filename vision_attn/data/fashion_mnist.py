@@ -130,20 +130,33 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
         return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
 
 
-def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0) -> list[Path]:
-    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``."""
+def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,
+                   canvas_size: int = 28) -> list[Path]:
+    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``.
+
+    With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
+    and the name ends with the garment's box, ``_at<left>-<top>``: a test of whether attention finds it.
+    """
     from PIL import Image
 
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    if canvas_size < 28:
+        raise ValueError(f"canvas size must be at least 28 (the garment's size), got {canvas_size}")
     images, labels = load_fashion_mnist(find_fashion_mnist(root), split)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     written = []
-    for index in chosen:
+    places = torch.randint(0, canvas_size - 27, (count, 2), generator=torch.Generator().manual_seed(seed + 1))
+    for index, (left, top) in zip(chosen, places.tolist(), strict=True):
         name = CLASS_NAMES[int(labels[index])].replace("/", "-").replace(" ", "-")
-        path = out / f"{index:05d}_{name}.png"
-        Image.fromarray(images[index].numpy(), mode="L").save(path)
+        garment = Image.fromarray(images[index].numpy(), mode="L")
+        if canvas_size == 28:
+            path, image = out / f"{index:05d}_{name}.png", garment
+        else:
+            path, image = out / f"{index:05d}_{name}_at{left}-{top}.png", Image.new("L", (canvas_size,) * 2)
+            image.paste(garment, (left, top))
+        image.save(path)
         written.append(path)
     return written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -52,6 +53,22 @@ def list_images(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
+def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
+    """(image id, path) for image files and the images directly inside folders; the id is the file name."""
+    found: list[tuple[str, Path]] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            images = list_images(item)
+            if not images:
+                raise FileNotFoundError(f"{item}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
+            found += [(path.name, path) for path in images]
+        elif item.exists():
+            found.append((item.name, item))
+        else:
+            raise FileNotFoundError(f"{item}: no such file or folder")
+    return found
+
+
 def eval_transform(image_size: int) -> v2.Compose:
     """Shorter side to ``image_size``, then the centre square."""
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
@@ -86,3 +103,17 @@ def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
     mean_tensor = torch.tensor(mean, device=images.device).view(shape)
     std_tensor = torch.tensor(std, device=images.device).view(shape)
     return (images.float() / 255.0 - mean_tensor) / std_tensor
+
+
+def denormalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
+    """The inverse of ``normalize``: float images -> uint8 (B, C, H, W) or (C, H, W), for drawing."""
+    shape = (-1, 1, 1)
+    mean_tensor = torch.tensor(mean, device=images.device).view(shape)
+    std_tensor = torch.tensor(std, device=images.device).view(shape)
+    return ((images.float() * std_tensor + mean_tensor) * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+def to_pil(image: Tensor) -> Image.Image:
+    """uint8 (C, H, W) with 1 or 3 channels -> an RGB PIL image."""
+    array = image.detach().cpu().permute(1, 2, 0).numpy()
+    return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array).convert("RGB")

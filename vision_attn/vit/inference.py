@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import load_module
 from vision_attn.data.images import eval_transform, normalize, open_image, to_tensor
+from vision_attn.overlay import fit_within, vit_figure
 from vision_attn.vit.module import ViTClassifier
+from vision_attn.vit.rollout import HeadFusion, explain
 
 
-def load_classifier(path: str | os.PathLike, *, device: str = "cpu") -> ViTClassifier:
+def load_classifier(path: str | os.PathLike, *, device: str = "cpu", loaded: dict | None = None) -> ViTClassifier:
     """A ViTClassifier from a checkpoint, in eval mode on ``device``."""
-    module = load_module(ViTClassifier, path, kind="vit")
+    module = load_module(ViTClassifier, path, kind="vit", loaded=loaded)
     return module.to(device).eval()
 
 
@@ -42,3 +46,54 @@ def classify_files(
         values, indices = probabilities.topk(top_k, dim=-1)
         for path, row_values, row_indices in zip(chunk, values.tolist(), indices.tolist(), strict=True):
             yield str(path), [(names[i], p) for p, i in zip(row_values, row_indices, strict=True)]
+
+
+def class_index(module: ViTClassifier, name_or_index: str) -> int:
+    """A class given by name or by index, checked against the checkpoint's classes."""
+    names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
+    if name_or_index in names:
+        return names.index(name_or_index)
+    if name_or_index.isdigit() and int(name_or_index) < len(names):
+        return int(name_or_index)
+    raise ValueError(f"unknown class {name_or_index!r}: the checkpoint's classes are {', '.join(names)}")
+
+
+def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The box (left, top, right, bottom) of an image of ``size`` (W, H) that ``eval_transform`` keeps."""
+    width, height = size
+    side = min(width, height)
+    left, top = round((width - side) / 2), round((height - side) / 2)
+    return left, top, left + side, top + side
+
+
+def vit_overlays(
+    module: ViTClassifier,
+    paths: Sequence[str | os.PathLike],
+    *,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+    gradient_class: int | None = None,
+    panel_size: int = 224,
+    columns: int = 5,
+    batch_size: int = 32,
+    **style: Any,
+) -> Iterator[tuple[str, Image.Image, str]]:
+    """(path, figure, "class probability") per image, figures as ``vit_figure`` draws them.
+
+    The ViT saw the centre square of each image, so the maps are drawn there; the rest is dimmed.
+    """
+    names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        batch = torch.stack([preprocess(module, path) for path in chunk]).to(module.device)
+        maps = explain(module.model, batch, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                       gradient_class=gradient_class)
+        probabilities = maps["logits"].softmax(dim=-1)
+        for index, path in enumerate(chunk):
+            shown = fit_within(open_image(path, mode="RGB", max_side=2 * panel_size), panel_size)
+            probability, predicted = probabilities[index].max(dim=0)
+            label = f"{names[predicted]} {probability.item():.1%}"
+            figure = vit_figure(shown, maps, index, names, box=centre_square(shown.size), title=label,
+                                head_fusion=head_fusion, discard_ratio=discard_ratio, gradient_class=gradient_class,
+                                columns=columns, **style)
+            yield str(path), figure, label

@@ -91,6 +91,19 @@ class Block(nn.Module):
         return x, weights
 
 
+def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
+    """2-D sin-cos embedding (N, dim): a quarter of the channels each for sin(y), cos(y), sin(x), cos(x)."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid_size[0], dtype=torch.float32), torch.arange(grid_size[1], dtype=torch.float32), indexing="ij"
+    )
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    y = rows.flatten()[:, None] * omega[None]
+    x = cols.flatten()[:, None] * omega[None]
+    return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1)
+
+
 class VisionTransformer(nn.Module):
     """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits.
 
@@ -114,9 +127,13 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
+        pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
+        zero_init_head: bool = False,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
+        self.pos_embed_init = pos_embed_init
+        self.zero_init_head = zero_init_head
         self.global_pool = global_pool
         self.embed_dim = embed_dim
         self.patch_embed = PatchEmbed(
@@ -150,13 +167,20 @@ class VisionTransformer(nn.Module):
         return self.patch_embed.grid_size
 
     def init_weights(self) -> None:
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
+            with torch.no_grad():
+                self.pos_embed.zero_()
+                self.pos_embed[0, 1:] = sincos_position_embedding(self.grid_size, self.embed_dim)
+        else:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.zero_init_head and isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)  # every class starts equally likely
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

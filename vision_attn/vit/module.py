@@ -12,9 +12,12 @@ import torchmetrics
 from torch import Tensor
 
 from vision_attn.checkpoint import KIND_KEY
+from vision_attn.data.images import denormalize, to_pil
+from vision_attn.overlay import fit_within, log_figures, vit_figure
 from vision_attn.schedule import decay_groups, warmup_cosine
 from vision_attn.vit.model import VisionTransformer
 from vision_attn.vit.pretrained import load_pretrained
+from vision_attn.vit.rollout import explain
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,8 @@ class ViTClassifier(L.LightningModule):
 
     ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
     DataModule by the CLI, and stored with the checkpoint, so ``classify`` can preprocess new images alone.
+    After each validation epoch (not the sanity check), rank 0 logs rollout overlays of the first
+    ``log_overlays`` validation images (0: none).
     """
 
     def __init__(
@@ -42,6 +47,8 @@ class ViTClassifier(L.LightningModule):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
+        pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
+        zero_init_head: bool = False,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -50,6 +57,7 @@ class ViTClassifier(L.LightningModule):
         label_smoothing: float = 0.0,
         pretrained: str | None = None,
         compile: bool = False,
+        log_overlays: int = 4,
         class_names: list[str] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
@@ -72,6 +80,8 @@ class ViTClassifier(L.LightningModule):
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
             global_pool=global_pool,
+            pos_embed_init=pos_embed_init,
+            zero_init_head=zero_init_head,
         )
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)
@@ -81,6 +91,7 @@ class ViTClassifier(L.LightningModule):
         self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
+        self._overlay_batch: tuple[Tensor, Tensor] | None = None
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -103,6 +114,30 @@ class ViTClassifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_accuracy)
+        if batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
+                and self.trainer.is_global_zero:
+            count = self.hparams.log_overlays
+            self._overlay_batch = (batch[0][:count].detach(), batch[1][:count].detach())
+
+    def on_validation_epoch_end(self) -> None:
+        if self._overlay_batch is None:
+            return
+        images, labels = self._overlay_batch
+        self._overlay_batch = None
+        names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
+        channels = self.hparams.in_chans
+        pixels = denormalize(images, self.hparams.mean or [0.5] * channels, self.hparams.std or [0.5] * channels)
+        was_training = self.model.training
+        self.model.eval()
+        maps = explain(self.model, images)
+        self.model.train(was_training)
+        figures = []
+        for index, (image, label) in enumerate(zip(pixels, labels.tolist(), strict=True)):
+            probability, predicted = maps["logits"][index].softmax(dim=-1).max(dim=0)
+            title = f"{names[predicted]} {probability.item():.0%} (true: {names[label]})"
+            shown = fit_within(to_pil(image), 112)
+            figures.append((f"val_overlay/{index}", vit_figure(shown, maps, index, names, title=title)))
+        log_figures(self.loggers, figures, step=self.global_step, fallback_dir=self.trainer.default_root_dir)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_accuracy)

@@ -1,0 +1,288 @@
+"""Attention maps drawn over images, for both models: heat-map resize, smoothing, colour map, blending, layout.
+
+A heat map is a grid of weights (Gh, Gw) that covers a box of the original image: the whole image for the
+captioner (which squashes the image to its square input) and the centre square for the ViT (which resizes
+the shorter side and crops). ``heat_panel`` resizes the grid to that box in the image's own geometry,
+smooths it, colours it and blends it over the image; ``panel_grid`` lays titled panels out in rows.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
+from torch import Tensor
+
+from vision_attn.io import replace_atomically
+
+Upsample = Literal["bilinear", "pyramid"]
+Box = tuple[int, int, int, int]  # left, top, right, bottom in image pixels
+
+
+def gaussian_kernel(sigma: float) -> Tensor:
+    """Normalised 1-D Gaussian taps out to 3σ."""
+    radius = max(1, math.ceil(3 * sigma))
+    taps = torch.arange(-radius, radius + 1, dtype=torch.float32)
+    kernel = torch.exp(-0.5 * (taps / sigma) ** 2)
+    return kernel / kernel.sum()
+
+
+def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
+    """Separable Gaussian smoothing of (B, 1, H, W) maps, edges replicated so mass does not leak away."""
+    if sigma <= 0:
+        return maps
+    kernel = gaussian_kernel(sigma).to(maps)
+    radius = kernel.numel() // 2
+    height, width = maps.shape[-2:]
+    rows = F.pad(maps, (0, 0, radius, radius), mode="replicate") if height > 1 else maps
+    maps = F.conv2d(rows, kernel.view(1, 1, -1, 1)) if height > 1 else maps
+    cols = F.pad(maps, (radius, radius, 0, 0), mode="replicate") if width > 1 else maps
+    return F.conv2d(cols, kernel.view(1, 1, 1, -1)) if width > 1 else maps
+
+
+def upsample_heatmap(weights: Tensor, size: tuple[int, int], *, mode: Upsample = "bilinear",
+                     sigma: float | None = None) -> Tensor:
+    """Grid weights (Gh, Gw) -> a map (H, W) over the box they cover, smoothed.
+
+    ``bilinear`` interpolates between cell centres (align_corners=False, so cell (i, j) lands on the
+    pixels of the i-th row band and j-th column band). ``pyramid`` doubles the resolution in steps, each
+    followed by a small Gaussian, as an image-pyramid expansion does, for a softer blob. ``sigma`` is the
+    final smoothing in output pixels; by default a quarter of a cell.
+    """
+    if weights.dim() != 2:
+        raise ValueError(f"expected a (Gh, Gw) grid of weights, got shape {tuple(weights.shape)}")
+    height, width = size
+    if height < 1 or width < 1:
+        raise ValueError(f"cannot draw a heat map on a {width}x{height} box")
+    maps = weights.detach().float().cpu()[None, None]
+    if mode == "pyramid":
+        while maps.shape[-2] * 2 <= height and maps.shape[-1] * 2 <= width:
+            maps = F.interpolate(maps, scale_factor=2, mode="bilinear", align_corners=False)
+            maps = gaussian_blur(maps, 1.0)
+    elif mode != "bilinear":
+        raise ValueError(f"unknown upsampling {mode!r}: use 'bilinear' or 'pyramid'")
+    maps = F.interpolate(maps, size=(height, width), mode="bilinear", align_corners=False)
+    if sigma is None:
+        sigma = 0.25 * min(height / weights.shape[0], width / weights.shape[1])
+    return gaussian_blur(maps, sigma)[0, 0]
+
+
+@lru_cache(maxsize=8)
+def _colour_table(cmap: str) -> np.ndarray:
+    import matplotlib
+
+    try:
+        colours = matplotlib.colormaps[cmap]
+    except KeyError:
+        raise ValueError(f"unknown colour map {cmap!r} (try turbo, inferno, viridis or jet)") from None
+    return (colours(np.linspace(0.0, 1.0, 256))[:, :3] * 255).round().astype(np.uint8)
+
+
+def colorize(heat: Tensor, cmap: str = "turbo") -> np.ndarray:
+    """A map with values in [0, 1] -> RGB uint8 (H, W, 3) through a matplotlib colour map."""
+    index = (heat.clamp(0, 1) * 255).round().to(torch.int64).numpy()
+    return _colour_table(cmap)[index]
+
+
+def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, mode: Upsample = "bilinear",
+               sigma: float | None = None, cmap: str = "turbo", opacity: float = 0.6) -> Image.Image:
+    """``image`` with ``weights`` (Gh, Gw) drawn over ``box`` (default: the whole image).
+
+    The map is min-max scaled to m ∈ [0, 1] (a flat map stays 0), and each pixel is blended with opacity
+    ``opacity · m`` so strong attention glows in the colour map while unattended parts show the image;
+    outside the box the image is dimmed, because the network never saw it.
+    """
+    if not 0.0 <= opacity <= 1.0:
+        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
+    left, top, right, bottom = box or (0, 0, image.width, image.height)
+    heat = upsample_heatmap(weights, (bottom - top, right - left), mode=mode, sigma=sigma)
+    spread = heat.max() - heat.min()
+    heat = (heat - heat.min()) / spread if spread > 1e-12 else torch.zeros_like(heat)
+    alpha = (opacity * heat).numpy()[..., None]
+    region = rgb[top:bottom, left:right]
+    blended = rgb * 0.45  # outside the box: dimmed
+    blended[top:bottom, left:right] = region * (1 - alpha) + colorize(heat, cmap).astype(np.float32) * alpha
+    return Image.fromarray(blended.round().clip(0, 255).astype(np.uint8))
+
+
+def fit_within(image: Image.Image, longest_side: int) -> Image.Image:
+    """``image`` resized so its longer side is ``longest_side``, aspect ratio kept (small images grow)."""
+    scale = longest_side / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    resample = Image.Resampling.NEAREST if scale >= 4 else Image.Resampling.BICUBIC  # tiny images stay crisp
+    return image.resize(size, resample)
+
+
+def scale_box(box: Box, from_size: tuple[int, int], to_size: tuple[int, int]) -> Box:
+    """A (left, top, right, bottom) box in an image of ``from_size`` (W, H), in the same image at ``to_size``."""
+    sx, sy = to_size[0] / from_size[0], to_size[1] / from_size[1]
+    left, top, right, bottom = box
+    return round(left * sx), round(top * sy), max(round(left * sx) + 1, round(right * sx)), \
+        max(round(top * sy) + 1, round(bottom * sy))
+
+
+@lru_cache(maxsize=4)
+def _font(size: int) -> ImageFont.ImageFont:
+    from matplotlib import font_manager
+
+    try:
+        return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+    except OSError:  # no TrueType font found: Pillow's built-in one
+        return ImageFont.load_default()
+
+
+def _wrap(text: str, font: ImageFont.ImageFont, width: int, draw: ImageDraw.ImageDraw) -> list[str]:
+    lines: list[str] = []
+    for word in text.split() or [""]:
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def panel_grid(panels: Sequence[tuple[Image.Image, str]], *, columns: int = 5, header: str = "",
+               font_size: int = 14, padding: int = 6) -> Image.Image:
+    """Titled panels in rows of ``columns`` (wrapping), under an optional header line; white background."""
+    if not panels:
+        raise ValueError("no panels to lay out")
+    columns = max(1, min(columns, len(panels)))
+    font = _font(font_size)
+    cell_width = max(image.width for image, _ in panels)
+    cell_height = max(image.height for image, _ in panels)
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    line_height = font_size + 4
+    header_lines = _wrap(header, font, columns * (cell_width + padding), measure) if header else []
+    title_lines = max(len(_wrap(title, font, cell_width, measure)) for _, title in panels)
+    title_height = title_lines * line_height + 2
+    rows = math.ceil(len(panels) / columns)
+    width = padding + columns * (cell_width + padding)
+    top = padding + len(header_lines) * line_height
+    height = top + rows * (title_height + cell_height + padding)
+    canvas = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(canvas)
+    for index, line in enumerate(header_lines):
+        draw.text((padding, padding + index * line_height), line, fill="black", font=font)
+    for index, (image, title) in enumerate(panels):
+        row, column = divmod(index, columns)
+        x = padding + column * (cell_width + padding)
+        y = top + row * (title_height + cell_height + padding)
+        for line_index, line in enumerate(_wrap(title, font, cell_width, measure)):
+            draw.text((x, y + line_index * line_height), line, fill="black", font=font)
+        canvas.paste(image, (x, y + title_height))
+    return canvas
+
+
+def save_png(image: Image.Image, path: str | os.PathLike) -> Path:
+    """Write a PNG atomically: a crash never leaves a half-written file under the final name."""
+    return replace_atomically(path, lambda handle: image.save(handle, format="PNG"))
+
+
+def write_gallery(folder: str | os.PathLike, entries: Sequence[tuple[str, str]], *,
+                  title: str = "vision-attn attention overlays") -> Path:
+    """``index.html`` in ``folder`` showing each (PNG file name, caption or class) entry; all text escaped."""
+    items = "\n".join(
+        f'<figure><a href="{html.escape(name, quote=True)}"><img src="{html.escape(name, quote=True)}" '
+        f'alt="{html.escape(text, quote=True)}" loading="lazy"></a>'
+        f"<figcaption>{html.escape(text)}</figcaption></figure>"
+        for name, text in entries
+    )
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; background: #fafafa; }}
+figure {{ margin: 0 0 2em 0; }}
+img {{ max-width: 100%; border: 1px solid #ccc; background: white; }}
+figcaption {{ font-size: 1.1em; margin-top: 0.3em; }}
+</style></head>
+<body><h1>{html.escape(title)}</h1>
+<p>{len(entries)} images</p>
+{items}
+</body></html>
+"""
+    return replace_atomically(Path(folder) / "index.html", lambda handle: handle.write(page.encode("utf-8")))
+
+
+# --- the two models' figures ----------------------------------------------------------------------
+
+
+def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: int = 224, columns: int = 5,
+                    **style: Any) -> Image.Image:
+    """The paper's figure for one SPEC §4 record: the image, then one panel per word with α_t over the image.
+
+    The captioner squashed the whole image to its square input, so the α grid covers the whole image and is
+    stretched back to the image's own aspect ratio. Each panel is titled with the word and β_t.
+    ``style`` goes to ``heat_panel`` (upsampling mode, sigma, colour map, opacity).
+    """
+    tokens, alphas, betas = record.get("tokens"), record.get("alphas"), record.get("betas")
+    grid = record.get("grid")
+    if not isinstance(tokens, list) or not isinstance(alphas, list) or not isinstance(grid, list) or len(grid) != 2:
+        raise ValueError(f"{record.get('file_name') or record.get('image_id')}: the record has no tokens, alphas "
+                         "and grid (write it with `vision-attn caption`)")
+    if len(alphas) != len(tokens):
+        raise ValueError(f"{record.get('file_name')}: {len(alphas)} α rows for {len(tokens)} tokens")
+    betas = betas if isinstance(betas, list) and len(betas) == len(tokens) else [None] * len(tokens)
+    shown = fit_within(image.convert("RGB"), panel_size)
+    panels = [(shown, "image")]
+    for word, alpha, beta in zip(tokens, alphas, betas, strict=True):
+        weights = torch.tensor(alpha, dtype=torch.float32)
+        if weights.numel() != grid[0] * grid[1]:
+            raise ValueError(f"{record.get('file_name')}: α row of {weights.numel()} values for a {grid} grid")
+        title = word if beta is None else f"{word} (β {beta:.2f})"
+        panels.append((heat_panel(shown, weights.view(*grid), **style), title))
+    return panel_grid(panels, columns=columns + 1 if len(panels) <= columns + 1 else columns,
+                      header=record.get("caption", " ".join(tokens)))
+
+
+def vit_figure(shown: Image.Image, maps: dict[str, Tensor], index: int, names: Sequence[str], *,
+               box: Box | None = None, title: str = "", head_fusion: str = "mean",
+               discard_ratio: float = 0.0, gradient_class: int | None = None, columns: int = 5,
+               **style: Any) -> Image.Image:
+    """Image ``index`` of ``explain``'s ``maps`` drawn over ``shown``: the image titled with ``title`` (by
+    default the predicted class and its probability), the rollout, the gradient rollout if it was computed,
+    and the last layer's attention per head."""
+    if not title:
+        probability, predicted = maps["logits"][index].softmax(dim=-1).max(dim=0)
+        title = f"{names[predicted]} {probability.item():.1%}"
+    rollout_title = f"rollout ({head_fusion}" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
+    panels = [(shown, title), (heat_panel(shown, maps["rollout"][index], box=box, **style), rollout_title)]
+    if "gradient_rollout" in maps and gradient_class is not None:
+        panels.append((heat_panel(shown, maps["gradient_rollout"][index], box=box, **style),
+                       f"gradient rollout: {names[gradient_class]}"))
+    for head, weights in enumerate(maps["heads"][index]):
+        panels.append((heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}"))
+    return panel_grid(panels, columns=columns)
+
+
+def log_figures(loggers: Sequence[object], figures: Sequence[tuple[str, Image.Image]], *, step: int,
+                fallback_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Send figures to every logger that takes images (TensorBoard's ``add_image``); for loggers that do not
+    (CSV), write them as PNGs under ``<logger log_dir>/overlays/step<step>/``. Returns the PNGs written.
+
+    Duck-typed, so this module needs nothing of Lightning. With no logger at all, ``fallback_dir`` is used.
+    """
+    written: list[Path] = []
+    folders = []
+    for logger in loggers:
+        experiment = getattr(logger, "experiment", None)
+        if callable(getattr(experiment, "add_image", None)):
+            for tag, figure in figures:
+                experiment.add_image(tag, np.asarray(figure.convert("RGB")), step, dataformats="HWC")
+        elif getattr(logger, "log_dir", None):
+            folders.append(Path(logger.log_dir))
+    if not loggers and fallback_dir is not None:
+        folders.append(Path(fallback_dir))
+    for folder in folders:
+        for tag, figure in figures:
+            written.append(save_png(figure, folder / "overlays" / f"step{step}" / f"{tag.replace('/', '_')}.png"))
+    return written

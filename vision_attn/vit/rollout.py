@@ -1,0 +1,125 @@
+"""Where a ViT looks: last-layer attention, attention rollout, and gradient-weighted rollout.
+
+Attention rollout (Abnar & Zuidema 2020) follows the attention through the residual stream: each layer's
+heads are fused, the weakest links are discarded, the identity is added for the residual connection,
+rows are renormalised to sum to 1, and the layers are multiplied,
+
+    Â_l = rownorm(fuse(A_l) + I),    R = Â_L · Â_(L-1) · … · Â_1.
+
+Row i of R says how much each input token contributes to output token i. The classifier reads the cls
+token (row 0) for ``global_pool="token"`` and the mean of the patch tokens for ``"avg"``; ``class_map``
+takes that row's weights on the patches and shapes them into the patch grid.
+
+Gradient rollout (the relevance rule of Chefer et al. 2021) weights each head's attention by the gradient
+of the chosen class score and keeps the positive evidence, Ā_l = mean_h (A_h ⊙ ∂y_c/∂A_h)⁺, then
+accumulates R ← R + Ā_l R from R = I. Gradients are small next to the identity, so the map is read from
+R − I: what flowed between tokens, without each token's relevance to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from vision_attn.vit.model import VisionTransformer
+
+HeadFusion = Literal["mean", "max", "min"]
+
+
+def fuse_heads(attention: Tensor, fusion: HeadFusion = "mean") -> Tensor:
+    """(B, H, N, N) -> (B, N, N) by the mean, max or min over heads."""
+    if fusion == "mean":
+        return attention.mean(dim=1)
+    if fusion == "max":
+        return attention.amax(dim=1)
+    if fusion == "min":
+        return attention.amin(dim=1)
+    raise ValueError(f"unknown head fusion {fusion!r}: use mean, max or min")
+
+
+def discard_weakest(attention: Tensor, ratio: float) -> Tensor:
+    """Zero the lowest ``ratio`` fraction of each row of (B, N, N), never a row's own token (the diagonal)."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"discard ratio must be in [0, 1), got {ratio}")
+    count = int(ratio * attention.shape[-1])
+    if count == 0:
+        return attention
+    eye = torch.eye(attention.shape[-1], dtype=torch.bool, device=attention.device)
+    ranked = attention.masked_fill(eye, float("inf"))  # the diagonal ranks last, so it is never dropped
+    weakest = ranked.topk(count, dim=-1, largest=False).indices
+    return attention.scatter(-1, weakest, 0.0)
+
+
+def rollout(fused: Sequence[Tensor], *, discard_ratio: float = 0.0) -> Tensor:
+    """R = Â_L ··· Â_1 with Â_l = rownorm(discard(A_l) + I), for per-layer (B, N, N) maps, first layer first."""
+    if not fused:
+        raise ValueError("rollout needs the attention of at least one layer")
+    tokens = fused[0].shape[-1]
+    eye = torch.eye(tokens, dtype=fused[0].dtype, device=fused[0].device)
+    result = eye.expand_as(fused[0]).clone()
+    for attention in fused:
+        attention = discard_weakest(attention, discard_ratio) + eye  # the residual connection
+        attention = attention / attention.sum(dim=-1, keepdim=True)
+        result = attention @ result
+    return result
+
+
+def attention_rollout(attentions: Sequence[Tensor], *, head_fusion: HeadFusion = "mean",
+                      discard_ratio: float = 0.0) -> Tensor:
+    """Rollout of per-layer (B, H, N, N) attention: (B, N, N)."""
+    return rollout([fuse_heads(a, head_fusion) for a in attentions], discard_ratio=discard_ratio)
+
+
+def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor]) -> Tensor:
+    """R − I, with R = I then R ← R + mean_h (A ⊙ ∂y_c/∂A)⁺ · R per layer, first layer first: (B, N, N)."""
+    tokens = attentions[0].shape[-1]
+    eye = torch.eye(tokens, dtype=attentions[0].dtype, device=attentions[0].device)
+    relevance = eye.expand(attentions[0].shape[0], tokens, tokens).clone()
+    for attention, gradient in zip(attentions, gradients, strict=True):
+        relevance = relevance + (attention * gradient).clamp(min=0).mean(dim=1) @ relevance
+    return relevance - eye
+
+
+def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token") -> Tensor:
+    """The classifier's view of (B, N, N) token-to-token weights over the patches: (B, Gh, Gw).
+
+    The cls token's row for ``token`` pooling; the mean of the patch rows for ``avg`` pooling.
+    """
+    rows = matrix[:, 0] if global_pool == "token" else matrix[:, 1:].mean(dim=1)
+    patches = rows[:, 1:]
+    if patches.shape[-1] != grid[0] * grid[1]:
+        raise ValueError(f"{patches.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid")
+    return patches.reshape(-1, *grid)
+
+
+def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_pool: str = "token") -> Tensor:
+    """Last-layer attention of the pooled token(s) to the patches, per head: (B, H, Gh, Gw)."""
+    last = attentions[-1]  # (B, H, N, N)
+    batch, heads, tokens, _ = last.shape
+    maps = class_map(last.reshape(batch * heads, tokens, tokens), grid, global_pool)
+    return maps.reshape(batch, heads, *grid)
+
+
+def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion = "mean",
+            discard_ratio: float = 0.0, gradient_class: int | None = None) -> dict[str, Tensor]:
+    """Logits and attention maps for a batch: ``logits`` (B, C), ``heads`` (B, H, Gh, Gw), ``rollout``
+    (B, Gh, Gw), and ``gradient_rollout`` (B, Gh, Gw) for class ``gradient_class`` when one is given."""
+    grid, pool = model.grid_size, model.global_pool
+    with torch.enable_grad() if gradient_class is not None else torch.no_grad():
+        logits, attentions = model(images, return_attention=True)
+        result = {
+            "logits": logits.detach(),
+            "heads": last_layer_maps([a.detach() for a in attentions], grid, pool),
+            "rollout": class_map(attention_rollout([a.detach() for a in attentions], head_fusion=head_fusion,
+                                                   discard_ratio=discard_ratio), grid, pool),
+        }
+        if gradient_class is not None:
+            if not 0 <= gradient_class < logits.shape[-1]:
+                raise ValueError(f"class {gradient_class} is not one of the model's {logits.shape[-1]} classes")
+            gradients = torch.autograd.grad(logits[:, gradient_class].sum(), attentions)
+            matrix = gradient_rollout([a.detach() for a in attentions], gradients)
+            result["gradient_rollout"] = class_map(matrix, grid, pool)
+    return result
