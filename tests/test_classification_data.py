@@ -18,10 +18,11 @@ from vision_attn.data.fashion_mnist import DatasetNotFoundError, find_fashion_mn
 
 
 class _FakeTrainer:
-    """Stands in for the trainer's ``training`` flag that ``on_after_batch_transfer`` reads."""
+    """Stands in for the trainer's ``training`` flag and epoch that ``on_after_batch_transfer`` reads."""
 
     def __init__(self, training: bool) -> None:
         self.training = training
+        self.current_epoch = 0
 
 
 def _transfer(datamodule, batch, *, training: bool):

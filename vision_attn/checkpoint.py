@@ -112,3 +112,29 @@ def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: st
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit {cls.__name__} ({str(error).splitlines()[0]})") from None
     return module
+
+
+RNG_KEY = "vision_attn_rng"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global random streams (torch CPU, CUDA if present, Python), as weights-only-loadable types."""
+    import random
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any] | None) -> None:
+    """Put back what ``capture_rng_state`` saved, so augmentation and dropout continue the same sequence."""
+    import random
+
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -13,9 +13,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
@@ -30,12 +33,51 @@ LINKED_FROM_DATA = {
 }
 
 
+KIND_OF_MODEL = {"ViTClassifier": "vit", "ShowAttendTell": "captioner"}
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temporary file beside the target, then renamed: a crash (even SIGKILL)
+    mid-write leaves the previous checkpoint whole. Remote paths (``s3://`` ...) keep Lightning's own writer."""
+
+    def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        from vision_attn.io import replace_atomically
+
+        replace_atomically(path, lambda file: torch.save(checkpoint, file))
+
+
 class VisionAttnCLI(LightningCLI):
-    """LightningCLI with the DataModule → model links of ``LINKED_FROM_DATA``."""
+    """LightningCLI with the DataModule → model links of ``LINKED_FROM_DATA``, and a ``--ckpt_path`` check."""
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser
         for source, target in LINKED_FROM_DATA.items():
             parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
+
+    def instantiate_trainer(self, **kwargs: object) -> L.Trainer:
+        """The configured Trainer, with checkpoints written atomically unless the config picks plugins."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        if not trainer_config.get("plugins") and "plugins" not in kwargs:
+            kwargs["plugins"] = [AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        """Before LightningCLI takes the model's hyper-parameters from ``--ckpt_path``: the checkpoint must be a
+        weights-only file of the model family the config trains (else the config's data meets another model)."""
+        from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, CheckpointError, load_file
+
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and Path(ckpt_path).is_file():
+            found = load_file(ckpt_path).get(KIND_KEY)
+            model = self.config[subcommand].get("model") or {}
+            class_path = model.get("class_path", "") if isinstance(model, dict) else getattr(model, "class_path", "")
+            wanted = KIND_OF_MODEL.get(str(class_path).rsplit(".", 1)[-1])
+            if found and wanted and found != wanted:
+                raise CheckpointError(f"{ckpt_path}: this is a {KIND_NAMES[found]} checkpoint, but the config "
+                                      f"trains a {KIND_NAMES[wanted]}")
+        super()._parse_ckpt_path()
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
@@ -110,7 +152,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
 
 def caption_command(argv: Sequence[str]) -> None:
     from vision_attn.captioning.inference import caption_files, coco_inputs, load_captioner
-    from vision_attn.data.images import expand_inputs
+    from vision_attn.data.images import BadImageCounter, expand_inputs
     from vision_attn.io import write_json_atomically
 
     parser = argparse.ArgumentParser(
@@ -124,6 +166,8 @@ def caption_command(argv: Sequence[str]) -> None:
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", default="results.json", help="results JSON to write (default results.json)")
+    parser.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
+                        help="an unreadable image stops the run (default) or is skipped with a warning")
     parser.add_argument("--device", default="cpu")
     options = parser.parse_args(argv)
     if bool(options.coco_annotations) != bool(options.image_dir):
@@ -136,19 +180,20 @@ def caption_command(argv: Sequence[str]) -> None:
     if options.coco_annotations:
         inputs += coco_inputs(options.coco_annotations, options.image_dir)
     module = load_captioner(options.ckpt, device=options.device)
-    records = []
-    for record in caption_files(module, inputs, beam_size=options.beam, batch_size=options.batch_size):
+    records, bad_images = [], BadImageCounter()
+    for record in caption_files(module, inputs, beam_size=options.beam, batch_size=options.batch_size,
+                               on_bad_image=options.on_bad_image, bad_images=bad_images):
         print(f"{record['file_name']}: {record['caption']}")
         records.append(record)
-    print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}")
+    skipped = f" ({bad_images.total()} unreadable images skipped)" if bad_images.total() else ""
+    print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}{skipped}")
 
 
 def overlay_command(argv: Sequence[str]) -> None:
     import json
-    from pathlib import Path
 
     from vision_attn.checkpoint import CheckpointError, checkpoint_kind, load_file
-    from vision_attn.data.images import expand_inputs, open_image
+    from vision_attn.data.images import BadImageCounter, expand_inputs, load_or_skip, open_image
     from vision_attn.overlay import save_png, write_gallery
 
     parser = argparse.ArgumentParser(
@@ -173,12 +218,16 @@ def overlay_command(argv: Sequence[str]) -> None:
                         help="ViT rollout: fraction of the weakest attention links dropped per layer")
     parser.add_argument("--gradient-class", help="ViT: also draw gradient rollout for this class (name or index)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
+                        help="an unreadable image stops the run (default) or is skipped with a warning")
     parser.add_argument("--device", default="cpu")
     options = parser.parse_args(argv)
     if options.panel_size < 16:
         parser.error("--panel-size must be at least 16")
     if options.columns < 1:
         parser.error("--columns must be at least 1")
+    bad_images = BadImageCounter()
+    policy = {"on_bad_image": options.on_bad_image, "bad_images": bad_images}
     style = {"mode": options.upsample, "sigma": options.sigma, "cmap": options.cmap, "opacity": options.opacity}
     layout = {"panel_size": options.panel_size, "columns": options.columns}
     out = Path(options.out)
@@ -231,7 +280,7 @@ def overlay_command(argv: Sequence[str]) -> None:
             paths = [path for _, path in expand_inputs(image_inputs)]
             for source, figure, text in vit_overlays(
                 module, paths, head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                gradient_class=gradient_class, batch_size=options.batch_size, **layout, **style,
+                gradient_class=gradient_class, batch_size=options.batch_size, **policy, **layout, **style,
             ):
                 save(source, figure, text)
         else:
@@ -241,16 +290,19 @@ def overlay_command(argv: Sequence[str]) -> None:
                 parser.error("--gradient-class is for ViT checkpoints")
             module = load_captioner(options.ckpt, device=options.device, loaded=loaded_checkpoint)
             captioned = caption_files(module, expand_inputs(image_inputs), beam_size=options.beam,
-                                      batch_size=options.batch_size)
+                                      batch_size=options.batch_size, **policy)
             records += [(record, Path(record["file_name"])) for record in captioned]
 
     if records:
         from vision_attn.overlay import caption_overlay
 
         for record, path in records:
-            image = open_image(path, mode="RGB", max_side=2 * options.panel_size)
-            save(str(path), caption_overlay(image, record, **layout, **style), record.get("caption", ""))
-    print(f"wrote {len(written)} overlays and {write_gallery(out, written)}")
+            image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
+                                 path, options.on_bad_image, bad_images)
+            if image is not None:
+                save(str(path), caption_overlay(image, record, **layout, **style), record.get("caption", ""))
+    skipped = f" ({bad_images.total()} unreadable images skipped)" if bad_images.total() else ""
+    print(f"wrote {len(written)} overlays and {write_gallery(out, written)}{skipped}")
 
 
 def benchmark_command(argv: Sequence[str]) -> None:
@@ -289,13 +341,13 @@ def main(args: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print_usage()
         return
-    if argv[0] in TOOLS:
-        from vision_attn.errors import exit_on_user_error
+    from vision_attn.errors import exit_on_user_error
 
-        with exit_on_user_error():
+    with exit_on_user_error():
+        if argv[0] in TOOLS:
             TOOLS[argv[0]][0](argv[1:])
-        return
-    run_lightning(argv if args is not None else None)
+        else:
+            run_lightning(argv if args is not None else None)
 
 
 if __name__ == "__main__":

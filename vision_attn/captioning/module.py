@@ -17,7 +17,8 @@ from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
-from vision_attn.checkpoint import KIND_KEY
+from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, RNG_KEY, CheckpointError, capture_rng_state, restore_rng_state
+from vision_attn.data.base import report_skipped_images
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.images import denormalize, to_pil
 from vision_attn.io import write_json_atomically
@@ -119,10 +120,13 @@ class ShowAttendTell(L.LightningModule):
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
         return loss
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:  # noqa: ANN001 - CaptionBatch
+    def training_step(self, batch, batch_idx: int) -> Tensor | None:  # noqa: ANN001 - CaptionBatch
+        if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
+            return None
         loss = self._loss(batch.images, batch.captions, "train", batch.caption_images)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
+            raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping "
+                                     "(the checkpoints written so far are intact)")
         return loss
 
     # ------------------------------------------------------------------------------------- evaluation
@@ -159,6 +163,8 @@ class ShowAttendTell(L.LightningModule):
         }
 
     def _evaluation_step(self, batch, stage: str) -> None:  # noqa: ANN001 - EvalCaptionBatch
+        if batch is None:
+            return
         self._loss(batch.images, self.encode_references(batch.references), stage)
         hypotheses, grid = self.decode(batch.images)
         size = (batch.images.shape[-2], batch.images.shape[-1])
@@ -170,7 +176,7 @@ class ShowAttendTell(L.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:  # noqa: ANN001
         start = len(self._outputs)
         self._evaluation_step(batch, "val")
-        if batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
+        if batch is not None and batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
                 and self.trainer.is_global_zero:
             count = self.hparams.log_overlays
             self._overlay_examples = list(zip(batch.images[:count].detach(), self._outputs[start:start + count],
@@ -221,7 +227,11 @@ class ShowAttendTell(L.LightningModule):
                 self.log(f"{stage}/{name}", value, rank_zero_only=False, sync_dist=False)
         return records
 
+    def on_train_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "train")
+
     def on_validation_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "val")
         self._finish_evaluation("val")
         self._outputs = []
         if self._overlay_examples:
@@ -238,6 +248,7 @@ class ShowAttendTell(L.LightningModule):
         log_figures(self.loggers, figures, step=self.global_step, fallback_dir=self.trainer.default_root_dir)
 
     def on_test_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "test")
         records = self._finish_evaluation("test")
         path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "results_test.json"  # a collective
         if self.trainer.is_global_zero and records:
@@ -255,6 +266,23 @@ class ShowAttendTell(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[KIND_KEY] = "captioner"
+        checkpoint[RNG_KEY] = capture_rng_state()  # for an exact resume: augmentation and dropout continue
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint whose words differ from this run's vocabulary: its ids would mean other words."""
+        if checkpoint.get(KIND_KEY, "captioner") != "captioner":
+            raise CheckpointError(f"this is a {KIND_NAMES.get(checkpoint[KIND_KEY], checkpoint[KIND_KEY])} "
+                                  "checkpoint, but the config trains a Show-Attend-Tell captioner")
+        saved = list(checkpoint.get("hyper_parameters", {}).get("vocabulary") or [])
+        if saved and saved != list(self.vocab.tokens):
+            where = next((i for i, (a, b) in enumerate(zip(saved, self.vocab.tokens, strict=False)) if a != b),
+                         min(len(saved), len(self.vocab.tokens)))
+            raise CheckpointError(
+                f"the checkpoint's vocabulary ({len(saved)} tokens) does not match the data's ({len(self.vocab)} "
+                f"tokens; first difference at id {where}); pass the vocab.json saved beside the checkpoint as "
+                "--data.init_args.vocab_file"
+            )
+        restore_rng_state(checkpoint.get(RNG_KEY))
 
     def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
         encoder_params = [p for p in self.encoder.parameters() if p.requires_grad]

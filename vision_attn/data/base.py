@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
-import lightning as L
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from vision_attn.data.images import normalize
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from vision_attn.data.images import BadImageCounter, OnBadImage, normalize
+
+log = logging.getLogger(__name__)
+
+
+class ResumableRandomSampler(Sampler[int]):
+    """Shuffles in an order that depends only on (seed, epoch), and can start part-way through an epoch.
+
+    Lightning calls ``set_epoch`` at each epoch's start. After a crash, ``resume_at = (epoch, items)`` makes
+    that epoch's iteration skip the ``items`` already trained on, so a resumed run sees exactly the batches
+    an uninterrupted run would. ``len`` stays the full epoch, so Lightning's batch counting is unchanged.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+        self.resume_at: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        skip = 0
+        if self.resume_at is not None and self.resume_at[0] == self.epoch:
+            skip = self.resume_at[1]
+        self.resume_at = None
+        return iter(order[skip:])
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -20,9 +55,89 @@ class SplitDataModule(L.LightningDataModule):
     test_set: Dataset | None = None
     mean: list[float]
     std: list[float]
+    on_bad_image: OnBadImage = "error"
+    bad_images: BadImageCounter | None = None
+
+    def set_bad_image_policy(self, policy: OnBadImage) -> None:
+        """"skip": unreadable images are left out, each with a warning, and counted; "error": they stop the run."""
+        if policy not in ("skip", "error"):
+            raise ValueError(f"on_bad_image must be 'skip' or 'error', got {policy!r}")
+        self.on_bad_image = policy
+        self.bad_images = BadImageCounter()
+
+    @property
+    def bad_image_options(self) -> dict[str, Any]:
+        """The dataset arguments that carry the policy and the shared counter."""
+        return {"on_bad_image": self.on_bad_image, "bad_images": self.bad_images}
+
+    def report_skipped(self, what: str) -> int:
+        """Log how many unreadable images were skipped since the last report (``what``: e.g. "epoch 3")."""
+        skipped = self.bad_images.take() if self.bad_images is not None else 0
+        if skipped:
+            log.warning("%s: skipped %d unreadable image%s (named in the warnings above)", what, skipped,
+                        "" if skipped == 1 else "s")
+        return skipped
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ exact resume of the training order
+    _shuffle_seed: int | None = None
+    _resume_state: dict[str, int] | None = None
+    _counted_epoch: int = -1
+    _batches_this_epoch: int = 0
+    _train_batch_size: int = 1
+
+    def _make_loader(self, dataset: Dataset | None, *, train: bool, batch_size: int, num_workers: int,
+                     collate_fn: Callable, drop_last: bool = False, pin_memory: bool = False) -> DataLoader:
+        """The DataLoader of a split. Training shuffles with a ``ResumableRandomSampler`` seeded from the run's
+        seed (``seed_everything``), and the loader has its own generator, so creating it consumes nothing of
+        the global random stream: both are what makes a resumed run bitwise equal to an uninterrupted one."""
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
+        sampler = None
+        if train:
+            if self._shuffle_seed is None:
+                self._shuffle_seed = torch.initial_seed() % (2**31)
+            sampler = ResumableRandomSampler(len(dataset), self._shuffle_seed)  # type: ignore[arg-type]
+            if self._resume_state:
+                state = self._resume_state
+                sampler.resume_at = (state["epoch"], state["batches"] * state["batch_size"])
+            self._train_batch_size = batch_size
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            pin_memory=pin_memory,
+            collate_fn=collate_fn,
+            generator=torch.Generator().manual_seed(self._shuffle_seed or 0),
+        )
+
+    def count_train_batch(self) -> None:
+        """Called for each batch the trainer trains on (from ``on_after_batch_transfer``)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.training:
+            return
+        if trainer.current_epoch != self._counted_epoch:
+            self._counted_epoch, self._batches_this_epoch = trainer.current_epoch, 0
+        self._batches_this_epoch += 1
+
+    def state_dict(self) -> dict[str, int]:
+        """Where in the training order the run is, saved in every checkpoint by Lightning."""
+        if self._shuffle_seed is None:
+            return {}
+        return {"seed": self._shuffle_seed, "epoch": self._counted_epoch, "batches": self._batches_this_epoch,
+                "batch_size": self._train_batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if not state_dict:
+            return
+        self._shuffle_seed = int(state_dict["seed"])
+        self._resume_state = dict(state_dict)
+        self._counted_epoch, self._batches_this_epoch = int(state_dict["epoch"]), int(state_dict["batches"])
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)
@@ -39,3 +154,11 @@ class SplitDataModule(L.LightningDataModule):
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, C, H, W) -> float, (x / 255 - mean) / std."""
         return normalize(images, self.mean, self.std)
+
+
+def report_skipped_images(trainer: L.Trainer, stage: str) -> int:
+    """At an epoch's end: log the count of unreadable images the trainer's DataModule skipped (0 if none)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if not isinstance(datamodule, SplitDataModule) or trainer.sanity_checking:
+        return 0
+    return datamodule.report_skipped(f"{stage} epoch {trainer.current_epoch}")

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vision_attn.data.base import SplitDataModule
+from vision_attn.data.images import collate_readable
 
 
 class TensorImageDataset(Dataset):
@@ -93,19 +94,21 @@ class ClassificationDataModule(SplitDataModule):
         return len(self.class_names)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() has not been run")
-        return DataLoader(
+        return self._make_loader(
             dataset,
+            train=train,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            drop_last=train and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            collate_fn=collate_readable,
+            drop_last=train and dataset is not None and len(dataset) > self.batch_size,  # type: ignore[arg-type]
             pin_memory=self.pin_memory,
         )
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
+                                dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+        if batch is None:  # every image of the batch was unreadable and skipped
+            return None
+        self.count_train_batch()
         images, labels = batch
         if self.trainer is not None and self.trainer.training:
             if self.pad_crop:

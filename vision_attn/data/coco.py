@@ -25,11 +25,11 @@ from pycocotools.coco import COCO
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from vision_attn.captioning.vocabulary import Vocabulary
+from vision_attn.captioning.vocabulary import Vocabulary, has_words
 from vision_attn.data.base import SplitDataModule
 from vision_attn.data.fashion_mnist import DatasetNotFoundError
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
-from vision_attn.data.images import open_image, to_tensor
+from vision_attn.data.images import BadImageCounter, OnBadImage, load_or_skip, open_image, to_tensor
 from vision_attn.data.scenes import make_scenes
 
 log = logging.getLogger(__name__)
@@ -96,19 +96,30 @@ def read_coco_captions(captions_file: Path, image_dir: Path) -> list[CaptionedIm
     coco = load_coco(captions_file, "captions")
     if not image_dir.is_dir():
         raise DatasetNotFoundError(f"{image_dir}: image folder not found (the images of {captions_file})")
+    seen: set = set()
+    for entry in coco.dataset.get("images", []):
+        if entry["id"] in seen:
+            raise ValueError(f"{captions_file}: image id {entry['id']!r} appears twice in 'images'; ids must be unique")
+        seen.add(entry["id"])
     orphans = set(coco.imgToAnns) - set(coco.imgs)
     if orphans:
         raise ValueError(f"{captions_file}: captions refer to {len(orphans)} image ids missing from 'images' "
                          f"(e.g. {sorted(orphans, key=str)[0]})")
-    records = []
+    records, wordless = [], []
     for image_id in coco.imgs:  # the file's order
         captions = [annotation.get("caption") for annotation in coco.imgToAnns.get(image_id, [])]
-        if not captions:
-            continue
         if not all(isinstance(caption, str) for caption in captions):
             raise ValueError(f"{captions_file}: an annotation of image {image_id} has no 'caption' string")
+        if not all(map(has_words, captions)):  # empty or punctuation-only captions teach nothing
+            wordless += [(image_id, caption) for caption in captions if not has_words(caption)]
+            captions = [caption for caption in captions if has_words(caption)]
+        if not captions:
+            continue
         path = resolve_inside(image_dir, coco.imgs[image_id].get("file_name"), source=captions_file)
         records.append(CaptionedImage(image_id, path, captions))
+    if wordless:
+        log.warning("%s: %d captions without any word left out (e.g. %r of image %s)", captions_file, len(wordless),
+                    wordless[0][1], wordless[0][0])
     if not records:
         raise ValueError(f"{captions_file}: holds no captioned images")
     skipped = len(coco.imgs) - len(records)
@@ -130,6 +141,7 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     if not image_root.is_dir():
         raise DatasetNotFoundError(f"{image_root}: image folder not found (the images of {karpathy_file})")
     splits: dict[str, list[CaptionedImage]] = {role: [] for role in ROLES}
+    wordless = 0
     for index, entry in enumerate(entries):
         where = f"{karpathy_file}: images[{index}]"
         try:
@@ -142,8 +154,12 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
         if split not in KARPATHY_SPLITS:
             raise ValueError(f"{where}: unknown split {split!r}; expected one of {sorted(KARPATHY_SPLITS)}")
         path = resolve_inside(image_root, os.path.join(entry.get("filepath", ""), filename), source=karpathy_file)
+        wordless += sum(not has_words(caption) for caption in captions)
+        captions = [caption for caption in captions if has_words(caption)]
         if captions:
             splits[KARPATHY_SPLITS[split]].append(CaptionedImage(image_id, path, captions))
+    if wordless:
+        log.warning("%s: %d captions without any word left out", karpathy_file, wordless)
     return splits
 
 
@@ -163,8 +179,11 @@ class CaptionTrainDataset(Dataset):
     """
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
-                 image_size: int, group_captions: bool = False) -> None:
+                 image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",
+                 bad_images: BadImageCounter | None = None) -> None:
         self.group_captions = group_captions
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
         counts = torch.tensor([len(record.captions) for record in records])
         self.caption_starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])  # (images + 1,)
         self.paths = [record.path for record in records]
@@ -173,37 +192,55 @@ class CaptionTrainDataset(Dataset):
                                          for _ in record.captions], dtype=torch.int64)  # (N,)
         captions, self.lengths = vocab.encode_batch([c for record in records for c in record.captions],
                                                     max_caption_length)
+        if vocab.truncated:
+            log.warning("%d training captions are longer than max_caption_length=%d words and were cut to it",
+                        vocab.truncated, max_caption_length)
         self.captions = captions.to(torch.int32)  # (N, T), half the memory of int64 on COCO's 600k captions
 
     def __len__(self) -> int:
         return len(self.paths) if self.group_captions else len(self.lengths)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _image(self, image_index: int) -> Tensor | None:
+        path = self.paths[image_index]
+        return load_or_skip(lambda: load_caption_image(path, self.image_size), path, self.on_bad_image,
+                            self.bad_images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The item, or None for an unreadable image under the "skip" policy (the collate drops it)."""
         if self.group_captions:
             start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
-            image = load_caption_image(self.paths[index], self.image_size)
-            return image, self.captions[start:end], self.lengths[start:end]
-        image = load_caption_image(self.paths[int(self.image_index[index])], self.image_size)
-        return image, self.captions[index], self.lengths[index]
+            image = self._image(index)
+            return None if image is None else (image, self.captions[start:end], self.lengths[start:end])
+        image = self._image(int(self.image_index[index]))
+        return None if image is None else (image, self.captions[index], self.lengths[index])
 
 
 class CaptionEvalDataset(Dataset):
     """One item per image: (image uint8 (3, S, S), image id, raw reference captions)."""
 
-    def __init__(self, records: list[CaptionedImage], *, image_size: int) -> None:
+    def __init__(self, records: list[CaptionedImage], *, image_size: int, on_bad_image: OnBadImage = "skip",
+                 bad_images: BadImageCounter | None = None) -> None:
         self.records = records
         self.image_size = image_size
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int | str, list[str]]:
+    def __getitem__(self, index: int) -> tuple[Tensor, int | str, list[str]] | None:
         record = self.records[index]
-        return load_caption_image(record.path, self.image_size), record.image_id, record.captions
+        image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), record.path,
+                             self.on_bad_image, self.bad_images)
+        return None if image is None else (image, record.image_id, record.captions)
 
 
-def collate_captions(items: list[tuple[Tensor, Tensor, Tensor]]) -> CaptionBatch:
-    """Stack training items, trimming the caption padding to the batch's longest caption."""
+def collate_captions(items: list[tuple[Tensor, Tensor, Tensor] | None]) -> CaptionBatch | None:
+    """Stack training items, trimming the caption padding to the batch's longest caption; skipped (None)
+    items are left out, and a batch with nothing readable is None."""
+    items = [item for item in items if item is not None]
+    if not items:
+        return None
     images, captions, lengths = zip(*items, strict=True)
     if captions[0].ndim == 2:  # grouped: every caption of each image
         counts = torch.tensor([len(group) for group in lengths])
@@ -216,8 +253,11 @@ def collate_captions(items: list[tuple[Tensor, Tensor, Tensor]]) -> CaptionBatch
     return CaptionBatch(torch.stack(images), captions, lengths)
 
 
-def collate_references(items: list[tuple[Tensor, int | str, list[str]]]) -> EvalCaptionBatch:
-    """Stack evaluation items; ids and references stay Python lists."""
+def collate_references(items: list[tuple[Tensor, int | str, list[str]] | None]) -> EvalCaptionBatch | None:
+    """Stack evaluation items; ids and references stay Python lists. Skipped (None) items are left out."""
+    items = [item for item in items if item is not None]
+    if not items:
+        return None
     images, image_ids, references = zip(*items, strict=True)
     return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references))
 
@@ -232,7 +272,8 @@ class CocoCaptionsDataModule(SplitDataModule):
     ``max_caption_length`` caps the words of a training caption; the default 24 keeps every Fashion scene
     caption whole (the longest has 23 words). ``group_captions`` makes a training item one image with all
     its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
-    encoder runs once per image instead of once per caption.
+    encoder runs once per image instead of once per caption. ``on_bad_image="skip"`` leaves unreadable
+    images out with a warning naming each, and the count is reported at the end of the epoch; "error" stops.
     """
 
     def __init__(
@@ -261,8 +302,10 @@ class CocoCaptionsDataModule(SplitDataModule):
         generate_scenes: bool = False,
         scenes_counts: dict[str, int] | None = None,
         scenes_seed: int = 0,
+        on_bad_image: OnBadImage = "skip",
     ) -> None:
         super().__init__()
+        self.set_bad_image_policy(on_bad_image)
         for name, value in (("image_size", image_size), ("min_word_count", min_word_count),
                             ("max_caption_length", max_caption_length), ("batch_size", batch_size)):
             if value < 1:
@@ -370,25 +413,27 @@ class CocoCaptionsDataModule(SplitDataModule):
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
                                                  max_caption_length=self.max_caption_length,
-                                                 group_captions=self.group_captions)
+                                                 group_captions=self.group_captions, **self.bad_image_options)
         if stage in (None, "fit", "validate") and self.val_set is None:
-            self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size)
+            self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size,
+                                              **self.bad_image_options)
         if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = CaptionEvalDataset(self.records("test"), image_size=self.image_size)
+            self.test_set = CaptionEvalDataset(self.records("test"), image_size=self.image_size,
+                                               **self.bad_image_options)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
-        return DataLoader(
+        return self._make_loader(
             dataset,
+            train=train,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            drop_last=False,  # every caption (and every evaluation image) once per epoch
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
             collate_fn=collate_captions if train else collate_references,
+            drop_last=False,  # every caption (and every evaluation image) once per epoch
         )
 
     def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
                                 dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
+        if batch is None:  # every image of the batch was unreadable and skipped
+            return None
+        self.count_train_batch()
         return batch._replace(images=self.normalize(batch.images))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vision_attn.data.classification import ClassificationDataModule, split_train_val
 from vision_attn.data.fashion_mnist import DatasetNotFoundError
-from vision_attn.data.images import ImageFileDataset, list_images
+from vision_attn.data.images import ImageFileDataset, OnBadImage, list_images
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -29,6 +29,7 @@ class ImageFolderDataModule(ClassificationDataModule):
     """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...``.
 
     Class names are the train split's folder names, sorted; the test split falls back to val.
+    ``on_bad_image="skip"`` leaves unreadable images out, each named in a warning and counted per epoch.
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         num_workers: int = 2,
         hflip: bool = True,
         pin_memory: bool = False,
+        on_bad_image: OnBadImage = "skip",
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -55,6 +57,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             hflip=hflip,
             pin_memory=pin_memory,
         )
+        self.set_bad_image_policy(on_bad_image)
         if in_chans not in (1, 3):
             raise ValueError(f"in_chans must be 1 or 3, got {in_chans}")
         self.root = Path(root)
@@ -76,7 +79,8 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     def _dataset(self, samples: list[tuple[Path, int]], *, train: bool) -> ImageFileDataset:
         return ImageFileDataset(
-            samples, image_size=self.image_size, in_chans=self.in_chans, train=train and self.random_resized_crop
+            samples, image_size=self.image_size, in_chans=self.in_chans, train=train and self.random_resized_crop,
+            **self.bad_image_options,
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms import v2
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 Image.MAX_IMAGE_PIXELS = 200_000_000  # decompression-bomb guard, well above any real photo
@@ -17,6 +21,50 @@ Image.MAX_IMAGE_PIXELS = 200_000_000  # decompression-bomb guard, well above any
 
 class BadImageError(ValueError):
     """An image file that cannot be decoded; the message names the file."""
+
+
+OnBadImage = Literal["skip", "error"]
+
+
+class BadImageCounter:
+    """Counts images skipped as unreadable, across DataLoader worker processes.
+
+    Each worker adds to its own slot of a shared-memory tensor, so there are no lost updates and no locks;
+    the main process reads the total. ``take()`` returns the count since the last ``take()``.
+    """
+
+    SLOTS = 257  # the main process + up to 256 workers
+
+    def __init__(self) -> None:
+        self.counts = torch.zeros(self.SLOTS, dtype=torch.int64).share_memory_()
+        self._reported = 0
+
+    def add(self) -> None:
+        worker = torch.utils.data.get_worker_info()
+        self.counts[0 if worker is None else 1 + worker.id % (self.SLOTS - 1)] += 1
+
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def take(self) -> int:
+        total = self.total()
+        new, self._reported = total - self._reported, total
+        return new
+
+
+def load_or_skip(load: Callable[[], Tensor], path: str | os.PathLike, policy: OnBadImage,
+                 counter: BadImageCounter | None) -> Tensor | None:
+    """``load()``, or None with a logged warning (and a count) when the image is unreadable and the policy
+    is "skip"; with "error" the BadImageError goes up, naming the file."""
+    try:
+        return load()
+    except BadImageError as error:
+        if policy == "error":
+            raise
+        log.warning("skipped an unreadable image: %s", error)
+        if counter is not None:
+            counter.add()
+        return None
 
 
 def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
@@ -82,19 +130,30 @@ def train_transform(image_size: int, *, min_scale: float = 0.35) -> v2.Compose:
 class ImageFileDataset(torch.utils.data.Dataset):
     """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``."""
 
-    def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool) -> None:
+    def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
+                 on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
         self.samples = samples
         self.mode = "L" if in_chans == 1 else "RGB"
         self.max_side = 2 * image_size
         self.transform = train_transform(image_size) if train else eval_transform(image_size)
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | None:
+        """(image, label), or None for an unreadable image under the "skip" policy (the collate drops it)."""
         path, label = self.samples[index]
-        image = to_tensor(open_image(path, mode=self.mode, max_side=self.max_side))
-        return self.transform(image), torch.tensor(label)
+        image = load_or_skip(lambda: to_tensor(open_image(path, mode=self.mode, max_side=self.max_side)), path,
+                             self.on_bad_image, self.bad_images)
+        return None if image is None else (self.transform(image), torch.tensor(label))
+
+
+def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor, Tensor] | None:
+    """Stack the items that were read; None when every image of the batch was skipped."""
+    kept = [item for item in items if item is not None]
+    return torch.utils.data.default_collate(kept) if kept else None
 
 
 def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:

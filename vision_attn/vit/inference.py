@@ -11,7 +11,15 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import load_module
-from vision_attn.data.images import eval_transform, normalize, open_image, to_tensor
+from vision_attn.data.images import (
+    BadImageCounter,
+    OnBadImage,
+    eval_transform,
+    load_or_skip,
+    normalize,
+    open_image,
+    to_tensor,
+)
 from vision_attn.overlay import fit_within, vit_figure
 from vision_attn.vit.module import ViTClassifier
 from vision_attn.vit.rollout import HeadFusion, explain
@@ -76,6 +84,8 @@ def vit_overlays(
     panel_size: int = 224,
     columns: int = 5,
     batch_size: int = 32,
+    on_bad_image: OnBadImage = "error",
+    bad_images: BadImageCounter | None = None,
     **style: Any,
 ) -> Iterator[tuple[str, Image.Image, str]]:
     """(path, figure, "class probability") per image, figures as ``vit_figure`` draws them.
@@ -84,8 +94,12 @@ def vit_overlays(
     """
     names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
     for start in range(0, len(paths), batch_size):
-        chunk = paths[start : start + batch_size]
-        batch = torch.stack([preprocess(module, path) for path in chunk]).to(module.device)
+        loaded = [(path, load_or_skip(lambda path=path: preprocess(module, path), path, on_bad_image, bad_images))
+                  for path in paths[start : start + batch_size]]
+        chunk = [path for path, pixels in loaded if pixels is not None]
+        if not chunk:
+            continue
+        batch = torch.stack([pixels for _, pixels in loaded if pixels is not None]).to(module.device)
         maps = explain(module.model, batch, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class=gradient_class)
         probabilities = maps["logits"].softmax(dim=-1)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor
 
-from vision_attn.checkpoint import KIND_KEY
+from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, RNG_KEY, CheckpointError, capture_rng_state, restore_rng_state
+from vision_attn.data.base import report_skipped_images
 from vision_attn.data.images import denormalize, to_pil
 from vision_attn.overlay import fit_within, log_figures, vit_figure
 from vision_attn.schedule import decay_groups, warmup_cosine
@@ -96,16 +97,23 @@ class ViTClassifier(L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> Tensor | None:
+        if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
+            return None
         images, labels = batch
         logits = self.model(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping "
+                                     "(the checkpoints written so far are intact)")
         self.train_accuracy(logits, labels)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
         return loss
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: torchmetrics.Metric) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric) -> None:
+        if batch is None:
+            return
         images, labels = batch
         logits = self.model(images)
         accuracy(logits, labels)
@@ -114,12 +122,19 @@ class ViTClassifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_accuracy)
-        if batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
+        if batch is not None and batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
                 and self.trainer.is_global_zero:
             count = self.hparams.log_overlays
             self._overlay_batch = (batch[0][:count].detach(), batch[1][:count].detach())
 
+    def on_train_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "train")
+
+    def on_test_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "test")
+
     def on_validation_epoch_end(self) -> None:
+        report_skipped_images(self.trainer, "val")
         if self._overlay_batch is None:
             return
         images, labels = self._overlay_batch
@@ -147,6 +162,13 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[KIND_KEY] = "vit"
+        checkpoint[RNG_KEY] = capture_rng_state()  # for an exact resume: augmentation and dropout continue
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if checkpoint.get(KIND_KEY, "vit") != "vit":
+            raise CheckpointError(f"this is a {KIND_NAMES.get(checkpoint[KIND_KEY], checkpoint[KIND_KEY])} "
+                                  "checkpoint, but the config trains a ViT classifier")
+        restore_rng_state(checkpoint.get(RNG_KEY))
 
     def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
         groups = decay_groups(self.model, self.hparams.weight_decay, skip=self.model.no_weight_decay())
