@@ -8,8 +8,9 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vision_attn.data.images import BadImageCounter, OnBadImage, normalize
 
@@ -42,6 +43,21 @@ class ResumableRandomSampler(Sampler[int]):
             skip = self.resume_at[1]
         self.resume_at = None
         return iter(order[skip:])
+
+
+class ShardedEvalSampler(DistributedSampler):
+    """Evaluation shards without padding: rank r takes items r, r + W, r + 2W, ... so every item is evaluated
+    exactly once across the W ranks (``DistributedSampler`` repeats items to even the shards out, which
+    counts them twice). Being a ``DistributedSampler``, Lightning uses it as it is."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        super().__init__(dataset, shuffle=False, drop_last=False)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -95,7 +111,9 @@ class SplitDataModule(L.LightningDataModule):
         the global random stream: both are what makes a resumed run bitwise equal to an uninterrupted one."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
-        sampler = None
+        sampler: Sampler[int] | None = None
+        if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            sampler = ShardedEvalSampler(dataset)
         if train:
             if self._shuffle_seed is None:
                 self._shuffle_seed = torch.initial_seed() % (2**31)

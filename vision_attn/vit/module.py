@@ -87,9 +87,14 @@ class ViTClassifier(L.LightningModule):
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)
             log.info("loaded %s (fresh: %s)", pretrained, ", ".join(fresh) or "nothing")
-        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
-        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
-        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes)
+        # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
+        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
+        # ranks with fewer images too much)
+        self.val_loss = torchmetrics.MeanMetric()
+        self.test_loss = torchmetrics.MeanMetric()
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
         self._overlay_batch: tuple[Tensor, Tensor] | None = None
@@ -111,17 +116,19 @@ class ViTClassifier(L.LightningModule):
         self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
         return loss
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric,
+                  mean_loss: torchmetrics.Metric) -> None:
         if batch is None:
             return
         images, labels = batch
         logits = self.model(images)
         accuracy(logits, labels)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        mean_loss(F.cross_entropy(logits, labels, reduction="none"))
+        self.log(f"{stage}/loss", mean_loss)
         self.log(f"{stage}/acc", accuracy, prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_accuracy)
+        self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
         if batch is not None and batch_idx == 0 and self.hparams.log_overlays > 0 and not self.trainer.sanity_checking \
                 and self.trainer.is_global_zero:
             count = self.hparams.log_overlays
@@ -155,7 +162,7 @@ class ViTClassifier(L.LightningModule):
         log_figures(self.loggers, figures, step=self.global_step, fallback_dir=self.trainer.default_root_dir)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_accuracy)
+        self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self.model(batch[0]).softmax(dim=-1)
