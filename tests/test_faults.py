@@ -109,3 +109,31 @@ def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path) -> 
         replace_atomically(target, crash)
     assert target.read_bytes() == before
     assert list(tmp_path.iterdir()) == [target]  # no temporary file left behind either
+
+
+def test_the_resumable_sampler_is_a_fixed_permutation_per_epoch_that_can_start_part_way() -> None:
+    from vision_attn.data.base import ResumableRandomSampler
+
+    sampler = ResumableRandomSampler(50, seed=3)
+    epoch0, epoch0_again = list(sampler), list(sampler)
+    assert sorted(epoch0) == list(range(50)) and epoch0 == epoch0_again
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert sorted(epoch1) == list(range(50)) and epoch1 != epoch0
+    sampler.resume_at = (1, 20)  # 20 items of epoch 1 were trained on before the crash
+    assert list(sampler) == epoch1[20:] and len(sampler) == 50
+    assert list(sampler) == epoch1  # the skip applies once
+    sampler.resume_at = (0, 20)  # a checkpoint from an epoch that had finished: nothing to skip in epoch 1
+    assert list(sampler) == epoch1
+
+
+def test_evaluation_shards_cover_every_item_once() -> None:
+    from vision_attn.data.base import ShardedEvalSampler
+
+    dataset = list(range(11))
+    shards = []
+    for rank in range(3):
+        sampler = ShardedEvalSampler(dataset, num_replicas=3, rank=rank)
+        shards.append(list(sampler))
+        assert len(sampler) == len(shards[-1])
+    assert sorted(i for shard in shards for i in shard) == dataset

@@ -50,8 +50,8 @@ class ShardedEvalSampler(DistributedSampler):
     exactly once across the W ranks (``DistributedSampler`` repeats items to even the shards out, which
     counts them twice). Being a ``DistributedSampler``, Lightning uses it as it is."""
 
-    def __init__(self, dataset: Dataset) -> None:
-        super().__init__(dataset, shuffle=False, drop_last=False)
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
