@@ -15,9 +15,28 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> N
     printed = capsys.readouterr().out
     assert printed.startswith("| what | figure | goal |")
     results = json.loads(out.read_text())
-    assert {"vocabulary", "captioner_train_step", "beam_search_k5", "machine", "table"} <= set(results)
+    sections = {"vit_vs_timm", "utilisation", "captioner_train_step", "captioner_growth", "captioner_resnet50_step",
+                "beam_search", "vocabulary", "image_decode", "machine", "table"}
+    assert sections <= set(results)
     assert results["vocabulary"]["captions"] == 20000 and results["vocabulary"]["total_s"] > 0
     assert all(row["speedup"] > 0 for row in results["captioner_train_step"])
+    for figures in results["vit_vs_timm"].values():
+        assert figures["train_ratio"] > 0 and figures["attention_maps_time_ratio"] > 0
+    assert 0 < results["utilisation"]["fraction"] and "FLOPs =" in results["utilisation"]["formula"]
+    assert set(results["beam_search"]) == {"1", "3"}
+    assert printed.count("\n| ") >= 12  # one row per measurement
+
+
+def test_vit_flops_formula_matches_a_count_by_hand() -> None:
+    from vision_attn.benchmark import vit_forward_flops
+
+    # One block, 2x2 patches of 4 px, 1 channel, D=8, 3 classes: N = 5 tokens.
+    embedding = 2 * 4 * 16 * 1 * 8  # 4 patches, each a 16-pixel dot product per output channel
+    qkv, proj, mlp = 2 * 5 * 8 * 24, 2 * 5 * 8 * 8, 2 * 5 * 8 * 32 * 2
+    scores_and_mix = 2 * 2 * 5 * 5 * 8
+    head = 2 * 8 * 3
+    assert vit_forward_flops(img_size=8, patch_size=4, in_chans=1, embed_dim=8, depth=1, num_classes=3) == \
+        embedding + qkv + proj + mlp + scores_and_mix + head
 
 
 def test_reference_decoder_predicts_every_real_step() -> None:
