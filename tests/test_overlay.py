@@ -323,3 +323,29 @@ def test_validation_logs_overlays_to_tensorboard_and_not_in_the_sanity_check(tmp
     assert sorted(events.Tags()["images"]) == ["val_overlay/0", "val_overlay/1"]
     assert [image.step for image in events.Images("val_overlay/0")] == [4]  # after the 4 training steps only
     assert not list(tmp_path.rglob("overlays"))
+
+
+# --- rollout mass on the object (SPEC §5, ViT) --------------------------------------------------------------
+
+
+def test_mask_mass_weighs_each_cell_by_its_share_of_mask_pixels() -> None:
+    from vision_attn.metrics import mask_mass
+
+    weights = torch.tensor([[[3.0, 1.0], [0.0, 0.0]]])  # normalised: 0.75 on cell (0, 0), 0.25 on (0, 1)
+    mask = torch.zeros(1, 4, 4, dtype=torch.bool)
+    mask[0, :2, :2] = True  # all of cell (0, 0)
+    mask[0, 0, 2] = True  # a quarter of cell (0, 1)
+    assert torch.allclose(mask_mass(weights, mask), torch.tensor([0.75 + 0.25 * 0.25]))
+    uniform = torch.ones(1, 2, 2)
+    assert torch.allclose(mask_mass(uniform, mask), mask.float().mean())  # a blind map scores the area share
+    with pytest.raises(ValueError, match="does not tile"):
+        mask_mass(weights, torch.ones(1, 5, 5, dtype=torch.bool))
+
+
+def test_rollout_mass_command_reports_mass_against_the_area_share(vit_checkpoint) -> None:
+    result = run_script("rollout-mass", "--ckpt", str(vit_checkpoint), "--count", "64", "--canvas-size", "56")
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = {line.strip().rsplit("  ", 1)[0].strip(): line.split()[-1].rstrip("%")
+              for line in result.stdout.splitlines()[1:]}
+    assert set(values) == {"accuracy", "rollout mass on the item", "item's area (a blind map)"}
+    assert 0 < float(values["item's area (a blind map)"]) < 0.5 and 0 < float(values["rollout mass on the item"]) < 1

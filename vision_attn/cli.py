@@ -305,6 +305,39 @@ def overlay_command(argv: Sequence[str]) -> None:
     print(f"wrote {len(written)} overlays and {write_gallery(out, written)}{skipped}")
 
 
+def rollout_mass_command(argv: Sequence[str]) -> None:
+    from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+    from vision_attn.vit.inference import load_classifier, rollout_on_canvas
+
+    parser = argparse.ArgumentParser(
+        prog="vision-attn rollout-mass",
+        description="Does the ViT look at the garment? Fashion-MNIST test items pasted at random on a larger "
+        "black canvas: accuracy, and the rollout mass on the item's pixels (SPEC §5) against its area share.",
+    )
+    parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
+    parser.add_argument("--canvas-size", type=int, default=56, help="canvas side in pixels (default 56)")
+    parser.add_argument("--count", type=int, default=1000, help="test items to use (default 1000)")
+    parser.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean")
+    parser.add_argument("--discard-ratio", type=float, default=0.0)
+    parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    options = parser.parse_args(argv)
+    if options.canvas_size < 28:
+        parser.error("--canvas-size must be at least 28")
+    if options.count < 1:
+        parser.error("--count must be at least 1")
+    module = load_classifier(options.ckpt, device=options.device)
+    images, labels = load_fashion_mnist(find_fashion_mnist(options.root), "test")
+    figures = rollout_on_canvas(module, images[: options.count], labels[: options.count],
+                                canvas_size=options.canvas_size, seed=options.seed, head_fusion=options.head_fusion,
+                                discard_ratio=options.discard_ratio)
+    print(f"{int(figures['images'])} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases")
+    print(f"  accuracy                      {figures['accuracy']:.2%}")
+    print(f"  rollout mass on the item      {figures['rollout_mass_in_mask']:.3f}")
+    print(f"  item's area (a blind map)     {figures['mask_area_share']:.3f}")
+
+
 def benchmark_command(argv: Sequence[str]) -> None:
     from vision_attn.benchmark import main as benchmark_main
 
@@ -317,6 +350,7 @@ TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
     "export-samples": (export_samples_command, "write dataset images as PNG files (for classify and overlay)"),
     "make-scenes": (make_scenes_command, "generate the Fashion scenes captioning dataset"),
     "overlay": (overlay_command, "attention over images: per word (captioner) or rollout and heads (ViT)"),
+    "rollout-mass": (rollout_mass_command, "ViT: rollout mass on Fashion-MNIST items placed on a larger canvas"),
     "benchmark": (benchmark_command, "measured speed side by side (markdown table + JSON)"),
 }
 LIGHTNING_COMMANDS = {

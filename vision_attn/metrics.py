@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from vision_attn.captioning.vocabulary import tokenize
 
@@ -130,3 +131,18 @@ def pointing_scores(
         return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0}
     return {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
             "pointing_words": float(counted)}
+
+
+def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
+    """SPEC §5, ViT: the share of a map's mass on the object, per image.
+
+    ``weights`` (B, Gh, Gw) is a map over the patch grid (e.g. rollout), ``masks`` (B, H, W) the object's
+    pixels in the network input (H, W multiples of the grid). Each cell's weight counts in proportion to the
+    share of its pixels inside the mask. A map that ignores the object scores the mask's area share.
+    """
+    if masks.shape[-2] % weights.shape[-2] or masks.shape[-1] % weights.shape[-1]:
+        raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(weights.shape[-2:])} grid")
+    coverage = torch.nn.functional.adaptive_avg_pool2d(masks.float()[:, None], weights.shape[-2:])[:, 0]
+    weights = weights.clamp(min=0)
+    weights = weights / weights.sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    return (weights * coverage).sum(dim=(-2, -1))
