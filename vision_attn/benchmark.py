@@ -94,6 +94,18 @@ def random_captions(batch: int, length: int, vocab_size: int, generator: torch.G
     return captions, counts + 2
 
 
+def _decoder_train_step(decoder: AttentionDecoder, optimizer: torch.optim.Optimizer, annotations: Tensor,
+                        captions: Tensor) -> None:
+    """Teacher-forced loss on the real tokens, backward, optimiser step: our decoder's train step."""
+    output = decoder(annotations, captions)
+    targets = captions[:, 1:]
+    mask = (targets != PAD_ID).float()
+    loss = caption_nll(output.logits, targets, mask).sum() / mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 def captioner_train_step(*, annotation_dim: int, locations: int, length: int, batch: int = 32,
                          vocab_size: int = 10000, width: int = 512, repeats: int = 3) -> dict[str, float]:
     """Decoder train-step time, ours against the tutorial-style reference, same dims, same process."""
@@ -107,13 +119,7 @@ def captioner_train_step(*, annotation_dim: int, locations: int, length: int, ba
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-4)
 
     def ours_step() -> None:
-        output = ours(annotations, captions)
-        targets = captions[:, 1:]
-        mask = (targets != PAD_ID).float()
-        loss = caption_nll(output.logits, targets, mask).sum() / mask.sum()
-        ours_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        ours_optimizer.step()
+        _decoder_train_step(ours, ours_optimizer, annotations, captions)
 
     def reference_step() -> None:
         predictions, sorted_captions, decode_lengths = reference(annotations, captions, lengths)
@@ -244,14 +250,7 @@ def captioner_step_time(*, annotation_dim: int, locations: int, length: int, bat
     captions, _ = random_captions(batch, length, vocab_size, generator)
 
     def step() -> None:
-        features = trunk(images)[0] if trunk else annotations
-        output = decoder(features, captions)
-        targets = captions[:, 1:]
-        mask = (targets != PAD_ID).float()
-        loss = caption_nll(output.logits, targets, mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        _decoder_train_step(decoder, optimizer, trunk(images)[0] if trunk else annotations, captions)
 
     return median_seconds(step, repeats=repeats, warmup=1)
 
