@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from lightning.pytorch.callbacks import Timer
 from torch import Tensor
 
 from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, RNG_KEY, CheckpointError, capture_rng_state, restore_rng_state
@@ -29,7 +31,9 @@ class ViTClassifier(L.LightningModule):
     ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
     DataModule by the CLI, and stored with the checkpoint, so ``classify`` can preprocess new images alone.
     After each validation epoch (not the sanity check), rank 0 logs rollout overlays of the first
-    ``log_overlays`` validation images (0: none).
+    ``log_overlays`` validation images (0: none). With ``schedule_by_time`` and a ``trainer.max_time``, the
+    cosine decay runs over the time budget as well as the steps (whichever is further along), so a run capped
+    by time always finishes its schedule; ``max_epochs`` is then an upper bound.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class ViTClassifier(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_epochs: float = 1.0,
         min_lr_ratio: float = 0.0,
+        schedule_by_time: bool = False,
         label_smoothing: float = 0.0,
         pretrained: str | None = None,
         compile: bool = False,
@@ -177,6 +182,19 @@ class ViTClassifier(L.LightningModule):
                                   "checkpoint, but the config trains a ViT classifier")
         restore_rng_state(checkpoint.get(RNG_KEY))
 
+    def _time_budget_used(self) -> Callable[[], float] | None:
+        """The fraction of the trainer's ``max_time`` used by training so far, or None without a time cap."""
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is None or timer.time_remaining("train") is None:
+            log.warning("schedule_by_time is set but the trainer has no max_time: the schedule follows the steps")
+            return None
+
+        def used() -> float:
+            elapsed, remaining = timer.time_elapsed("train"), timer.time_remaining("train")
+            return elapsed / max(1e-9, elapsed + remaining)
+
+        return used
+
     def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
         groups = decay_groups(self.model, self.hparams.weight_decay, skip=self.model.no_weight_decay())
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
@@ -184,6 +202,7 @@ class ViTClassifier(L.LightningModule):
         steps_per_epoch = total_steps / max(1, self.trainer.max_epochs or 1)
         warmup_steps = max(1, round(self.hparams.warmup_epochs * steps_per_epoch))
         schedule = warmup_cosine(
-            optimizer, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=self.hparams.min_lr_ratio
+            optimizer, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=self.hparams.min_lr_ratio,
+            time_progress=self._time_budget_used() if self.hparams.schedule_by_time else None,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
