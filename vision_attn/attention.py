@@ -77,9 +77,18 @@ class AdditiveAttention(nn.Module):
         """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
         return self.annotation_proj(annotations)
 
+    # The tanh term is a (B, L, A) temporary at every step: 128 MB for a beam of 5 over 64 COCO images. Rows
+    # are taken in chunks of at most this many elements, so it stays in cache instead of being re-allocated.
+    chunk_elements = 2**21
+
     def forward(self, projected_annotations: Tensor, query: Tensor) -> Tensor:
         """α over the L locations, (B, L), for a query (B, Q); ``projected_annotations`` is (B, L, A)."""
         projected_query = self.query_proj(query).unsqueeze(1)  # (B, 1, A)
-        # e_i = w·tanh(W_a a_i + W_h h)
-        scores = self.score(torch.tanh(projected_annotations + projected_query)).squeeze(-1)
+        batch, locations, width = projected_annotations.shape
+        rows = max(1, self.chunk_elements // (locations * width))
+        scores = torch.cat([
+            # e_i = w·tanh(W_a a_i + W_h h)
+            self.score(torch.tanh(projected_annotations[i : i + rows] + projected_query[i : i + rows])).squeeze(-1)
+            for i in range(0, batch, rows)
+        ]) if batch > rows else self.score(torch.tanh(projected_annotations + projected_query)).squeeze(-1)
         return scores.softmax(dim=-1)  # α = softmax(e)
