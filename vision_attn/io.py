@@ -26,6 +26,9 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
             os.unlink(file.name)
             raise
         temporary = Path(file.name)
+    umask = os.umask(0)
+    os.umask(umask)
+    temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
     temporary.replace(path)
     return path
 
