@@ -81,6 +81,16 @@ KIND_KEY = "vision_attn_kind"
 KIND_NAMES = {"vit": "ViT classifier", "captioner": "Show-Attend-Tell captioner"}
 
 
+def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:
+    """Refuse a checkpoint written by the other model family (one that does not say passes). ``training``:
+    the refusal says the config trains ``wanted``, else that ``wanted`` is needed."""
+    if found is None or found == wanted:
+        return
+    prefix = f"{source}: " if str(source) else ""
+    need = f"the config trains a {KIND_NAMES[wanted]}" if training else f"a {KIND_NAMES[wanted]} is needed"
+    raise CheckpointError(f"{prefix}this is a {KIND_NAMES.get(found, found)} checkpoint, but {need}")
+
+
 def checkpoint_kind(loaded: Mapping[str, Any]) -> str | None:
     """The model family ("vit" or "captioner") a loaded checkpoint was written by, if it says."""
     return loaded.get(KIND_KEY)
@@ -94,11 +104,7 @@ def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: st
     ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice.
     """
     loaded = load_file(path) if loaded is None else loaded
-    found = loaded.get(KIND_KEY)
-    if found is not None and found != kind:
-        raise CheckpointError(
-            f"{path}: this is a {KIND_NAMES.get(found, found)} checkpoint, but a {KIND_NAMES[kind]} is needed"
-        )
+    require_kind(loaded.get(KIND_KEY), kind, source=path)
     if "state_dict" not in loaded or "hyper_parameters" not in loaded:
         raise CheckpointError(f"{path}: not a vision-attn checkpoint (no state_dict and hyper_parameters)")
     hparams = {k: v for k, v in loaded["hyper_parameters"].items() if not k.startswith("_")}

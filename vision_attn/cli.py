@@ -65,7 +65,7 @@ class VisionAttnCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Before LightningCLI takes the model's hyper-parameters from ``--ckpt_path``: the checkpoint must be a
         weights-only file of the model family the config trains (else the config's data meets another model)."""
-        from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, CheckpointError, load_file
+        from vision_attn.checkpoint import KIND_KEY, load_file, require_kind
 
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -74,9 +74,8 @@ class VisionAttnCLI(LightningCLI):
             model = self.config[subcommand].get("model") or {}
             class_path = model.get("class_path", "") if isinstance(model, dict) else getattr(model, "class_path", "")
             wanted = KIND_OF_MODEL.get(str(class_path).rsplit(".", 1)[-1])
-            if found and wanted and found != wanted:
-                raise CheckpointError(f"{ckpt_path}: this is a {KIND_NAMES[found]} checkpoint, but the config "
-                                      f"trains a {KIND_NAMES[wanted]}")
+            if wanted:
+                require_kind(found, wanted, source=ckpt_path, training=True)
         super()._parse_ckpt_path()
 
 
@@ -150,6 +149,18 @@ def make_scenes_command(argv: Sequence[str]) -> None:
               f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
 
 
+def add_bad_image_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
+                        help="an unreadable image stops the run (default) or is skipped with a warning")
+
+
+def add_rollout_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
+                        help="ViT rollout: how the heads of a layer are fused (default mean)")
+    parser.add_argument("--discard-ratio", type=float, default=0.0,
+                        help="ViT rollout: fraction of the weakest attention links dropped per layer")
+
+
 def caption_command(argv: Sequence[str]) -> None:
     from vision_attn.captioning.inference import caption_files, coco_inputs, load_captioner
     from vision_attn.data.images import BadImageCounter, expand_inputs
@@ -166,8 +177,7 @@ def caption_command(argv: Sequence[str]) -> None:
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", default="results.json", help="results JSON to write (default results.json)")
-    parser.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
-                        help="an unreadable image stops the run (default) or is skipped with a warning")
+    add_bad_image_option(parser)
     parser.add_argument("--device", default="cpu")
     options = parser.parse_args(argv)
     if bool(options.coco_annotations) != bool(options.image_dir):
@@ -185,8 +195,8 @@ def caption_command(argv: Sequence[str]) -> None:
                                on_bad_image=options.on_bad_image, bad_images=bad_images):
         print(f"{record['file_name']}: {record['caption']}")
         records.append(record)
-    skipped = f" ({bad_images.total()} unreadable images skipped)" if bad_images.total() else ""
-    print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}{skipped}")
+    print(f"wrote {len(records)} captions with attention to {write_json_atomically(options.out, records)}"
+          f"{bad_images.skipped_note()}")
 
 
 def overlay_command(argv: Sequence[str]) -> None:
@@ -213,13 +223,10 @@ def overlay_command(argv: Sequence[str]) -> None:
     parser.add_argument("--opacity", type=float, default=0.6, help="blend opacity at the strongest attention")
     parser.add_argument("--panel-size", type=int, default=224, help="longer side of each panel in pixels")
     parser.add_argument("--columns", type=int, default=5, help="panels per row before wrapping (default 5)")
-    parser.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean", help="ViT rollout")
-    parser.add_argument("--discard-ratio", type=float, default=0.0,
-                        help="ViT rollout: fraction of the weakest attention links dropped per layer")
+    add_rollout_options(parser)
     parser.add_argument("--gradient-class", help="ViT: also draw gradient rollout for this class (name or index)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
-                        help="an unreadable image stops the run (default) or is skipped with a warning")
+    add_bad_image_option(parser)
     parser.add_argument("--device", default="cpu")
     options = parser.parse_args(argv)
     if options.panel_size < 16:
@@ -264,7 +271,6 @@ def overlay_command(argv: Sequence[str]) -> None:
                                         f"(looked in the working directory and in {results.parent})")
             records.append((record, path))
 
-    module = kind = None
     if image_inputs:
         if not options.ckpt:
             parser.error("--ckpt is needed to overlay image files (only results JSON can go without)")
@@ -298,11 +304,10 @@ def overlay_command(argv: Sequence[str]) -> None:
 
         for record, path in records:
             image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
-                                 path, options.on_bad_image, bad_images)
+                                 options.on_bad_image, bad_images)
             if image is not None:
                 save(str(path), caption_overlay(image, record, **layout, **style), record.get("caption", ""))
-    skipped = f" ({bad_images.total()} unreadable images skipped)" if bad_images.total() else ""
-    print(f"wrote {len(written)} overlays and {write_gallery(out, written)}{skipped}")
+    print(f"wrote {len(written)} overlays and {write_gallery(out, written)}{bad_images.skipped_note()}")
 
 
 def rollout_mass_command(argv: Sequence[str]) -> None:
@@ -317,8 +322,7 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
     parser.add_argument("--canvas-size", type=int, default=56, help="canvas side in pixels (default 56)")
     parser.add_argument("--count", type=int, default=1000, help="test items to use (default 1000)")
-    parser.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean")
-    parser.add_argument("--discard-ratio", type=float, default=0.0)
+    add_rollout_options(parser)
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")

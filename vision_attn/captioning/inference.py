@@ -13,7 +13,7 @@ from vision_attn.captioning.module import ShowAttendTell
 from vision_attn.checkpoint import load_module
 from vision_attn.data.coco import load_caption_image, read_coco_captions
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
-from vision_attn.data.images import BadImageCounter, OnBadImage, load_or_skip, normalize
+from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, readable_batches
 
 
 def load_captioner(path: str | os.PathLike, *, device: str = "cpu", loaded: dict | None = None) -> ShowAttendTell:
@@ -40,14 +40,9 @@ def caption_files(
     BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted."""
     size = module.hparams.image_size
     mean, std = module.hparams.mean or IMAGENET_MEAN, module.hparams.std or IMAGENET_STD
-    for start in range(0, len(inputs), batch_size):
-        loaded = [(item, load_or_skip(lambda path=item[1]: load_caption_image(path, size), item[1], on_bad_image,
-                                      bad_images)) for item in inputs[start : start + batch_size]]
-        chunk = [item for item, pixels in loaded if pixels is not None]
-        if not chunk:
-            continue
-        pixels = torch.stack([pixels for _, pixels in loaded if pixels is not None]).to(module.device)
-        images = normalize(pixels, mean, std)  # (B, 3, S, S)
+    for chunk, pixels in readable_batches(inputs, lambda item: load_caption_image(item[1], size),
+                                          batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
+        images = normalize(pixels.to(module.device), mean, std)  # (B, 3, S, S)
         hypotheses, grid = module.decode(images, beam_size=beam_size)
         for (image_id, path), hypothesis in zip(chunk, hypotheses, strict=True):
             yield module.to_record(image_id, hypothesis, grid, (size, size), file_name=str(path))

@@ -17,7 +17,14 @@ from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
-from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, RNG_KEY, CheckpointError, capture_rng_state, restore_rng_state
+from vision_attn.checkpoint import (
+    KIND_KEY,
+    RNG_KEY,
+    CheckpointError,
+    capture_rng_state,
+    require_kind,
+    restore_rng_state,
+)
 from vision_attn.data.base import report_skipped_images
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.images import denormalize, to_pil
@@ -270,9 +277,7 @@ class ShowAttendTell(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint whose words differ from this run's vocabulary: its ids would mean other words."""
-        if checkpoint.get(KIND_KEY, "captioner") != "captioner":
-            raise CheckpointError(f"this is a {KIND_NAMES.get(checkpoint[KIND_KEY], checkpoint[KIND_KEY])} "
-                                  "checkpoint, but the config trains a Show-Attend-Tell captioner")
+        require_kind(checkpoint.get(KIND_KEY), "captioner", training=True)
         saved = list(checkpoint.get("hyper_parameters", {}).get("vocabulary") or [])
         if saved and saved != list(self.vocab.tokens):
             where = next((i for i, (a, b) in enumerate(zip(saved, self.vocab.tokens, strict=False)) if a != b),

@@ -202,8 +202,7 @@ class CaptionTrainDataset(Dataset):
 
     def _image(self, image_index: int) -> Tensor | None:
         path = self.paths[image_index]
-        return load_or_skip(lambda: load_caption_image(path, self.image_size), path, self.on_bad_image,
-                            self.bad_images)
+        return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor] | None:
         """The item, or None for an unreadable image under the "skip" policy (the collate drops it)."""
@@ -230,8 +229,8 @@ class CaptionEvalDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, int | str, list[str]] | None:
         record = self.records[index]
-        image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), record.path,
-                             self.on_bad_image, self.bad_images)
+        image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
+                             self.bad_images)
         return None if image is None else (image, record.image_id, record.captions)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -14,6 +14,9 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 log = logging.getLogger(__name__)
+
+Loaded = TypeVar("Loaded")
+Item = TypeVar("Item")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 Image.MAX_IMAGE_PIXELS = 200_000_000  # decompression-bomb guard, well above any real photo
@@ -46,16 +49,20 @@ class BadImageCounter:
     def total(self) -> int:
         return int(self.counts.sum())
 
+    def skipped_note(self) -> str:
+        """" (N unreadable images skipped)" when any were, else "": for the end of a command's summary line."""
+        total = self.total()
+        return f" ({total} unreadable images skipped)" if total else ""
+
     def take(self) -> int:
         total = self.total()
         new, self._reported = total - self._reported, total
         return new
 
 
-def load_or_skip(load: Callable[[], Tensor], path: str | os.PathLike, policy: OnBadImage,
-                 counter: BadImageCounter | None) -> Tensor | None:
+def load_or_skip(load: Callable[[], Loaded], policy: OnBadImage, counter: BadImageCounter | None) -> Loaded | None:
     """``load()``, or None with a logged warning (and a count) when the image is unreadable and the policy
-    is "skip"; with "error" the BadImageError goes up, naming the file."""
+    is "skip"; with "error" the BadImageError goes up. Either way its message names the file."""
     try:
         return load()
     except BadImageError as error:
@@ -65,6 +72,22 @@ def load_or_skip(load: Callable[[], Tensor], path: str | os.PathLike, policy: On
         if counter is not None:
             counter.add()
         return None
+
+
+def readable_batches(items: Sequence[Item], load: Callable[[Item], Tensor], *, batch_size: int,
+                     on_bad_image: OnBadImage = "error",
+                     bad_images: BadImageCounter | None = None) -> Iterator[tuple[list[Item], Tensor]]:
+    """``items`` in chunks of ``batch_size``: (the items that loaded, their tensors stacked), for inference.
+
+    An unreadable item raises, or under "skip" is left out of its chunk; a chunk with nothing readable is
+    not yielded.
+    """
+    for start in range(0, len(items), batch_size):
+        loaded = [(item, load_or_skip(lambda item=item: load(item), on_bad_image, bad_images))
+                  for item in items[start : start + batch_size]]
+        kept = [(item, tensor) for item, tensor in loaded if tensor is not None]
+        if kept:
+            yield [item for item, _ in kept], torch.stack([tensor for _, tensor in kept])
 
 
 def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
@@ -145,7 +168,7 @@ class ImageFileDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | None:
         """(image, label), or None for an unreadable image under the "skip" policy (the collate drops it)."""
         path, label = self.samples[index]
-        image = load_or_skip(lambda: to_tensor(open_image(path, mode=self.mode, max_side=self.max_side)), path,
+        image = load_or_skip(lambda: to_tensor(open_image(path, mode=self.mode, max_side=self.max_side)),
                              self.on_bad_image, self.bad_images)
         return None if image is None else (self.transform(image), torch.tensor(label))
 

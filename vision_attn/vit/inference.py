@@ -15,9 +15,9 @@ from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,
     eval_transform,
-    load_or_skip,
     normalize,
     open_image,
+    readable_batches,
     to_tensor,
 )
 from vision_attn.overlay import fit_within, vit_figure
@@ -47,10 +47,8 @@ def classify_files(
     names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
     top_k = max(1, min(top_k, len(names)))
     device = next(module.parameters()).device
-    for start in range(0, len(paths), batch_size):
-        chunk = paths[start : start + batch_size]
-        batch = torch.stack([preprocess(module, path) for path in chunk]).to(device)
-        probabilities = module(batch).softmax(dim=-1)
+    for chunk, batch in readable_batches(paths, lambda path: preprocess(module, path), batch_size=batch_size):
+        probabilities = module(batch.to(device)).softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
         for path, row_values, row_indices in zip(chunk, values.tolist(), indices.tolist(), strict=True):
             yield str(path), [(names[i], p) for p, i in zip(row_values, row_indices, strict=True)]
@@ -93,14 +91,9 @@ def vit_overlays(
     The ViT saw the centre square of each image, so the maps are drawn there; the rest is dimmed.
     """
     names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
-    for start in range(0, len(paths), batch_size):
-        loaded = [(path, load_or_skip(lambda path=path: preprocess(module, path), path, on_bad_image, bad_images))
-                  for path in paths[start : start + batch_size]]
-        chunk = [path for path, pixels in loaded if pixels is not None]
-        if not chunk:
-            continue
-        batch = torch.stack([pixels for _, pixels in loaded if pixels is not None]).to(module.device)
-        maps = explain(module.model, batch, head_fusion=head_fusion, discard_ratio=discard_ratio,
+    for chunk, batch in readable_batches(paths, lambda path: preprocess(module, path), batch_size=batch_size,
+                                         on_bad_image=on_bad_image, bad_images=bad_images):
+        maps = explain(module.model, batch.to(module.device), head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class=gradient_class)
         probabilities = maps["logits"].softmax(dim=-1)
         for index, path in enumerate(chunk):

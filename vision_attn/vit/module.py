@@ -13,7 +13,7 @@ import torchmetrics
 from lightning.pytorch.callbacks import Timer
 from torch import Tensor
 
-from vision_attn.checkpoint import KIND_KEY, KIND_NAMES, RNG_KEY, CheckpointError, capture_rng_state, restore_rng_state
+from vision_attn.checkpoint import KIND_KEY, RNG_KEY, capture_rng_state, require_kind, restore_rng_state
 from vision_attn.data.base import report_skipped_images
 from vision_attn.data.images import denormalize, to_pil
 from vision_attn.overlay import fit_within, log_figures, vit_figure
@@ -177,9 +177,7 @@ class ViTClassifier(L.LightningModule):
         checkpoint[RNG_KEY] = capture_rng_state()  # for an exact resume: augmentation and dropout continue
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if checkpoint.get(KIND_KEY, "vit") != "vit":
-            raise CheckpointError(f"this is a {KIND_NAMES.get(checkpoint[KIND_KEY], checkpoint[KIND_KEY])} "
-                                  "checkpoint, but the config trains a ViT classifier")
+        require_kind(checkpoint.get(KIND_KEY), "vit", training=True)
         restore_rng_state(checkpoint.get(RNG_KEY))
 
     def _time_budget_used(self) -> Callable[[], float] | None:
