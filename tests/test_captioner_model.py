@@ -9,9 +9,14 @@ import torch
 import torchvision
 
 from vision_attn.captioning.beam_search import beam_search, greedy_decode
-from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
+from vision_attn.captioning.losses import (
+    caption_nll,
+    doubly_stochastic_penalty,
+    reference_posterior,
+    reinforce_surrogate,
+)
 
 PAD, START, END = 0, 1, 2
 
@@ -140,6 +145,79 @@ def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time() -> None:
                 break
             step_by_step.append(word.item())
         assert greedy[b].tokens == step_by_step
+
+
+def test_beams_attending_one_copy_of_the_annotations_equal_expanded_copies() -> None:
+    decoder = tiny_decoder().eval()
+    annotations, hidden, cell = torch.randn(3, 9, 8), torch.randn(3 * 4, 10), torch.randn(3 * 4, 10)
+    state = DecoderState(hidden, cell)
+    shared = decoder.context(decoder.encode(annotations), state)
+    expanded = decoder.context(decoder.encode(annotations.repeat_interleave(4, dim=0)), state)
+    for ours, reference in zip(shared[:3], expanded[:3], strict=True):
+        assert torch.allclose(ours, reference, atol=1e-6)
+    decoder.attention.chunk_elements = 9 * 7  # one image per chunk: the chunked path gives the same α
+    assert torch.allclose(decoder.context(decoder.encode(annotations), state)[1], expanded[1], atol=1e-6)
+    with pytest.raises(ValueError, match="5 queries for 3 images"):
+        decoder.attention(decoder.encode(annotations).projected, torch.randn(5, 10))
+
+
+def test_additive_attention_is_softmax_of_w_tanh_by_the_formula_with_its_gradients() -> None:
+    from vision_attn.attention import AdditiveAttention
+
+    torch.manual_seed(0)
+    attention = AdditiveAttention(16, 10, 12)
+    annotations, query = torch.randn(3, 9, 16), torch.randn(6, 10, requires_grad=True)  # 2 queries per image
+    projected = attention.project_annotations(annotations)
+    alpha = attention(projected, query)
+    w, b = attention.score.weight[0], attention.score.bias
+    energies = torch.tanh(projected.repeat_interleave(2, dim=0) + attention.query_proj(query)[:, None]) @ w + b
+    expected = energies.softmax(dim=-1)  # α_i = softmax_i(w·tanh(W_a a_i + W_h h) + b), (6, 9)
+    assert torch.allclose(alpha, expected, atol=1e-6)
+    target = torch.randn(6, 9)
+    ours = torch.autograd.grad((alpha * target).sum(), [query, attention.score.weight])
+    reference = torch.autograd.grad((expected * target).sum(), [query, attention.score.weight])
+    for got, want in zip(ours, reference, strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_captions_of_one_image_share_its_annotations_in_teacher_forcing() -> None:
+    decoder = tiny_decoder()
+    annotations = torch.randn(2, 9, 8)
+    captions = torch.cat([captions_batch(), captions_batch().flip(0)])[[0, 1, 2, 3]]  # 2 captions per image
+    shared = decoder(annotations, captions)
+    copied = decoder(annotations.repeat_interleave(2, dim=0), captions)
+    assert torch.allclose(shared.logits, copied.logits, atol=1e-5)
+    assert torch.allclose(shared.alphas, copied.alphas, atol=1e-6)
+    with pytest.raises(ValueError, match="3 captions for 2 images"):
+        decoder(annotations, captions[:3])
+
+
+def test_min_length_forbids_end_until_then() -> None:
+    decoder = tiny_decoder().eval()
+    with torch.no_grad():
+        decoder.output_words.bias[END] = 50.0  # <end> would win at every step
+    annotations = torch.randn(2, 9, 8)
+    early = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6)
+    assert all(len(beams[0].tokens) == 0 for beams in early)
+    forced = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6, min_length=4)
+    assert all(len(h.tokens) >= 4 for beams in forced for h in beams)
+    with pytest.raises(ValueError, match="min_length"):
+        beam_search(decoder, annotations, start_id=START, end_id=END, max_length=6, min_length=7)
+
+
+def test_reference_posterior_normalises_p_of_each_reference_within_its_image() -> None:
+    nll = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.5], requires_grad=True)
+    images = torch.tensor([0, 0, 0, 1, 1])
+    weights = reference_posterior(nll, images, 2)
+    first = torch.tensor([-1.0, -2.0, -3.0]).exp()
+    assert torch.allclose(weights[:3], first / first.sum())
+    assert torch.allclose(weights[3:], torch.tensor([0.5, 0.5]))
+    assert not weights.requires_grad
+    # Σ_r w_r ∇nll_r is the gradient of −log Σ_r p(y^r): the set likelihood of each image
+    (weights * nll).sum().backward()
+    set_nll = nll.detach().clone().requires_grad_()
+    (-torch.logsumexp(-set_nll[:3], 0) - torch.logsumexp(-set_nll[3:], 0)).backward()
+    assert torch.allclose(nll.grad, set_nll.grad)
 
 
 def test_length_penalty_prefers_longer_captions_than_raw_log_probability() -> None:

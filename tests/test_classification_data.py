@@ -13,7 +13,7 @@ from PIL import Image
 
 from vision_attn.data import CIFAR10DataModule, FashionMNISTDataModule, ImageFolderDataModule
 from vision_attn.data import fashion_mnist as fmnist
-from vision_attn.data.classification import random_hflip, random_pad_crop
+from vision_attn.data.classification import random_erase, random_hflip, random_pad_crop
 from vision_attn.data.fashion_mnist import DatasetNotFoundError, find_fashion_mnist, read_idx
 
 
@@ -67,6 +67,23 @@ def test_pad_crop_and_flip_move_pixels_as_specified() -> None:
     ramp = torch.arange(4.0).view(1, 1, 1, 4).repeat(100, 1, 1, 1)
     flipped = random_hflip(ramp)
     assert {tuple(row[0, 0].tolist()) for row in flipped} == {(0, 1, 2, 3), (3, 2, 1, 0)}
+
+
+def test_random_erase_blanks_one_rectangle_in_the_chosen_share_of_images() -> None:
+    images = torch.full((2000, 1, 28, 28), 200, dtype=torch.uint8)
+    erased = random_erase(images, 0.5, generator=torch.Generator().manual_seed(0))
+    blank = erased[:, 0] == 0  # (B, H, W)
+    touched = blank.flatten(1).any(dim=1)
+    assert 0.45 < touched.float().mean() < 0.55
+    for mask in blank[touched][:200]:
+        rows, cols = mask.any(dim=1).nonzero().flatten(), mask.any(dim=0).nonzero().flatten()
+        height, width = len(rows), len(cols)
+        assert int(mask.sum()) == height * width  # one solid rectangle
+        assert rows.max() - rows.min() + 1 == height and cols.max() - cols.min() + 1 == width
+        assert 0.02 * 784 * 0.5 <= height * width <= 0.34 * 784 * 1.2  # the area range, up to rounding
+    assert torch.equal(erased[~touched], images[~touched])
+    with pytest.raises(ValueError, match="erase_prob"):
+        FashionMNISTDataModule(erase_prob=1.5)
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:

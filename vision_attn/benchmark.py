@@ -39,6 +39,25 @@ def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2)
     return statistics.median(times)
 
 
+def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 5,
+                          warmup: int = 2) -> dict[str, float]:
+    """Median wall time of each of ``runs``, timed in turns (a, b, a, b, ...) after warm-up.
+
+    Taking turns puts both sides of a ratio under the same machine conditions: timed one block after the
+    other, a slow minute of a shared or throttled CPU falls on one side only.
+    """
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 class TutorialStyleDecoder(nn.Module):
     """The reference for the captioner's speed goal: the per-step structure of the best-known PyTorch
     "Show, Attend and Tell" tutorial, re-written here for timing. Captions are sorted by length and the
@@ -131,8 +150,8 @@ def captioner_train_step(*, annotation_dim: int, locations: int, length: int, ba
         loss.backward()
         reference_optimizer.step()
 
-    ours_time = median_seconds(ours_step, repeats=repeats, warmup=1)
-    reference_time = median_seconds(reference_step, repeats=repeats, warmup=1)
+    timed = paired_median_seconds({"ours": ours_step, "reference": reference_step}, repeats=repeats, warmup=1)
+    ours_time, reference_time = timed["ours"], timed["reference"]
     return {"ours_s": ours_time, "reference_s": reference_time, "ours_images_per_s": batch / ours_time,
             "reference_images_per_s": batch / reference_time, "speedup": reference_time / ours_time}
 
@@ -140,17 +159,26 @@ def captioner_train_step(*, annotation_dim: int, locations: int, length: int, ba
 @torch.no_grad()
 def beam_search_speed(*, beam_size: int, batch: int = 64, vocab_size: int = 10000, annotation_dim: int = 512,
                       locations: int = 196, width: int = 512, max_length: int = 20) -> dict[str, float]:
-    """Images/s of the batched beam search against decoding the same images one at a time."""
+    """Images/s of the batched beam search against decoding the same images one at a time.
+
+    The decoder is untrained, so where its beams would stop is random: an image decoded alone may stop
+    after 2 words while a batch runs on as long as one of its images does. Both therefore decode exactly
+    ``max_length`` words (``min_length = max_length``): the same steps, the same model, the same code.
+    With that, every image costs the same alone, so the one-at-a-time rate is timed on the first 16.
+    """
     torch.manual_seed(0)
     decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=width,
                                hidden_dim=width, attention_dim=width).eval()
     annotations = torch.randn(batch, locations, annotation_dim)
-    search = dict(start_id=START_ID, end_id=END_ID, beam_size=beam_size, max_length=max_length)
+    search = dict(start_id=START_ID, end_id=END_ID, beam_size=beam_size, max_length=max_length,
+                  min_length=max_length)
     batched = median_seconds(lambda: beam_search(decoder, annotations, **search), repeats=3, warmup=1)
+    alone = min(batch, 16)
     one_by_one = median_seconds(lambda: [beam_search(decoder, annotations[i : i + 1], **search)
-                                         for i in range(batch)], repeats=1, warmup=0)
-    return {"batched_images_per_s": batch / batched, "single_images_per_s": batch / one_by_one,
-            "speedup": one_by_one / batched}
+                                         for i in range(alone)], repeats=3, warmup=1)
+    batched_rate, single_rate = batch / batched, alone / one_by_one
+    return {"batched_images_per_s": batched_rate, "single_images_per_s": single_rate,
+            "speedup": batched_rate / single_rate}
 
 
 def vocabulary_speed(captions: int = 616_000, seed: int = 0) -> dict[str, float]:
@@ -193,18 +221,20 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
     images = torch.randn(batch, in_chans, img_size, img_size)
     labels = torch.randint(0, num_classes, (batch,))
     figures: dict[str, float] = {}
+    steps = {}
     for name, model in (("ours", ours), ("timm", theirs)):
-        model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        seconds = median_seconds(lambda m=model, o=optimizer: _train_step(m, o, images, labels), repeats=repeats)
+        steps[name] = lambda m=model, o=optimizer: _train_step(m.train(), o, images, labels)
+    for name, seconds in paired_median_seconds(steps, repeats=repeats).items():
         figures[f"{name}_train_images_per_s"] = batch / seconds
-        model.eval()
-        with torch.inference_mode():
-            seconds = median_seconds(lambda m=model: m(images), repeats=repeats)
-        figures[f"{name}_inference_images_per_s"] = batch / seconds
+    ours.eval()
+    theirs.eval()
     with torch.inference_mode():
-        plain = median_seconds(lambda: ours(images), repeats=repeats)
-        with_maps = median_seconds(lambda: ours(images, return_attention=True), repeats=repeats)
+        timed = paired_median_seconds({"ours": lambda: ours(images), "timm": lambda: theirs(images),
+                                       "ours_maps": lambda: ours(images, return_attention=True)}, repeats=repeats)
+    for name in ("ours", "timm"):
+        figures[f"{name}_inference_images_per_s"] = batch / timed[name]
+    plain, with_maps = timed["ours"], timed["ours_maps"]
     figures["train_ratio"] = figures["ours_train_images_per_s"] / figures["timm_train_images_per_s"]
     figures["inference_ratio"] = figures["ours_inference_images_per_s"] / figures["timm_inference_images_per_s"]
     figures["attention_maps_time_ratio"] = with_maps / plain

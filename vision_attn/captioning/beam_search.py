@@ -39,6 +39,7 @@ def beam_search(
     pad_id: int = 0,
     beam_size: int = 5,
     max_length: int = 20,
+    min_length: int = 0,
     length_penalty: float = 0.0,
 ) -> list[list[Hypothesis]]:
     """The ``beam_size`` best captions of each image, best first.
@@ -46,15 +47,19 @@ def beam_search(
     The search space is every caption of at most ``max_length`` words followed by <end>; <start> and <pad>
     are never emitted. ``annotations`` is (B, L, D). Scores are summed log-probabilities divided by
     length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
-    ``beam_size`` 1 is greedy.
+    ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
+    ``max_length`` so that every search decodes the same number of steps).
     """
+    if not 0 <= min_length <= max_length:
+        raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
     batch, locations, _ = annotations.shape
     k = beam_size
     device = annotations.device
-    # Every beam of an image shares its annotations: expand once, never reorder. (B, L, D) -> (B·k, L, D)
-    expanded = annotations.repeat_interleave(k, dim=0)
-    image = decoder.encode(expanded)
-    state = decoder.initial_state(expanded)
+    # The k beams of an image attend its one copy of a and W_a a (never expanded k times, never reordered);
+    # only the recurrent state has a row per beam: (B, H) -> (B·k, H)
+    image = decoder.encode(annotations)
+    first = decoder.initial_state(annotations)
+    state = DecoderState(first.hidden.repeat_interleave(k, dim=0), first.cell.repeat_interleave(k, dim=0))
     words = torch.full((batch * k,), start_id, dtype=torch.long, device=device)
     # Only the first beam of each image is live at t = 0, so the k beams do not start as k copies.
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -68,14 +73,17 @@ def beam_search(
         logits, alpha, beta, new_state = decoder.step(words, image, state)
         log_probs = logits.log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V)
         vocab = log_probs.shape[-1]
-        log_probs[..., [start_id, pad_id]] = float("-inf")
+        log_probs[..., start_id] = float("-inf")
+        log_probs[..., pad_id] = float("-inf")
+        if t < min_length:
+            log_probs[..., end_id] = float("-inf")
         if t == max_length:
             log_probs[..., :end_id] = float("-inf")
             log_probs[..., end_id + 1 :] = float("-inf")
         # A finished beam stays as it is: one continuation (<end> again) at no cost, all others impossible.
-        frozen = torch.full_like(log_probs, float("-inf"))
-        frozen[..., end_id] = 0.0
-        log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
+        if finished.any():
+            log_probs.masked_fill_(finished.unsqueeze(-1), float("-inf"))
+            log_probs[..., end_id].masked_fill_(finished, 0.0)
         candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)  # (B, k·V)
         scores, flat = candidates.topk(k, dim=-1)  # (B, k)
         parent, token = flat // vocab, flat % vocab

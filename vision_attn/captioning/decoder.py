@@ -95,7 +95,11 @@ class AttentionDecoder(nn.Module):
     def context(
         self, image: EncodedImage, state: DecoderState, *, sample: bool = False
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """(z_t, α_t, β_t, s_t): the gated context vector (B, D) and its attention; s_t when sampled."""
+        """(z_t, α_t, β_t, s_t): the gated context vector (B', D) and its attention; s_t when sampled.
+
+        The state may hold r rows per image (B' = B·r, rows of one image adjacent, as the beams of a
+        search): all r attend the image's one copy of the annotations.
+        """
         alpha = self.attention(image.projected, state.hidden)  # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1}))
         beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
         location = None
@@ -106,7 +110,9 @@ class AttentionDecoder(nn.Module):
             weights = nn.functional.one_hot(alpha.argmax(dim=1), alpha.shape[1]).to(alpha.dtype)  # the likeliest a_i
         else:
             weights = alpha
-        attended = torch.bmm(weights.unsqueeze(1), image.annotations).squeeze(1)  # Σ_i α_ti a_i, (B, D)
+        batch, locations, dim = image.annotations.shape
+        # Σ_i α_ti a_i for the r = B'/B queries of each image against its one copy of a: (B, r, L) @ (B, L, D)
+        attended = torch.bmm(weights.view(batch, -1, locations), image.annotations).view(-1, dim)  # (B', D)
         return beta * attended, alpha, beta.squeeze(1), location  # z_t = β_t Σ_i α_ti a_i
 
     def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState) -> DecoderState:
@@ -128,9 +134,18 @@ class AttentionDecoder(nn.Module):
         return self.deep_output(embedded, state.hidden, context), alpha, beta, state
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
-        """Teacher forcing over ``captions`` (B, T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:]."""
+        """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].
+
+        ``annotations`` is (B, L, D) with B' = B·r: the r captions of an image are adjacent rows and share
+        its annotations (and W_a a), which are computed and read once.
+        """
+        if captions.shape[0] % annotations.shape[0]:
+            raise ValueError(f"{captions.shape[0]} captions for {annotations.shape[0]} images: expected a multiple")
+        per_image = captions.shape[0] // annotations.shape[0]
         image = self.encode(annotations)
-        state = self.initial_state(annotations)
+        first = self.initial_state(annotations)
+        state = DecoderState(first.hidden.repeat_interleave(per_image, dim=0),
+                             first.cell.repeat_interleave(per_image, dim=0))
         inputs = captions[:, :-1]
         embedded = self.embedding(inputs)  # E y_{t-1} for every step, (B, T, m)
         sample = self.attention_mode == "hard" and self.training

@@ -101,6 +101,7 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
         num_workers: int = 0,
         pad_crop: int = 4,
         hflip: bool = True,
+        erase_prob: float = 0.0,
     ) -> None:
         super().__init__(
             root,
@@ -112,6 +113,7 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
             num_workers=num_workers,
             pad_crop=pad_crop,
             hflip=hflip,
+            erase_prob=erase_prob,
         )
         self.class_names = list(CLASS_NAMES)
         self.in_chans = 3

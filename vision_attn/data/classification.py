@@ -56,6 +56,35 @@ def random_hflip(images: Tensor, generator: torch.Generator | None = None) -> Te
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
+def random_erase(images: Tensor, probability: float, generator: torch.Generator | None = None,
+                 area: tuple[float, float] = (0.02, 0.33), log_aspect: float = 1.2) -> Tensor:
+    """Random Erasing (Zhong et al. 2017): with ``probability``, blank one rectangle per image (B, C, H, W).
+
+    The rectangle covers a uniform fraction ``area`` of the image with an aspect ratio drawn log-uniformly
+    from [e^-log_aspect, e^log_aspect] (about 0.3 to 3.3, the paper's setting), clipped to the image, and
+    is filled with zeros (black, Fashion-MNIST's background).
+    """
+    batch, _, height, width = images.shape
+    device = images.device
+
+    def uniform(low: float, high: float) -> Tensor:
+        return low + (high - low) * torch.rand(batch, device=device, generator=generator)
+
+    target = uniform(*area) * height * width
+    aspect = torch.exp(uniform(-log_aspect, log_aspect))
+    box_h = (target * aspect).sqrt().round().clamp(1, height)
+    box_w = (target / aspect).sqrt().round().clamp(1, width)
+    top = (uniform(0.0, 1.0) * (height - box_h + 1)).floor()
+    left = (uniform(0.0, 1.0) * (width - box_w + 1)).floor()
+    rows = torch.arange(height, device=device)[None, :]  # (1, H)
+    cols = torch.arange(width, device=device)[None, :]  # (1, W)
+    in_rows = (rows >= top[:, None]) & (rows < (top + box_h)[:, None])  # (B, H)
+    in_cols = (cols >= left[:, None]) & (cols < (left + box_w)[:, None])  # (B, W)
+    chosen = torch.rand(batch, device=device, generator=generator) < probability
+    erase = in_rows[:, :, None] & in_cols[:, None, :] & chosen[:, None, None]  # (B, H, W)
+    return images.masked_fill(erase[:, None], 0)
+
+
 class ClassificationDataModule(SplitDataModule):
     """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
 
@@ -67,6 +96,7 @@ class ClassificationDataModule(SplitDataModule):
         num_workers: int = 0,
         pad_crop: int = 0,
         hflip: bool = False,
+        erase_prob: float = 0.0,
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
@@ -74,11 +104,14 @@ class ClassificationDataModule(SplitDataModule):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if pad_crop < 0:
             raise ValueError(f"pad_crop must be 0 or more pixels, got {pad_crop}")
+        if not 0.0 <= erase_prob <= 1.0:
+            raise ValueError(f"erase_prob must be between 0 and 1, got {erase_prob}")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.pad_crop = pad_crop
         self.hflip = hflip
+        self.erase_prob = erase_prob
         self.pin_memory = pin_memory
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
@@ -115,6 +148,8 @@ class ClassificationDataModule(SplitDataModule):
                 images = random_pad_crop(images, self.pad_crop)
             if self.hflip:
                 images = random_hflip(images)
+            if self.erase_prob:
+                images = random_erase(images, self.erase_prob)
         return self.normalize(images), labels
 
 

@@ -105,6 +105,7 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
         num_workers: int = 0,
         pad_crop: int = 0,
         hflip: bool = False,
+        erase_prob: float = 0.0,
     ) -> None:
         super().__init__(
             root,
@@ -116,6 +117,7 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
             num_workers=num_workers,
             pad_crop=pad_crop,
             hflip=hflip,
+            erase_prob=erase_prob,
         )
         self.class_names = list(CLASS_NAMES)
         self.in_chans = 1

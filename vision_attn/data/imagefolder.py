@@ -47,6 +47,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         hflip: bool = True,
+        erase_prob: float = 0.0,
         pin_memory: bool = False,
         on_bad_image: OnBadImage = "skip",
     ) -> None:
@@ -55,6 +56,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
             hflip=hflip,
+            erase_prob=erase_prob,
             pin_memory=pin_memory,
         )
         self.set_bad_image_policy(on_bad_image)
