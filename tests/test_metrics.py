@@ -74,6 +74,19 @@ def test_pointing_accuracy_and_mass_by_hand() -> None:
     assert scores["alpha_mass_in_box"] == pytest.approx((28 * 28 / (32 * 32) + 0.0) / 2)
 
 
+def test_pointing_by_mention_splits_by_scene_size_and_class_word_order() -> None:
+    from vision_attn.metrics import pointing_by_mention
+
+    boxes = {7: [("sneaker", [0, 0, 28, 28]), ("bag", [70, 70, 20, 20])]}
+    # "sneaker" (1st mention) hits at cell 0; "bag" (2nd) misses at cell 4; "coat" is not in the scene
+    record = _record(["a", "sneaker", "and", "a", "bag", "coat"], [one_hot(4), one_hot(0)] + [one_hot(4)] * 4)
+    split = pointing_by_mention([record], boxes)
+    assert sorted(split) == [(2, 1), (2, 2), (2, 3)]
+    assert split[(2, 1)]["pointing_accuracy"] == 1.0 and split[(2, 1)]["pointing_words"] == 1
+    assert split[(2, 2)]["pointing_accuracy"] == 0.0 and split[(2, 2)]["pointing_words"] == 1
+    assert split[(2, 3)]["pointing_words"] == 0  # a class word of an object the scene does not hold
+
+
 def test_pointing_miss_outside_the_grown_box() -> None:
     boxes = {7: [("bag", [70, 70, 20, 20])]}  # grown by 16 px: [54, 106]; cell 4 centre (48, 48) is out
     scores = pointing_scores([_record(["bag"], [one_hot(4)])], boxes)

@@ -55,6 +55,23 @@ def test_attention_weights_are_opt_in_and_match_the_fused_path() -> None:
     assert torch.allclose(attentions[-1].sum(-1), torch.ones(5, 4, 50))
 
 
+def test_unfused_attention_trains_like_the_fused_kernel() -> None:
+    torch.manual_seed(0)
+    fused = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                              num_heads=4)
+    explicit = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                                 num_heads=4, fused_attention=False)
+    explicit.load_state_dict(fused.state_dict())
+    x, y = torch.randn(6, 1, 28, 28), torch.randint(0, 10, (6,))
+    gradients = []
+    for model in (fused, explicit):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        gradients.append(torch.autograd.grad(loss, list(model.parameters())))
+    for a, b in zip(*gradients, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert explicit(x, return_attention=True)[1][0].shape == (6, 4, 17, 17)
+
+
 def test_explicit_attention_is_softmax_qk_over_sqrt_d() -> None:
     q, k, v = torch.randn(3, 2, 2, 6, 8).unbind(0)
     out, weights = scaled_dot_product_attention(q, k, v, return_weights=True)

@@ -133,6 +133,31 @@ def pointing_scores(
             "pointing_words": float(counted)}
 
 
+def pointing_by_mention(
+    records: Iterable[Mapping[str, Any]],
+    boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
+    *,
+    class_words: Sequence[str] = CLASS_WORDS,
+) -> dict[tuple[int, int], dict[str, float]]:
+    """``pointing_scores`` split by (objects in the scene, mention): the n-th class word of each caption.
+
+    A diagnostic: when the references name a scene's objects in every order, the first mentions are the
+    ones whose object the decoder had to choose before emitting them.
+    """
+    words = set(class_words)
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for record in records:
+        objects = len(boxes.get(record["image_id"], []))
+        mention = 0
+        for t, token in enumerate(record["tokens"]):
+            if token not in words:
+                continue
+            mention += 1
+            only_this = [word if i == t else "" for i, word in enumerate(record["tokens"])]
+            groups.setdefault((objects, mention), []).append({**record, "tokens": only_this})
+    return {key: pointing_scores(groups[key], boxes, class_words=class_words) for key in sorted(groups)}
+
+
 def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
     """SPEC §5, ViT: the share of a map's mass on the object, per image.
 

@@ -74,11 +74,12 @@ class Block(nn.Module):
         drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
+        fused_attention: bool = True,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = MultiHeadSelfAttention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused=fused_attention
         )
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
@@ -108,7 +109,8 @@ class VisionTransformer(nn.Module):
     """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits.
 
     Attention weights are opt-in: ``model(x, return_attention=True)`` returns ``(logits, attentions)``
-    with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel.
+    with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel
+    (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V, faster on a CPU for a few tokens).
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class VisionTransformer(nn.Module):
         global_pool: Literal["token", "avg"] = "token",
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
+        fused_attention: bool = True,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
@@ -152,6 +155,7 @@ class VisionTransformer(nn.Module):
                 drop=drop_rate,
                 attn_drop=attn_drop_rate,
                 drop_path=rate,
+                fused_attention=fused_attention,
             )
             for rate in drop_path_rates
         )

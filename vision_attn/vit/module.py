@@ -54,6 +54,7 @@ class ViTClassifier(L.LightningModule):
         global_pool: Literal["token", "avg"] = "token",
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
+        fused_attention: bool = True,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -88,6 +89,7 @@ class ViTClassifier(L.LightningModule):
             global_pool=global_pool,
             pos_embed_init=pos_embed_init,
             zero_init_head=zero_init_head,
+            fused_attention=fused_attention,
         )
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)
