@@ -11,12 +11,7 @@ import torchvision
 from vision_attn.captioning.beam_search import beam_search, greedy_decode
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import (
-    caption_nll,
-    doubly_stochastic_penalty,
-    reference_posterior,
-    reinforce_surrogate,
-)
+from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 
 PAD, START, END = 0, 1, 2
 
@@ -203,21 +198,6 @@ def test_min_length_forbids_end_until_then() -> None:
     assert all(len(h.tokens) >= 4 for beams in forced for h in beams)
     with pytest.raises(ValueError, match="min_length"):
         beam_search(decoder, annotations, start_id=START, end_id=END, max_length=6, min_length=7)
-
-
-def test_reference_posterior_normalises_p_of_each_reference_within_its_image() -> None:
-    nll = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.5], requires_grad=True)
-    images = torch.tensor([0, 0, 0, 1, 1])
-    weights = reference_posterior(nll, images, 2)
-    first = torch.tensor([-1.0, -2.0, -3.0]).exp()
-    assert torch.allclose(weights[:3], first / first.sum())
-    assert torch.allclose(weights[3:], torch.tensor([0.5, 0.5]))
-    assert not weights.requires_grad
-    # Σ_r w_r ∇nll_r is the gradient of −log Σ_r p(y^r): the set likelihood of each image
-    (weights * nll).sum().backward()
-    set_nll = nll.detach().clone().requires_grad_()
-    (-torch.logsumexp(-set_nll[:3], 0) - torch.logsumexp(-set_nll[3:], 0)).backward()
-    assert torch.allclose(nll.grad, set_nll.grad)
 
 
 def test_length_penalty_prefers_longer_captions_than_raw_log_probability() -> None:

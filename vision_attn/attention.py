@@ -86,8 +86,10 @@ class AdditiveAttention(nn.Module):
         """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
         return self.annotation_proj(annotations)
 
-    # The tanh term is a (B, L, A) temporary at every step: 128 MB for a beam of 5 over 64 COCO images. Rows
-    # are taken in chunks of at most this many elements, so it stays in cache instead of being re-allocated.
+    # The tanh term is a (B, L, A) temporary at every step: 128 MB for a beam of 5 over 64 COCO images. When
+    # no gradient is needed, rows are taken in chunks of at most this many elements, so it stays in cache
+    # instead of being re-allocated. Training keeps one piece: autograd saves every chunk anyway, and the
+    # backward of each slice would write a zero-filled gradient of the full size.
     chunk_elements = 2**21
 
     def _scores(self, projected_annotations: Tensor, projected_query: Tensor) -> Tensor:
@@ -114,6 +116,8 @@ class AdditiveAttention(nn.Module):
         projected_query = self.query_proj(query).view(batch, per_image, 1, width)  # W_h h, (B, r, 1, A)
         projected_annotations = projected_annotations.unsqueeze(1)  # W_a a, (B, 1, L, A)
         rows = max(1, self.chunk_elements // (per_image * locations * width))
+        if torch.is_grad_enabled() and (projected_annotations.requires_grad or projected_query.requires_grad):
+            rows = batch
         scores = torch.cat([
             self._scores(projected_annotations[i : i + rows], projected_query[i : i + rows])  # e_i, (rows, r, L)
             for i in range(0, batch, rows)

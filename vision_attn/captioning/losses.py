@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -11,20 +10,6 @@ def caption_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     """Per-caption negative log-likelihood −log p(y | a), (B,), over real tokens only (``mask`` (B, T))."""
     token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, V, T) -> (B, T)
     return (token_nll * mask).sum(dim=1)
-
-
-def reference_posterior(nll: Tensor, caption_images: Tensor, num_images: int) -> Tensor:
-    """w_r = p(y^r | a) / Σ_r' p(y^r' | a) over the references of each image, (N,), detached.
-
-    ``nll`` (N,) is −log p(y^r | a) per caption and ``caption_images`` (N,) the image of each caption.
-    Σ_r w_r ∇(−log p(y^r | a)) is the gradient of −log Σ_r p(y^r | a), the likelihood that the caption is
-    any one of the image's references: the model may keep one naming order instead of hedging over all.
-    """
-    scores = -nll.detach()
-    best = scores.new_full((num_images,), float("-inf")).scatter_reduce(0, caption_images, scores, "amax")
-    weights = (scores - best[caption_images]).exp()
-    totals = torch.zeros_like(best).index_add(0, caption_images, weights)
-    return weights / totals[caption_images]
 
 
 def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:

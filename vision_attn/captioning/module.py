@@ -15,12 +15,7 @@ from torch import Tensor
 from vision_attn.captioning.beam_search import Hypothesis, beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import (
-    caption_nll,
-    doubly_stochastic_penalty,
-    reference_posterior,
-    reinforce_surrogate,
-)
+from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
 from vision_attn.checkpoint import (
     KIND_KEY,
@@ -75,7 +70,6 @@ class ShowAttendTell(L.LightningModule):
         attention: Literal["soft", "hard"] = "soft",
         initial_gate: float = 0.5,
         doubly_stochastic_weight: float = 0.0,
-        references: Literal["each", "any"] = "each",
         hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0,
         entropy_weight: float = 0.01,
@@ -122,17 +116,11 @@ class ShowAttendTell(L.LightningModule):
         output = self(images, captions, caption_images)
         targets = captions[:, 1:]
         mask = (targets != PAD_ID).to(output.logits.dtype)  # (B, T): real tokens, <end> included
+        tokens = mask.sum().clamp_min(1)
         nll = caption_nll(output.logits, targets, mask)  # (B,)
-        # each caption's weight: 1 for "each" (the paper's likelihood of every reference); with "any" and
-        # several references per image, w_r = p(y^r | a) / Σ_r' p(y^r' | a) (see ``reference_posterior``)
-        weights = torch.ones_like(nll)
-        if self.hparams.references == "any" and caption_images is not None and stage == "train":
-            weights = reference_posterior(nll, caption_images, len(images))
-            weights = weights / weights.mean()  # mean 1, as for "each", so λ and the REINFORCE scale keep their size
-        tokens = (weights * mask.sum(dim=1)).sum().clamp_min(1)
-        loss = (weights * nll).sum() / tokens
+        loss = nll.sum() / tokens
         if self.hparams.doubly_stochastic_weight:
-            penalty = (weights * doubly_stochastic_penalty(output.alphas, mask)).mean()
+            penalty = doubly_stochastic_penalty(output.alphas, mask).mean()
             loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)²
             self.log(f"{stage}/ds_penalty", penalty, batch_size=len(captions))
         if output.location_log_probs is not None:
@@ -142,7 +130,7 @@ class ShowAttendTell(L.LightningModule):
                 baseline=float(self.reward_baseline), reinforce_weight=self.hparams.reinforce_weight,
                 entropy_weight=self.hparams.entropy_weight,
             )
-            loss = loss - (weights * surrogate).sum() / tokens
+            loss = loss - surrogate.sum() / tokens
             decay = self.hparams.baseline_decay  # b ← decay·b + (1 − decay)·log p(y | s, a)
             self.reward_baseline.mul_(decay).add_((1 - decay) * sequence_log_likelihood.mean())
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
