@@ -4,6 +4,7 @@
     python scripts/profile_step.py captioner --annotation-dim 512   # one decoder train step, COCO dims
     python scripts/profile_step.py vit                               # one train step of the Fashion-MNIST ViT
     python scripts/profile_step.py activations                       # tanh against 2σ(2x) − 1 on 2M floats
+    python scripts/profile_step.py rows                              # 1..8 rows times the 10k×512 vocabulary
 
 The sizes are those of `vision-attn benchmark`. Use it to find where a step's time goes before changing code.
 """
@@ -32,7 +33,7 @@ def coco_decoder(annotation_dim: int) -> AttentionDecoder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["beam", "captioner", "vit", "activations"])
+    parser.add_argument("what", choices=["beam", "captioner", "vit", "activations", "rows"])
     parser.add_argument("--batch", type=int, default=64, help="images (beam: 64, captioner: 32, vit: 256)")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--annotation-dim", type=int, default=512)
@@ -46,6 +47,14 @@ def main() -> None:
                                       repeats=21)
         for name, seconds in times.items():
             print(f"{name}: {seconds * 1e3:.2f} ms for {x.numel():,} floats")
+        return
+    if options.what == "rows":  # the one-image beam search multiplies k rows by the vocabulary projection
+        weight = torch.randn(10000, 512)
+        inputs = {rows: torch.randn(rows, 512) for rows in range(1, 9)}
+        times = paired_median_seconds({f"{rows} rows": lambda x=x: F.linear(x, weight) for rows, x in inputs.items()},
+                                      repeats=51)
+        for name, seconds in times.items():
+            print(f"{name} × (512 → 10000): {seconds * 1e3:.2f} ms")
         return
     if options.what == "beam":
         decoder = coco_decoder(options.annotation_dim).eval()
