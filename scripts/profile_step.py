@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from vision_attn.benchmark import _decoder_train_step, paired_median_seconds, random_captions
+from vision_attn.benchmark import decoder_train_step, paired_median_seconds, random_captions
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.vocabulary import END_ID, START_ID
@@ -73,7 +73,7 @@ def main() -> None:
         captions, _ = random_captions(batch, 20, 10000, generator)
 
         def work() -> None:
-            _decoder_train_step(decoder, optimizer, annotations, captions)
+            decoder_train_step(decoder, optimizer, annotations, captions)
     else:
         torch.manual_seed(0)
         model = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=96, depth=4,

@@ -113,7 +113,7 @@ def random_captions(batch: int, length: int, vocab_size: int, generator: torch.G
     return captions, counts + 2
 
 
-def _decoder_train_step(decoder: AttentionDecoder, optimizer: torch.optim.Optimizer, annotations: Tensor,
+def decoder_train_step(decoder: AttentionDecoder, optimizer: torch.optim.Optimizer, annotations: Tensor,
                         captions: Tensor) -> None:
     """Teacher-forced loss on the real tokens, backward, optimiser step: our decoder's train step."""
     output = decoder(annotations, captions)
@@ -138,7 +138,7 @@ def captioner_train_step(*, annotation_dim: int, locations: int, length: int, ba
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-4)
 
     def ours_step() -> None:
-        _decoder_train_step(ours, ours_optimizer, annotations, captions)
+        decoder_train_step(ours, ours_optimizer, annotations, captions)
 
     def reference_step() -> None:
         predictions, sorted_captions, decode_lengths = reference(annotations, captions, lengths)
@@ -284,7 +284,7 @@ def captioner_step_time(*, annotation_dim: int, locations: int, length: int, bat
     captions, _ = random_captions(batch, length, vocab_size, generator)
 
     def step() -> None:
-        _decoder_train_step(decoder, optimizer, trunk(images)[0] if trunk else annotations, captions)
+        decoder_train_step(decoder, optimizer, trunk(images)[0] if trunk else annotations, captions)
 
     return median_seconds(step, repeats=repeats, warmup=1)
 

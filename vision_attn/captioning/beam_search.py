@@ -58,8 +58,7 @@ def beam_search(
     # The k beams of an image attend its one copy of a and W_a a (never expanded k times, never reordered);
     # only the recurrent state has a row per beam: (B, H) -> (B·k, H)
     image = decoder.encode(annotations)
-    first = decoder.initial_state(annotations)
-    state = DecoderState(first.hidden.repeat_interleave(k, dim=0), first.cell.repeat_interleave(k, dim=0))
+    state = decoder.initial_state(annotations, per_image=k)
     words = torch.full((batch * k,), start_id, dtype=torch.long, device=device)
     # Only the first beam of each image is live at t = 0, so the k beams do not start as k copies.
     scores = torch.full((batch, k), float("-inf"), device=device)

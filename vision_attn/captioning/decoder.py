@@ -86,10 +86,13 @@ class AttentionDecoder(nn.Module):
         """Precompute W_a a_i for all locations: (B, L, D) -> (B, L, A)."""
         return EncodedImage(annotations, self.attention.project_annotations(annotations))
 
-    def initial_state(self, annotations: Tensor) -> DecoderState:
+    def initial_state(self, annotations: Tensor, per_image: int = 1) -> DecoderState:
+        """h_0, c_0 of each image, repeated for its ``per_image`` adjacent rows (its beams or captions): (B·r, H)."""
         mean_annotation = annotations.mean(dim=1)  # (1/L) Σ_i a_i, (B, D)
         hidden = torch.tanh(self.init_hidden(mean_annotation))  # h_0 = tanh(f_init,h(mean a))
         cell = torch.tanh(self.init_cell(mean_annotation))  # c_0 = tanh(f_init,c(mean a))
+        if per_image > 1:
+            hidden, cell = hidden.repeat_interleave(per_image, dim=0), cell.repeat_interleave(per_image, dim=0)
         return DecoderState(hidden, cell)
 
     def context(
@@ -143,9 +146,7 @@ class AttentionDecoder(nn.Module):
             raise ValueError(f"{captions.shape[0]} captions for {annotations.shape[0]} images: expected a multiple")
         per_image = captions.shape[0] // annotations.shape[0]
         image = self.encode(annotations)
-        first = self.initial_state(annotations)
-        state = DecoderState(first.hidden.repeat_interleave(per_image, dim=0),
-                             first.cell.repeat_interleave(per_image, dim=0))
+        state = self.initial_state(annotations, per_image)
         inputs = captions[:, :-1]
         embedded = self.embedding(inputs)  # E y_{t-1} for every step, (B, T, m)
         sample = self.attention_mode == "hard" and self.training
