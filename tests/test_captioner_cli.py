@@ -116,3 +116,32 @@ def test_two_ddp_processes_score_exactly_like_one(trained_captioner, tmp_path) -
         assert float(one_metrics[averaged]) == pytest.approx(float(two_metrics[averaged]), rel=1e-5)
     one_results = json.loads((tmp_path / "one" / "results_test.json").read_text())
     assert one_results == json.loads((tmp_path / "two" / "results_test.json").read_text())
+
+
+def test_self_critical_epochs_train_on_sampled_captions_with_the_cider_reward(trained_captioner, tmp_path) -> None:
+    import csv
+
+    from vision_attn.cli import main
+
+    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+          str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
+          "--model.init_args.self_critical_from_epoch", "1", "--trainer.max_epochs", "2",
+          "--trainer.log_every_n_steps", "1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+          "--trainer.logger.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path)])
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    by_epoch = {}
+    for row in rows:
+        if row.get("train/loss"):
+            by_epoch.setdefault(int(row["epoch"]), []).append(row)
+    assert sorted(by_epoch) == [0, 1]
+    assert not any(row.get("train/reward") for row in by_epoch[0])  # epoch 0: likelihood, teacher forcing
+    rewards = [float(row["train/reward"]) for row in by_epoch[1]]  # epoch 1: CIDEr-D of the model's samples
+    assert len(rewards) == 3 and all(reward >= 0 for reward in rewards)
+
+
+def test_self_critical_training_needs_grouped_captions_in_one_line(trained_captioner, tmp_path) -> None:
+    result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+                        str(trained_captioner["scenes"]), "--model.init_args.self_critical_from_epoch", "0",
+                        "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode != 0
+    assert "group_captions: true" in result.stderr and "Traceback" not in result.stderr

@@ -8,10 +8,16 @@ import pytest
 import torch
 import torchvision
 
-from vision_attn.captioning.beam_search import beam_search, greedy_decode
+from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
+from vision_attn.captioning.losses import (
+    caption_nll,
+    doubly_stochastic_penalty,
+    reinforce_surrogate,
+    self_critical_loss,
+)
+from vision_attn.metrics import CiderD
 
 PAD, START, END = 0, 1, 2
 
@@ -277,3 +283,72 @@ def test_initial_gate_sets_the_starting_beta_and_is_checked() -> None:
     assert betas.mean() > 0.85  # w_β·h is small at initialisation, so β starts near the bias
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         AttentionDecoder(vocab_size=12, annotation_dim=8, initial_gate=1.0)
+
+
+def test_sampled_captions_follow_the_decoders_distribution_and_its_log_probabilities() -> None:
+    decoder = tiny_decoder().eval()
+    annotations = torch.randn(2, 5, 8)
+    torch.manual_seed(1)
+    sampled = sample_captions(decoder, annotations, per_image=3000, start_id=START, end_id=END, pad_id=PAD,
+                              max_length=4)
+    tokens, mask = sampled.tokens, sampled.mask
+    assert tokens.shape[0] == 6000 and tokens.shape[1] <= 5
+    assert not ((tokens == START) | ((tokens == PAD) & (mask > 0))).any()  # <start>, <pad> never drawn
+    ended = (tokens == END).cumsum(1)
+    assert torch.equal(mask, ((ended - (tokens == END).long()) == 0).float())  # mask: words up to the first <end>
+    assert torch.equal(tokens[mask == 0], torch.full_like(tokens[mask == 0], PAD))
+    assert bool(((tokens == END) & (mask > 0)).sum(1).eq(1).all())  # every caption ends, by max_length at most
+    # The first word's frequencies are p(y_1 | a) renormalised without <start> and <pad>, per image
+    with torch.no_grad():
+        image, state = decoder.encode(annotations), decoder.initial_state(annotations)
+        logits, *_ = decoder.step(torch.full((2,), START), image, state)
+        logits[:, [START, PAD]] = float("-inf")
+        expected = logits.softmax(-1)
+    observed = torch.stack([torch.bincount(tokens[i * 3000:(i + 1) * 3000, 0], minlength=12) / 3000 for i in range(2)])
+    assert torch.allclose(observed, expected, atol=0.03)
+    # The kept log-probabilities are the teacher-forced ones of the drawn words (same policy, same graph)
+    rows = torch.arange(0, 6000, 500)
+    forced = decoder(annotations[rows // 3000], torch.cat([torch.full((len(rows), 1), START), tokens[rows]], 1))
+    forced_logits = forced.logits.clone()
+    forced_logits[..., [START, PAD]] = float("-inf")
+    teacher = forced_logits.log_softmax(-1).gather(2, tokens[rows].unsqueeze(-1)).squeeze(-1)
+    teacher = teacher.masked_fill(mask[rows] == 0, 0.0)  # <pad> after <end> counts nothing
+    last = mask[rows].sum(1).long() - 1  # where the caption ended: forced at max_length, so log p = 0 there
+    at_limit = last == 4
+    teacher[at_limit, 4] = 0.0
+    assert torch.allclose(sampled.log_probs[rows], teacher, atol=1e-5)
+
+
+def test_self_critical_baseline_is_the_mean_reward_of_the_other_samples() -> None:
+    log_probs = torch.tensor([[-1.0, -1.0], [-2.0, 0.0], [-0.5, -0.5], [-3.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    loss = self_critical_loss(log_probs, mask, rewards, per_image=4)
+    advantages = torch.tensor([1 - 11 / 3, 2 - 10 / 3, 3 - 3, 6 - 2])
+    assert torch.allclose(loss, -advantages * torch.tensor([-2.0, -2.0, -1.0, -4.0]))
+    loss.sum().backward()
+    assert torch.allclose(log_probs.grad, -advantages[:, None] * mask)  # padding gets no gradient
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        self_critical_loss(log_probs, mask, rewards, per_image=1)
+
+
+def test_self_critical_training_learns_the_rewarded_caption() -> None:
+    decoder = tiny_decoder()
+    annotations = torch.randn(4, 5, 8)
+    target = [5, 6, 7]
+    reward = CiderD([[target], [[8, 9]], [[10, 11, 9]], [[4, 3, 8]]])  # the target's n-grams are rare: high idf
+    start = greedy_decode(decoder, annotations, start_id=START, end_id=END, pad_id=PAD, max_length=6)
+    assert any(h.tokens != target for h in start)
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=0.03)
+    torch.manual_seed(0)
+    for _ in range(150):
+        sampled = sample_captions(decoder, annotations, per_image=6, start_id=START, end_id=END, pad_id=PAD,
+                                  max_length=6)
+        candidates = [[w for w in row if w not in (END, PAD)] for row in sampled.tokens.tolist()]
+        rewards = torch.tensor(reward(candidates, [[target]] * len(candidates)))
+        loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, per_image=6).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    learnt = greedy_decode(decoder, annotations, start_id=START, end_id=END, pad_id=PAD, max_length=6)
+    assert [h.tokens for h in learnt] == [target] * 4

@@ -101,3 +101,24 @@ def test_pointing_with_scaled_boxes_and_no_class_words() -> None:
     assert scores["alpha_mass_in_box"] == pytest.approx(0.5 * (30 * 30) / (32 * 32) + 0.0)
     empty = pointing_scores([_record(["a", "thing"], [one_hot(0)] * 2)], boxes)
     assert empty["pointing_words"] == 0
+
+
+def test_cider_d_reward_equals_pycocoevalcap_cider_with_the_same_document_frequencies() -> None:
+    import random
+
+    from pycocoevalcap.cider.cider import Cider
+
+    rng = random.Random(0)
+    words = "a red green blue white bag top sneaker boot next to the left of right above below there is and".split()
+    references = {i: [" ".join(rng.choices(words, k=rng.randint(4, 12))) for _ in range(5)] for i in range(40)}
+    candidates = {i: [" ".join(rng.choices(words, k=rng.randint(1, 12)))] for i in range(40)}
+    candidates[0] = [references[0][2]]  # an exact copy of one reference
+    expected_mean, expected = Cider().compute_score(references, candidates)
+    reward = metrics.CiderD([[r.split() for r in refs] for refs in references.values()])
+    ours = reward([candidates[i][0].split() for i in range(40)],
+                  [[r.split() for r in references[i]] for i in range(40)])
+    assert ours == pytest.approx(list(expected), abs=1e-9)
+    assert sum(ours) / len(ours) == pytest.approx(expected_mean, abs=1e-9)
+    assert ours[0] > max(ours[1:])  # the copy of a reference scores above every random word string
+    with pytest.raises(ValueError, match="corpus of references"):
+        metrics.CiderD([])

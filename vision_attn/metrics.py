@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -86,6 +88,69 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
     return scores
 
+
+
+class CiderD:
+    """CIDEr-D (Vedantam et al. 2015) of single candidates against their references, as a training reward.
+
+    The same score as pycocoevalcap's ``Cider`` (tf-idf n-grams for n = 1..4, the candidate's weights clipped
+    at the reference's, a Gaussian length penalty with σ = 6, times 10), except that the document
+    frequencies come once from ``corpus`` (every image's references, e.g. the training split) instead of
+    from whatever batch is scored. Captions are sequences of any hashable tokens (words or ids).
+    """
+
+    def __init__(self, corpus: Iterable[Sequence[Sequence[Hashable]]], *, n: int = 4, sigma: float = 6.0) -> None:
+        self.n, self.sigma = n, sigma
+        document_frequency: Counter[tuple] = Counter()
+        images = 0
+        for references in corpus:
+            images += 1
+            document_frequency.update({gram for caption in references for gram in self._counts(caption)})
+        if images == 0:
+            raise ValueError("CIDEr-D needs a corpus of references for its document frequencies; it is empty")
+        self.log_images = math.log(images)
+        self.log_frequency = {gram: math.log(count) for gram, count in document_frequency.items()}
+
+    def _counts(self, caption: Sequence[Hashable]) -> Counter[tuple]:
+        caption = tuple(caption)
+        return Counter(caption[i:i + k] for k in range(1, self.n + 1) for i in range(len(caption) - k + 1))
+
+    def _vector(self, caption: Sequence[Hashable]) -> tuple[dict[tuple, float], list[float], int]:
+        """tf-idf weight per n-gram, the norm per n, and the length the reference code uses (its bigrams)."""
+        weights, norms = {}, [0.0] * self.n
+        log_frequency, log_images = self.log_frequency, self.log_images
+        for gram, count in self._counts(caption).items():
+            weight = count * (log_images - log_frequency.get(gram, 0.0))  # tf · log(N / df); df ≥ 1
+            weights[gram] = weight
+            norms[len(gram) - 1] += weight * weight
+        return weights, [math.sqrt(v) for v in norms], max(len(caption) - 1, 0)
+
+    def __call__(self, candidates: Sequence[Sequence[Hashable]],
+                 references: Sequence[Sequence[Sequence[Hashable]]]) -> list[float]:
+        """One score per candidate; ``references[i]`` are candidate i's references (several candidates may
+        share a list object, whose vectors are then computed once)."""
+        if len(candidates) != len(references):
+            raise ValueError(f"{len(candidates)} candidates but {len(references)} reference lists")
+        cache: dict[int, list] = {}
+        scores = []
+        for candidate, refs in zip(candidates, references, strict=True):
+            if id(refs) not in cache:
+                cache[id(refs)] = [self._vector(r) for r in refs]
+            weights, norms, length = self._vector(candidate)
+            total = 0.0
+            for ref_weights, ref_norms, ref_length in cache[id(refs)]:
+                similarity = [0.0] * self.n
+                for gram, weight in weights.items():
+                    ref_weight = ref_weights.get(gram)
+                    if ref_weight is not None:
+                        similarity[len(gram) - 1] += min(weight, ref_weight) * ref_weight
+                penalty = math.exp(-((length - ref_length) ** 2) / (2 * self.sigma ** 2))
+                for k in range(self.n):
+                    if norms[k] and ref_norms[k]:
+                        similarity[k] /= norms[k] * ref_norms[k]
+                total += sum(similarity) * penalty
+            scores.append(10.0 * total / (self.n * max(len(refs), 1)))
+        return scores
 
 def pointing_scores(
     records: Iterable[Mapping[str, Any]],

@@ -127,3 +127,45 @@ def greedy_decode(decoder: AttentionDecoder, annotations: Tensor, *, start_id: i
                         max_length=max_length)
     return [image_beams[0] for image_beams in beams]
 
+
+
+@dataclass
+class SampledCaptions:
+    """Captions drawn from the decoder, with what self-critical training needs to score and learn from them."""
+
+    tokens: Tensor  # (N, T) word ids, <end> included, <pad> after it
+    log_probs: Tensor  # (N, T) log p(y_t | y_<t, a) of each drawn word; differentiable
+    mask: Tensor  # (N, T) 1 for the words and <end>, 0 for the padding after <end>
+
+
+def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image: int, start_id: int, end_id: int,
+                    pad_id: int = 0, max_length: int = 20) -> SampledCaptions:
+    """``per_image`` captions per image drawn word by word from p(y_t | y_<t, a), rows of an image adjacent.
+
+    Unlike the searches above this keeps the autograd graph: the log-probabilities of the drawn words are
+    what REINFORCE differentiates. The ``per_image`` rows of an image share its annotations, as in
+    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are.
+    """
+    image = decoder.encode(annotations)
+    state = decoder.initial_state(annotations, per_image)
+    rows = annotations.shape[0] * per_image
+    words = torch.full((rows,), start_id, dtype=torch.long, device=annotations.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=annotations.device)
+    tokens, log_probs, masks = [], [], []
+    never = torch.tensor([start_id, pad_id], device=annotations.device)
+    for t in range(max_length + 1):
+        logits, _, _, state = decoder.step(words, image, state)
+        if t == max_length:  # the last step can only end the caption
+            logits = torch.full_like(logits, float("-inf"))
+            logits[:, end_id] = 0.0
+        step_log_probs = logits.index_fill(1, never, float("-inf")).log_softmax(dim=-1)  # the policy drawn from
+        drawn = torch.multinomial(step_log_probs.detach().exp(), 1).squeeze(1)
+        words = drawn.masked_fill(finished, pad_id)
+        masks.append(~finished)
+        tokens.append(words)
+        log_probs.append(step_log_probs.gather(1, drawn.unsqueeze(1)).squeeze(1))
+        finished = finished | (drawn == end_id)
+        if finished.all():
+            break
+    mask = torch.stack(masks, 1).to(annotations.dtype)
+    return SampledCaptions(torch.stack(tokens, 1), torch.stack(log_probs, 1) * mask, mask)

@@ -37,3 +37,19 @@ def reinforce_surrogate(
     location_log_likelihood = (location_log_probs * mask).sum(dim=1)  # Σ_t log p(s_t | a)
     entropy = (location_entropy * mask).sum(dim=1)
     return reinforce_weight * advantage * location_log_likelihood + entropy_weight * entropy
+
+
+def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:
+    """Self-critical sequence training (Rennie et al. 2017), per sampled caption (N,); its gradient is
+    −(r(w^s) − b) ∇ log p(w^s | a), REINFORCE on the caption metric.
+
+    ``rewards`` (N,) score ``per_image`` adjacent samples of each image. The baseline b of a sample is the
+    mean reward of its image's other samples (Luo 2020's variant of the greedy caption's reward): no extra
+    decoding pass, and a sample is pushed up only when it beats its siblings.
+    """
+    if per_image < 2:
+        raise ValueError(f"the self-critical baseline needs at least 2 samples per image, got {per_image}")
+    grouped = rewards.detach().view(-1, per_image)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (per_image - 1)  # mean of the other samples
+    advantage = (grouped - baseline).view(-1)
+    return -advantage * (log_probs * mask).sum(dim=1)

@@ -12,10 +12,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from vision_attn.captioning.beam_search import Hypothesis, beam_search
+from vision_attn.captioning.beam_search import Hypothesis, beam_search, sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import caption_nll, doubly_stochastic_penalty, reinforce_surrogate
+from vision_attn.captioning.losses import (
+    caption_nll,
+    doubly_stochastic_penalty,
+    reinforce_surrogate,
+    self_critical_loss,
+)
 from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
 from vision_attn.checkpoint import (
     KIND_KEY,
@@ -29,7 +34,7 @@ from vision_attn.data.base import report_skipped_images
 from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.images import denormalize, to_pil
 from vision_attn.io import write_json_atomically
-from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
+from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores
 from vision_attn.overlay import caption_overlay, log_figures
 from vision_attn.schedule import warmup_cosine
 
@@ -47,6 +52,12 @@ def _adjacent_equal_groups(caption_images: Tensor, images: int) -> bool:
 
 class ShowAttendTell(L.LightningModule):
     """Trains encoder + attention decoder with teacher forcing; decodes with beam search in val/test.
+
+    From epoch ``self_critical_from_epoch`` (default never) training is self-critical instead (Rennie et al.
+    2017): ``self_critical_samples`` captions are drawn per image from the decoder, each is rewarded by its
+    CIDEr-D against the image's references, and REINFORCE raises the ones that beat their siblings' mean. The
+    model then picks its own order of naming objects, which the likelihood of order-free references does not
+    let it do (see the README's Results). It needs grouped captions (``group_captions: true``).
 
     ``vocabulary`` (the DataModule's tokens, linked by the CLI), ``image_size``, ``mean`` and ``std`` are
     stored with the checkpoint as plain lists, so ``caption`` needs nothing else. ``test`` writes the SPEC §4
@@ -74,6 +85,8 @@ class ShowAttendTell(L.LightningModule):
         reinforce_weight: float = 1.0,
         entropy_weight: float = 0.01,
         baseline_decay: float = 0.9,
+        self_critical_from_epoch: int | None = None,
+        self_critical_samples: int = 5,
         lr: float = 4e-4,
         encoder_lr: float | None = None,
         weight_decay: float = 0.0,
@@ -89,6 +102,16 @@ class ShowAttendTell(L.LightningModule):
         super().__init__()
         if not vocabulary:
             raise ValueError("vocabulary is empty: link it from the DataModule (the CLI does) or pass the tokens")
+        if self_critical_from_epoch is not None:
+            if self_critical_from_epoch < 0:
+                raise ValueError(f"self_critical_from_epoch must be an epoch number (0 or more), got "
+                                 f"{self_critical_from_epoch}")
+            if self_critical_samples < 2:
+                raise ValueError(f"self_critical_samples must be at least 2 (the baseline is the mean reward of "
+                                 f"an image's other samples), got {self_critical_samples}")
+            if attention == "hard":
+                raise ValueError("self-critical training is for soft attention; hard attention trains its "
+                                 "locations with its own REINFORCE (set self_critical_from_epoch: null)")
         self.save_hyperparameters()
         self.vocab = Vocabulary(vocabulary)
         self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, grid_size=grid_size,
@@ -100,6 +123,7 @@ class ShowAttendTell(L.LightningModule):
             hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate,
         )
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
+        self._cider: CiderD | None = None  # the self-critical reward, built from the training references
         self._outputs: list[dict[str, Any]] = []
         self._overlay_examples: list[tuple[Tensor, dict[str, Any]]] = []
 
@@ -139,10 +163,58 @@ class ShowAttendTell(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> Tensor | None:  # noqa: ANN001 - CaptionBatch
         if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
             return None
-        loss = self._loss(batch.images, batch.captions, "train", batch.caption_images)
+        if self.self_critical:
+            loss = self._self_critical_loss(batch)
+        else:
+            loss = self._loss(batch.images, batch.captions, "train", batch.caption_images)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}; stopping "
                                      "(the checkpoints written so far are intact)")
+        return loss
+
+    @property
+    def self_critical(self) -> bool:
+        """Whether this epoch trains on the model's own samples with the CIDEr-D reward instead of by likelihood."""
+        start = self.hparams.self_critical_from_epoch
+        return start is not None and self.current_epoch >= start
+
+    def _reward(self) -> CiderD:
+        """CIDEr-D with document frequencies from every training image's references (as word ids), built once."""
+        if self._cider is None:
+            datamodule = getattr(self.trainer, "datamodule", None)
+            if datamodule is None or not hasattr(datamodule, "records"):
+                raise RuntimeError("self-critical training scores samples with CIDEr-D against the training "
+                                   "references, and needs a DataModule with records('train') (CocoCaptionsDataModule)")
+            limit = self.hparams.max_decode_length
+            corpus = [[self.vocab.encode(tokenize(caption), limit)[1:-1] for caption in record.captions]
+                      for record in datamodule.records("train")]
+            self._cider = CiderD(corpus)
+            log.info("self-critical training from epoch %d: CIDEr-D reward over the references of %d training "
+                     "images", self.hparams.self_critical_from_epoch, len(corpus))
+        return self._cider
+
+    def _self_critical_loss(self, batch) -> Tensor:  # noqa: ANN001 - CaptionBatch
+        """Self-critical sequence training: n captions sampled per image, rewarded by CIDEr-D against the
+        image's references in the batch, each compared with the mean reward of its siblings."""
+        if batch.caption_images is None:
+            raise ValueError("self-critical training needs every reference of an image in its batch: set the "
+                             "DataModule's group_captions: true")
+        samples_per_image = self.hparams.self_critical_samples
+        annotations, _ = self.encoder(batch.images)
+        sampled = sample_captions(self.decoder, annotations, per_image=samples_per_image, start_id=START_ID,
+                                  end_id=END_ID, pad_id=PAD_ID, max_length=self.hparams.max_decode_length)
+        references: list[list[list[int]]] = [[] for _ in range(len(batch.images))]
+        special = (START_ID, END_ID, PAD_ID)
+        for image, caption in zip(batch.caption_images.tolist(), batch.captions.tolist(), strict=True):
+            references[image].append([word for word in caption if word not in special])
+        candidates = [[word for word in caption if word not in special] for caption in sampled.tokens.tolist()]
+        rewards = torch.tensor(self._reward()(candidates, [references[n // samples_per_image]
+                                                           for n in range(len(candidates))]),
+                               dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
+        loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, samples_per_image).sum()
+        loss = loss / sampled.mask.sum().clamp_min(1)
+        self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=len(candidates))
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(candidates))
         return loss
 
     # ------------------------------------------------------------------------------------- evaluation
@@ -275,6 +347,10 @@ class ShowAttendTell(L.LightningModule):
     # --------------------------------------------------------------------------------------- plumbing
     def on_fit_start(self) -> None:
         """Save the vocabulary as plain JSON next to the checkpoints (it is inside them too, as a list)."""
+        start, epochs = self.hparams.self_critical_from_epoch, self.trainer.max_epochs
+        if start is not None and epochs is not None and 0 <= epochs <= start:
+            log.warning("self_critical_from_epoch is %d but max_epochs is %d: training ends before any "
+                        "self-critical epoch", start, epochs)
         callback = self.trainer.checkpoint_callback
         if self.trainer.is_global_zero and callback is not None and getattr(callback, "dirpath", None):
             Path(callback.dirpath).mkdir(parents=True, exist_ok=True)
