@@ -89,7 +89,6 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     return scores
 
 
-
 class CiderD:
     """CIDEr-D (Vedantam et al. 2015) of single candidates against their references, as a training reward.
 
@@ -151,6 +150,7 @@ class CiderD:
                 total += sum(similarity) * penalty
             scores.append(10.0 * total / (self.n * max(len(refs), 1)))
         return scores
+
 
 def pointing_scores(
     records: Iterable[Mapping[str, Any]],

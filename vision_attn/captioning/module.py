@@ -50,6 +50,11 @@ def _adjacent_equal_groups(caption_images: Tensor, images: int) -> bool:
     return bool(torch.equal(caption_images, expected))
 
 
+def _word_ids(caption: list[int]) -> list[int]:
+    """The word ids of an encoded caption, without <start>, <end> and <pad>."""
+    return [word for word in caption if word not in (START_ID, END_ID, PAD_ID)]
+
+
 class ShowAttendTell(L.LightningModule):
     """Trains encoder + attention decoder with teacher forcing; decodes with beam search in val/test.
 
@@ -186,7 +191,7 @@ class ShowAttendTell(L.LightningModule):
                 raise RuntimeError("self-critical training scores samples with CIDEr-D against the training "
                                    "references, and needs a DataModule with records('train') (CocoCaptionsDataModule)")
             limit = self.hparams.max_decode_length
-            corpus = [[self.vocab.encode(tokenize(caption), limit)[1:-1] for caption in record.captions]
+            corpus = [[_word_ids(self.vocab.encode(tokenize(caption), limit)) for caption in record.captions]
                       for record in datamodule.records("train")]
             self._cider = CiderD(corpus)
             log.info("self-critical training from epoch %d: CIDEr-D reward over the references of %d training "
@@ -204,10 +209,9 @@ class ShowAttendTell(L.LightningModule):
         sampled = sample_captions(self.decoder, annotations, per_image=samples_per_image, start_id=START_ID,
                                   end_id=END_ID, pad_id=PAD_ID, max_length=self.hparams.max_decode_length)
         references: list[list[list[int]]] = [[] for _ in range(len(batch.images))]
-        special = (START_ID, END_ID, PAD_ID)
         for image, caption in zip(batch.caption_images.tolist(), batch.captions.tolist(), strict=True):
-            references[image].append([word for word in caption if word not in special])
-        candidates = [[word for word in caption if word not in special] for caption in sampled.tokens.tolist()]
+            references[image].append(_word_ids(caption))
+        candidates = [_word_ids(caption) for caption in sampled.tokens.tolist()]
         rewards = torch.tensor(self._reward()(candidates, [references[n // samples_per_image]
                                                            for n in range(len(candidates))]),
                                dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
