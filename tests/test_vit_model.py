@@ -12,7 +12,7 @@ from timm.layers import resample_abs_pos_embed
 
 from vision_attn.attention import scaled_dot_product_attention
 from vision_attn.checkpoint import CheckpointError, load_file
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.model import VisionTransformer, patch_dropout
 from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
 
 TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)
@@ -70,6 +70,39 @@ def test_unfused_attention_trains_like_the_fused_kernel() -> None:
     for a, b in zip(*gradients, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
     assert explicit(x, return_attention=True)[1][0].shape == (6, 4, 17, 17)
+
+
+def test_patch_dropout_keeps_the_cls_token_and_a_random_subset_of_patches() -> None:
+    torch.manual_seed(0)
+    tokens = torch.arange(4 * 17 * 3, dtype=torch.float32).view(4, 17, 3)  # every token is distinct
+    kept = patch_dropout(tokens, 0.5, training=True)
+    assert kept.shape == (4, 1 + 8, 3)  # int(16 · 0.5) patches survive
+    assert torch.equal(kept[:, 0], tokens[:, 0])
+    for image in range(4):
+        rows = {tuple(row.tolist()) for row in kept[image, 1:]}
+        assert len(rows) == 8 and rows <= {tuple(row.tolist()) for row in tokens[image, 1:]}
+    chosen = [(kept[image, 1:, 0] - tokens[image, 1, 0]).div(3).tolist() for image in range(4)]
+    assert len({tuple(sorted(indices)) for indices in chosen}) > 1  # a different subset per image
+    assert patch_dropout(tokens, 0.5, training=False) is tokens
+    assert patch_dropout(tokens, 0.99, training=True).shape == (4, 2, 3)  # at least one patch
+
+
+def test_patch_dropout_trains_on_fewer_tokens_and_evaluates_on_all() -> None:
+    torch.manual_seed(0)
+    plain = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                              num_heads=4)
+    dropping = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2,
+                                 num_heads=4, patch_drop_rate=0.5)
+    dropping.load_state_dict(plain.state_dict())  # the same parameters: the rate changes training only
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(dropping.eval()(x), plain.eval()(x))
+        dropping.train()
+        assert dropping.forward_features(x).shape == (3, 1 + 24, 32)  # 24 of the 49 patches
+        assert not torch.allclose(dropping(x), plain.train()(x))
+    with pytest.raises(ValueError, match="patch_drop_rate"):
+        VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=1,
+                          num_heads=4, patch_drop_rate=1.0)
 
 
 def test_explicit_attention_is_softmax_qk_over_sqrt_d() -> None:

@@ -205,7 +205,8 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: Tens
 
 
 def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: int, embed_dim: int, depth: int,
-                num_heads: int, mlp_ratio: float, global_pool: str, batch: int, repeats: int) -> dict[str, float]:
+                num_heads: int, mlp_ratio: float, global_pool: str, batch: int, repeats: int,
+                patch_drop_rate: float = 0.0) -> dict[str, float]:
     """Train-step and inference images/s of our ViT and timm's with the same config and the same weights,
     and the cost of asking ours for its attention maps. ``ours_unfused`` is ours with
     ``fused_attention=False`` (the explicit Softmax(QKᵀ/√d)V instead of the SDPA kernel)."""
@@ -214,7 +215,8 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
     from vision_attn.vit.model import VisionTransformer
 
     config = dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-                  embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, global_pool=global_pool)
+                  embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, global_pool=global_pool,
+                  patch_drop_rate=patch_drop_rate)
     torch.manual_seed(0)
     ours = VisionTransformer(**config)  # type: ignore[arg-type]
     theirs = timm_vit.VisionTransformer(**config)  # type: ignore[arg-type]
@@ -377,8 +379,9 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         "ViT-Tiny/16 at 224": dict(img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=192,
                                    depth=12, num_heads=3, mlp_ratio=4.0, global_pool="token",
                                    batch=4 if quick else 32),
-        "Fashion-MNIST default": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=96, depth=4,
-                                      num_heads=4, mlp_ratio=2.0, global_pool="avg", batch=16 if quick else 256),
+        "Fashion-MNIST default": dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96, depth=4,
+                                      num_heads=4, mlp_ratio=2.0, global_pool="avg", patch_drop_rate=0.65,
+                                      batch=16 if quick else 256),
     }
     if quick:
         vit_configs["ViT-Tiny/16 at 224"].update(img_size=32, depth=2)

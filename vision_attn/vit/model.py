@@ -24,6 +24,23 @@ def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
     return x * mask / keep_prob
 
 
+def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: int = 1) -> Tensor:
+    """PatchDropout (Liu et al. 2023): in training, keep a random subset of the patch tokens of each image.
+
+    The prefix (cls) token is always kept; ``max(1, int(N (1 − p)))`` of the N patch tokens survive, chosen
+    uniformly per image. Tokens carry their position embedding already, so the blocks see where each one is.
+    Training runs on fewer tokens (faster, and a regulariser); evaluation sees them all.
+    """
+    if drop_prob == 0.0 or not training:
+        return x
+    prefix, patches = x[:, :prefix_tokens], x[:, prefix_tokens:]
+    batch, count, dim = patches.shape
+    keep = max(1, int(count * (1.0 - drop_prob)))
+    kept = torch.rand(batch, count, device=x.device).argsort(dim=1)[:, :keep]  # (B, keep) random patch indices
+    patches = patches.gather(1, kept.unsqueeze(-1).expand(-1, -1, dim))
+    return torch.cat([prefix, patches], dim=1)
+
+
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size."""
 
@@ -128,13 +145,17 @@ class VisionTransformer(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        patch_drop_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
     ) -> None:
         super().__init__()
+        if not 0.0 <= patch_drop_rate < 1.0:
+            raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
         self.num_classes = num_classes
+        self.patch_drop_rate = patch_drop_rate
         self.pos_embed_init = pos_embed_init
         self.zero_init_head = zero_init_head
         self.global_pool = global_pool
@@ -201,6 +222,7 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(x)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
+        x = patch_dropout(x, self.patch_drop_rate, self.training)
         attentions = []
         for block in self.blocks:
             x, weights = block(x, return_attention=return_attention)
