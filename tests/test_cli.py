@@ -11,6 +11,7 @@ from vision_attn.data.fashion_mnist import CLASS_NAMES, find_fashion_mnist, load
 
 def test_fast_dev_run_through_the_console_script(tmp_path) -> None:
     result = run_script("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.fast_dev_run", "2",
+                        "--model.init_args.patch_drop_rate", "0.5",  # the default config's PatchDropout path
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "fast_dev_run" in result.stderr + result.stdout

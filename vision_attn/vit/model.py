@@ -128,6 +128,7 @@ class VisionTransformer(nn.Module):
     Attention weights are opt-in: ``model(x, return_attention=True)`` returns ``(logits, attentions)``
     with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel
     (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V, faster on a CPU for a few tokens).
+    ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout, as timm names it).
     """
 
     def __init__(
