@@ -128,7 +128,6 @@ def greedy_decode(decoder: AttentionDecoder, annotations: Tensor, *, start_id: i
     return [image_beams[0] for image_beams in beams]
 
 
-
 @dataclass
 class SampledCaptions:
     """Captions drawn from the decoder, with what self-critical training needs to score and learn from them."""
