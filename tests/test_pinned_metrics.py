@@ -1,0 +1,95 @@
+"""Refactors keep behaviour: the tiny configs train to the same weights and test to the same metrics, to the
+last digit, as when ``tests/pinned_metrics.json`` was written.
+
+The figures depend on the CPU's floating-point kernels, so they are pinned per kind of machine: exactly on
+the kind that wrote them (x86 with AVX-512), and to 1e-4 relative elsewhere, where the kernels round
+differently but a change of behaviour still shows. ``VISION_ATTN_PIN=write`` records this machine's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import CONFIGS
+from vision_attn.cli import main
+
+PINNED = Path(__file__).parent / "pinned_metrics.json"
+TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", re.MULTILINE)
+
+
+def machine_kind() -> str:
+    """The kind of CPU whose rounding the pinned figures hold: its architecture, and AVX-512 or not."""
+    flags = ""
+    if Path("/proc/cpuinfo").is_file():
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    return f"{os.uname().machine}{'-avx512' if ' avx512f' in flags else ''}-threads{torch.get_num_threads()}"
+
+
+def weights_checksum(checkpoint: Path) -> float:
+    """Σ|w| over every tensor of the checkpoint's weights, per tensor sums added in sorted order (so renaming or
+    regrouping the modules changes nothing, but any change to a trained value does)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    sums = sorted(float(tensor.double().abs().sum()) for tensor in state.values() if tensor.is_floating_point())
+    return sum(sums)
+
+
+def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *extra: str) -> dict[str, float]:
+    run = tmp_path / "run"
+    main(["fit", "--config", str(CONFIGS / config), "--trainer.default_root_dir", str(run), *extra])
+    checkpoint = next(run.rglob("best.ckpt"))
+    capsys.readouterr()
+    main(["test", "--config", str(CONFIGS / config), "--ckpt_path", str(checkpoint),
+          "--trainer.default_root_dir", str(tmp_path / "test"), *extra])
+    figures = {name: float(value) for name, value in TEST_ROW.findall(capsys.readouterr().out)}
+    assert figures, "the test run printed no test metrics"
+    loaded = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    best = next(state["best_model_score"] for key, state in loaded["callbacks"].items() if "ModelCheckpoint" in key)
+    figures["best_model_score"] = float(best)
+    figures["weights_abs_sum"] = weights_checksum(checkpoint)
+    results = list((tmp_path / "test").rglob("results_test.json"))
+    if results:  # the captioner's SPEC §4 records: every word and every α, position-weighted
+        records = json.loads(results[0].read_text())
+        figures["results_alpha_checksum"] = sum(
+            (t + 1) * (i + 1) * alpha for record in records for t, row in enumerate(record["alphas"])
+            for i, alpha in enumerate(row))
+        figures["results_words"] = float(sum(len(record["tokens"]) for record in records))
+    return figures
+
+
+CASES = {
+    "captioner_tiny": ("captioner_tiny.yaml",),
+    "captioner_tiny_hard": ("captioner_tiny.yaml", "--model.init_args.attention", "hard"),
+    "captioner_tiny_self_critical": ("captioner_tiny.yaml", "--model.init_args.self_critical_from_epoch", "0",
+                                     "--model.init_args.self_critical_samples", "2",
+                                     "--data.init_args.group_captions", "true"),
+    "vit_tiny": ("vit_tiny.yaml",),
+    "vit_tiny_patch_drop": ("vit_tiny.yaml", "--model.init_args.patch_drop_rate", "0.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tiny_config_metrics_are_pinned(case: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config, *extra = CASES[case]
+    extra = list(extra)
+    if config.startswith("captioner"):
+        extra += ["--data.init_args.root", str(tmp_path / "scenes")]
+    figures = fit_and_test(config, tmp_path, capsys, *extra)
+    kind = machine_kind()
+    pinned = json.loads(PINNED.read_text()) if PINNED.is_file() else {}
+    if os.environ.get("VISION_ATTN_PIN") == "write":
+        pinned.setdefault(kind, {})[case] = figures
+        PINNED.write_text(json.dumps(pinned, indent=2, sort_keys=True) + "\n")
+        pytest.skip(f"wrote the figures of {case} for {kind}")
+    if kind in pinned:
+        assert figures == pinned[kind][case]
+    else:  # another kind of machine: its kernels round differently; behaviour changes are far larger than this
+        reference = next(iter(pinned.values()))[case]
+        assert figures.keys() == reference.keys()
+        for name, value in reference.items():
+            assert figures[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
