@@ -56,7 +56,7 @@ test: setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; exit $$rc
 
 lint: setup
-	$(BIN)/ruff check vision_attn tests scripts
+	$(BIN)/ruff check vision_attn tests scripts benchmarks
 
 clean:
 	rm -rf $(VENV) $(RUNS) .pytest_cache

@@ -16,10 +16,11 @@ import torch
 from PIL import Image
 
 from tests.conftest import CONFIGS, run_script
-from vision_attn.captioning.vocabulary import Vocabulary
 from vision_attn.cli import main
-from vision_attn.data.coco import CocoCaptionsDataModule, load_caption_image, read_coco_captions, read_karpathy
+from vision_attn.data.coco import load_caption_image, read_coco_captions, read_karpathy
 from vision_attn.data.images import BadImageError, open_image
+from vision_attn.data.vocabulary import Vocabulary
+from vision_attn.datamodules import CocoCaptionsDataModule
 
 # --- helpers ----------------------------------------------------------------------------------------
 

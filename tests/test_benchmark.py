@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from vision_attn.benchmark import TutorialStyleDecoder, main, random_captions
+from benchmarks.reference_decoder import TutorialStyleDecoder
+from benchmarks.run import main, random_captions
 
 
 def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> None:
@@ -28,7 +29,7 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> N
 
 
 def test_vit_flops_formula_matches_a_count_by_hand() -> None:
-    from vision_attn.benchmark import vit_forward_flops
+    from benchmarks.run import vit_forward_flops
 
     # One block, 2x2 patches of 4 px, 1 channel, D=8, 3 classes: N = 5 tokens.
     embedding = 2 * 4 * 16 * 1 * 8  # 4 patches, each a 16-pixel dot product per output channel

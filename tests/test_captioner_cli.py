@@ -145,3 +145,23 @@ def test_self_critical_training_needs_grouped_captions_in_one_line(trained_capti
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode != 0
     assert "group_captions: true" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_checkpoint_from_before_the_captioner_module_captions_the_same(trained_captioner, tmp_path) -> None:
+    """Checkpoints written before ShowAttendTell held a ``Captioner`` had the encoder and decoder at the top level
+    of the state dict, and ``attention`` for ``attention_mode``: they still load, to the same captions."""
+    import torch
+
+    from vision_attn.captioning.evaluation import caption_files
+    from vision_attn.captioning.model import Captioner
+
+    checkpoint = torch.load(trained_captioner["ckpt"], map_location="cpu", weights_only=True)
+    assert any(key.startswith("model.decoder.") for key in checkpoint["state_dict"])
+    checkpoint["state_dict"] = {key.removeprefix("model."): value for key, value in checkpoint["state_dict"].items()}
+    checkpoint["hyper_parameters"]["attention"] = checkpoint["hyper_parameters"].pop("attention_mode")
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save(checkpoint, legacy)
+    images = [(path.name, path) for path in sorted((trained_captioner["scenes"] / "images" / "test").glob("*.png"))]
+    new, old = (list(caption_files(Captioner.from_checkpoint(path), images)) for path in (trained_captioner["ckpt"],
+                                                                                          legacy))
+    assert new == old and len(new) == len(images)

@@ -25,7 +25,7 @@ PAD, START, END = 0, 1, 2
 def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft") -> AttentionDecoder:
     torch.manual_seed(0)
     return AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
-                            attention_dim=7, dropout=0.0, attention=attention)
+                            attention_dim=7, dropout=0.0, attention_mode=attention)
 
 
 def captions_batch() -> torch.Tensor:

@@ -10,10 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary, tokenize
-from vision_attn.data.coco import CaptionBatch, CocoCaptionsDataModule, EvalCaptionBatch
-from vision_attn.data.fashion_mnist import DatasetNotFoundError
+from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
 from vision_attn.data.scenes import CLASS_WORDS
+from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary, tokenize
+from vision_attn.datamodules import CocoCaptionsDataModule
+from vision_attn.errors import DatasetNotFoundError
 
 SIZE = 32
 CAPTIONS = {
@@ -293,8 +294,9 @@ def test_generate_scenes_creates_and_then_reuses_a_scenes_root(tmp_path: Path) -
     assert batch.images.shape == (30, 3, 96, 96)
     raw = {tuple(tokenize(a["caption"])) for a in json.loads(captions_file.read_text())["annotations"]}
     assert {tuple(dm.vocab.decode(caption)) for caption in batch.captions} == raw  # default length cuts none
-    boxes = dm.boxes("val")
-    assert set(boxes) == {1, 2} and all(word in CLASS_WORDS and len(box) == 4 for word, box in boxes[1])
+    val = {record.image_id: record.objects for record in dm.records("val")}  # objects from instances_val.json
+    assert set(val) == {1, 2} and all(word in CLASS_WORDS and len(box) == 4 for word, box in val[1])
+    assert all(record.objects is None for record in dm.records("train"))
     stamp = captions_file.stat().st_mtime_ns
     CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)
     assert captions_file.stat().st_mtime_ns == stamp  # already there: not generated again

@@ -163,12 +163,12 @@ def test_explain_gives_maps_for_every_head_and_grid(global_pool) -> None:
                               num_heads=2, global_pool=global_pool).eval()
     images = torch.randn(2, 1, 24, 24)
     maps = explain(model, images, discard_ratio=0.5, gradient_class=1)
-    assert maps["heads"].shape == (2, 2, 4, 4)
-    assert maps["rollout"].shape == maps["gradient_rollout"].shape == (2, 4, 4)
-    assert torch.allclose(maps["logits"], model(images), atol=1e-5)
+    assert maps.heads.shape == (2, 2, 4, 4)
+    assert maps.rollout.shape == maps.gradient_rollout.shape == (2, 4, 4)
+    assert torch.allclose(maps.logits, model(images), atol=1e-5)
     if global_pool == "token":  # the cls row of the last layer, per head
         _, attentions = model(images, return_attention=True)
-        assert torch.allclose(maps["heads"][:, :, 0, 0], attentions[-1][:, :, 0, 1], atol=1e-6)
+        assert torch.allclose(maps.heads[:, :, 0, 0], attentions[-1][:, :, 0, 1], atol=1e-6)
     with pytest.raises(ValueError, match="class 9"):
         explain(model, images, gradient_class=9)
 

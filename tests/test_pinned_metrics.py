@@ -64,7 +64,7 @@ def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *ex
 
 CASES = {
     "captioner_tiny": ("captioner_tiny.yaml",),
-    "captioner_tiny_hard": ("captioner_tiny.yaml", "--model.init_args.attention", "hard"),
+    "captioner_tiny_hard": ("captioner_tiny.yaml", "--model.init_args.attention_mode", "hard"),
     "captioner_tiny_self_critical": ("captioner_tiny.yaml", "--model.init_args.self_critical_from_epoch", "0",
                                      "--model.init_args.self_critical_samples", "2",
                                      "--data.init_args.group_captions", "true"),

@@ -96,7 +96,7 @@ class AdditiveAttention(nn.Module):
         """e_i = w·tanh(W_a a_i + W_h h) + b, computed as 2w·σ(2x) + (b − Σw), since tanh(x) = 2σ(2x) − 1.
 
         The same numbers (within float rounding), but faster on a CPU, where PyTorch's tanh is slow: 2.7 ms
-        for 2M floats against 0.9 ms for 2σ(2x) − 1 with its extra passes (``scripts/profile_step.py
+        for 2M floats against 0.9 ms for 2σ(2x) − 1 with its extra passes (``python -m benchmarks.profile_step
         activations`` on this project's 2-core machine). The sum, the doubling and σ run in place on a single
         temporary (``out`` when given).
         """

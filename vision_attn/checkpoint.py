@@ -7,6 +7,7 @@ refused with a one-line message.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import re
@@ -14,14 +15,13 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-
-class CheckpointError(ValueError):
-    """A checkpoint or weights file that cannot be used; the message says which and why."""
+from vision_attn import __version__
+from vision_attn.errors import CheckpointError
 
 
 def load_file(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -77,8 +77,12 @@ def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
     return state
 
 
+# What every vision-attn checkpoint says about itself: the model family that wrote it, and the package version.
 KIND_KEY = "vision_attn_kind"
-KIND_NAMES = {"vit": "ViT classifier", "captioner": "Show-Attend-Tell captioner"}
+VERSION_KEY = "vision_attn_version"
+RNG_KEY = "vision_attn_rng"
+VIT, CAPTIONER = "vit", "captioner"
+KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner"}
 
 
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:
@@ -92,35 +96,74 @@ def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = 
 
 
 def checkpoint_kind(loaded: Mapping[str, Any]) -> str | None:
-    """The model family ("vit" or "captioner") a loaded checkpoint was written by, if it says."""
+    """The model family (``VIT`` or ``CAPTIONER``) a loaded checkpoint was written by, if it says."""
     return loaded.get(KIND_KEY)
 
 
-def load_module(cls: type[torch.nn.Module], path: str | os.PathLike, *, kind: str,
-                loaded: Mapping[str, Any] | None = None) -> Any:
-    """Rebuild a LightningModule from a checkpoint's plain hyper-parameters and weights.
+def stamp(checkpoint: dict[str, Any], kind: str) -> None:
+    """Mark a checkpoint being saved with its model family and the package version."""
+    checkpoint[KIND_KEY] = kind
+    checkpoint[VERSION_KEY] = __version__
 
-    ``kind`` is the model family the caller needs; a checkpoint of the other family is refused by name.
-    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice.
+
+def upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Bring a checkpoint written by an earlier vision-attn to today's names, in place: captioner weights under
+    ``model.`` (they were at the top level before the LightningModule held a ``Captioner``), and the decoder's
+    ``attention`` argument as ``attention_mode``."""
+    if checkpoint.get(KIND_KEY) != CAPTIONER:
+        return checkpoint
+    state = checkpoint.get("state_dict")
+    if isinstance(state, dict) and any(key.startswith(("encoder.", "decoder.")) for key in state):
+        checkpoint["state_dict"] = {f"model.{key}" if key.startswith(("encoder.", "decoder.")) else key: value
+                                    for key, value in state.items()}
+    hparams = checkpoint.get("hyper_parameters")
+    if isinstance(hparams, dict) and "attention" in hparams:
+        hparams["attention_mode"] = hparams.pop("attention")
+    return checkpoint
+
+
+class SavedModel(NamedTuple):
+    """What inference needs of a training checkpoint: the model's hyper-parameters and its weights."""
+
+    hparams: dict[str, Any]
+    state_dict: dict[str, Tensor]
+
+
+def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
+                          loaded: Mapping[str, Any] | None = None) -> SavedModel:
+    """The hyper-parameters and the weights (without the LightningModule's ``model.`` prefix) of a checkpoint
+    written by ``vision-attn fit``, refusing one of the other model family by name.
+
+    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice. Initial-weight
+    options (``pretrained``, ``pretrained_encoder``) are dropped: the checkpoint's own weights replace them.
     """
-    loaded = load_file(path) if loaded is None else loaded
+    loaded = upgrade(dict(load_file(path) if loaded is None else loaded))
     require_kind(loaded.get(KIND_KEY), kind, source=path)
-    if "state_dict" not in loaded or "hyper_parameters" not in loaded:
+    if not isinstance(loaded.get("state_dict"), Mapping) or not isinstance(loaded.get("hyper_parameters"), Mapping):
         raise CheckpointError(f"{path}: not a vision-attn checkpoint (no state_dict and hyper_parameters)")
-    hparams = {k: v for k, v in loaded["hyper_parameters"].items() if not k.startswith("_")}
-    hparams.pop("pretrained", None)  # the checkpoint's own weights replace any initial weights
+    hparams = {k: v for k, v in loaded["hyper_parameters"].items()
+               if not k.startswith("_") and k not in ("pretrained", "pretrained_encoder")}
+    state = {k.removeprefix("model."): v for k, v in loaded["state_dict"].items() if k.startswith("model.")}
+    return SavedModel(hparams, state)
+
+
+def constructor_args(cls: type, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``hparams`` that ``cls``'s constructor takes (a task's hyper-parameters hold more)."""
+    accepted = inspect.signature(cls).parameters
+    return {key: value for key, value in hparams.items() if key in accepted}
+
+
+def build_model(cls: type[torch.nn.Module], checkpoint: SavedModel, *, source: str | os.PathLike) -> Any:
+    """``cls`` built from the checkpoint's hyper-parameters that its constructor takes, with its weights."""
     try:
-        module = cls(**hparams)
-    except TypeError as error:
-        raise CheckpointError(f"{path}: its hyper-parameters do not fit {cls.__name__} ({error})") from None
+        model = cls(**constructor_args(cls, checkpoint.hparams))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{source}: its hyper-parameters do not fit {cls.__name__} ({error})") from None
     try:
-        module.load_state_dict(loaded["state_dict"])
+        model.load_state_dict(checkpoint.state_dict)
     except RuntimeError as error:
-        raise CheckpointError(f"{path}: weights do not fit {cls.__name__} ({str(error).splitlines()[0]})") from None
-    return module
-
-
-RNG_KEY = "vision_attn_rng"
+        raise CheckpointError(f"{source}: weights do not fit {cls.__name__} ({str(error).splitlines()[0]})") from None
+    return model
 
 
 def capture_rng_state() -> dict[str, Any]:

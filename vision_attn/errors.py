@@ -1,4 +1,7 @@
-"""User-facing errors: a one-line message and a non-zero exit, never a traceback."""
+"""User-facing errors, and turning them into one line and a non-zero exit instead of a traceback.
+
+Every error a user can fix has its class here, so each layer raises it without importing another layer.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,18 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from vision_attn.checkpoint import CheckpointError
-from vision_attn.data.fashion_mnist import DatasetNotFoundError
-from vision_attn.data.images import BadImageError
+
+class CheckpointError(ValueError):
+    """A checkpoint or weights file that cannot be used; the message says which and why."""
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset that is in none of the places we looked; the message lists them."""
+
+
+class BadImageError(ValueError):
+    """An image file that cannot be decoded; the message names the file."""
+
 
 USER_ERRORS = (CheckpointError, DatasetNotFoundError, BadImageError, FileNotFoundError, ValueError,
                FloatingPointError)

@@ -14,16 +14,16 @@ import math
 import shutil
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from vision_attn.captioning.vocabulary import tokenize
+from vision_attn.data.scenes import CLASS_WORDS
+from vision_attn.data.vocabulary import tokenize
 
 log = logging.getLogger(__name__)
 
-CLASS_WORDS = ("top", "trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
 _warned: set[str] = set()
 
 
@@ -89,6 +89,14 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     return scores
 
 
+class _TfIdf(NamedTuple):
+    """A caption's tf-idf weight per n-gram, the vector's norm per n, and the length CIDEr-D compares (its bigrams)."""
+
+    weights: dict[tuple, float]
+    norms: list[float]
+    length: int
+
+
 class CiderD:
     """CIDEr-D (Vedantam et al. 2015) of single candidates against their references, as a training reward.
 
@@ -114,15 +122,15 @@ class CiderD:
         caption = tuple(caption)
         return Counter(caption[i:i + k] for k in range(1, self.n + 1) for i in range(len(caption) - k + 1))
 
-    def _vector(self, caption: Sequence[Hashable]) -> tuple[dict[tuple, float], list[float], int]:
-        """tf-idf weight per n-gram, the norm per n, and the length the reference code uses (its bigrams)."""
+    def _vector(self, caption: Sequence[Hashable]) -> _TfIdf:
+        """The caption's tf-idf vector."""
         weights, norms = {}, [0.0] * self.n
         log_frequency, log_images = self.log_frequency, self.log_images
         for gram, count in self._counts(caption).items():
             weight = count * (log_images - log_frequency.get(gram, 0.0))  # tf · log(N / df); df ≥ 1
             weights[gram] = weight
             norms[len(gram) - 1] += weight * weight
-        return weights, [math.sqrt(v) for v in norms], max(len(caption) - 1, 0)
+        return _TfIdf(weights, [math.sqrt(v) for v in norms], max(len(caption) - 1, 0))
 
     def __call__(self, candidates: Sequence[Sequence[Hashable]],
                  references: Sequence[Sequence[Sequence[Hashable]]]) -> list[float]:

@@ -244,18 +244,18 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
                       header=record.get("caption", " ".join(tokens)))
 
 
-def vit_figure(shown: Image.Image, maps: dict[str, Tensor], index: int, names: Sequence[str], *, title: str,
+def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], *, title: str,
                box: Box | None = None, head_fusion: str = "mean", discard_ratio: float = 0.0,
                gradient_class: int | None = None, columns: int = 5, **style: Any) -> Image.Image:
-    """Image ``index`` of ``explain``'s ``maps`` drawn over ``shown``: the image titled with ``title`` (the
-    callers put the prediction there), the rollout, the gradient rollout if it was computed, and the last
+    """Image ``index`` of ``explain``'s ``AttentionMaps`` drawn over ``shown``: the image titled with ``title``
+    (the callers put the prediction there), the rollout, the gradient rollout if it was computed, and the last
     layer's attention per head."""
     rollout_title = f"rollout ({head_fusion}" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
-    panels = [(shown, title), (heat_panel(shown, maps["rollout"][index], box=box, **style), rollout_title)]
-    if "gradient_rollout" in maps and gradient_class is not None:
-        panels.append((heat_panel(shown, maps["gradient_rollout"][index], box=box, **style),
+    panels = [(shown, title), (heat_panel(shown, maps.rollout[index], box=box, **style), rollout_title)]
+    if maps.gradient_rollout is not None and gradient_class is not None:
+        panels.append((heat_panel(shown, maps.gradient_rollout[index], box=box, **style),
                        f"gradient rollout: {names[gradient_class]}"))
-    for head, weights in enumerate(maps["heads"][index]):
+    for head, weights in enumerate(maps.heads[index]):
         panels.append((heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}"))
     return panel_grid(panels, columns=columns)
 

@@ -15,7 +15,7 @@ the deep output and the vocabulary projection run once over all steps after the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +50,28 @@ class DecoderOutput:
     location_entropy: Tensor | None = None  # H[α_t] (B, T), hard attention only
 
 
+class AttendedContext(NamedTuple):
+    """What attention gives at step t: the gated context z_t (B, D), α_t (B, L), β_t (B,), and the sampled
+    location s_t (B,) when hard attention samples (else None)."""
+
+    context: Tensor
+    alpha: Tensor
+    beta: Tensor
+    location: Tensor | None
+
+
+class DecoderStep(NamedTuple):
+    """One decoding step: word logits (B, V), α_t (B, L), β_t (B,), and the new recurrent state."""
+
+    logits: Tensor
+    alpha: Tensor
+    beta: Tensor
+    state: DecoderState
+
+
+AttentionMode = Literal["soft", "hard"]
+
+
 class AttentionDecoder(nn.Module):
     def __init__(
         self,
@@ -60,14 +82,16 @@ class AttentionDecoder(nn.Module):
         hidden_dim: int = 512,
         attention_dim: int = 512,
         dropout: float = 0.5,
-        attention: Literal["soft", "hard"] = "soft",
+        attention_mode: AttentionMode = "soft",
         hard_expectation_prob: float = 0.5,
         initial_gate: float = 0.5,
     ) -> None:
         super().__init__()
         if not 0.0 < initial_gate < 1.0:
             raise ValueError(f"initial_gate is the starting β and must be strictly between 0 and 1, got {initial_gate}")
-        self.attention_mode = attention
+        if attention_mode not in ("soft", "hard"):
+            raise ValueError(f"attention_mode must be 'soft' or 'hard', got {attention_mode!r}")
+        self.attention_mode = attention_mode
         self.hard_expectation_prob = hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
         self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim)  # W_a, W_h, w
@@ -95,10 +119,8 @@ class AttentionDecoder(nn.Module):
             hidden, cell = hidden.repeat_interleave(per_image, dim=0), cell.repeat_interleave(per_image, dim=0)
         return DecoderState(hidden, cell)
 
-    def context(
-        self, image: EncodedImage, state: DecoderState, *, sample: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """(z_t, α_t, β_t, s_t): the gated context vector (B', D) and its attention; s_t when sampled.
+    def context(self, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> AttendedContext:
+        """The gated context vector z_t (B', D) with its attention, and s_t when hard attention samples.
 
         The state may hold r rows per image (B' = B·r, rows of one image adjacent, as the beams of a
         search): all r attend the image's one copy of the annotations.
@@ -116,7 +138,7 @@ class AttentionDecoder(nn.Module):
         batch, locations, dim = image.annotations.shape
         # Σ_i α_ti a_i for the r = B'/B queries of each image against its one copy of a: (B, r, L) @ (B, L, D)
         attended = torch.bmm(weights.view(batch, -1, locations), image.annotations).view(-1, dim)  # (B', D)
-        return beta * attended, alpha, beta.squeeze(1), location  # z_t = β_t Σ_i α_ti a_i
+        return AttendedContext(beta * attended, alpha, beta.squeeze(1), location)  # z_t = β_t Σ_i α_ti a_i
 
     def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState) -> DecoderState:
         hidden, cell = self.lstm(torch.cat([embedded_word, context], dim=1), (state.hidden, state.cell))
@@ -127,14 +149,13 @@ class AttentionDecoder(nn.Module):
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
         return self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
 
-    def step(
-        self, word: Tensor, image: EncodedImage, state: DecoderState
-    ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
-        """One decoding step from the previous words (B,): (logits (B, V), α_t (B, L), β_t (B,), new state)."""
+    def step(self, word: Tensor, image: EncodedImage, state: DecoderState) -> DecoderStep:
+        """One decoding step from the previous words (B,)."""
         embedded = self.embedding(word)
-        context, alpha, beta, _ = self.context(image, state)
-        state = self.recur(embedded, context, state)
-        return self.deep_output(embedded, state.hidden, context), alpha, beta, state
+        attended = self.context(image, state)
+        state = self.recur(embedded, attended.context, state)
+        return DecoderStep(self.deep_output(embedded, state.hidden, attended.context), attended.alpha, attended.beta,
+                           state)
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].
@@ -154,13 +175,13 @@ class AttentionDecoder(nn.Module):
             sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
         hiddens, contexts, alphas, betas, locations = [], [], [], [], []
         for t in range(inputs.shape[1]):
-            context, alpha, beta, location = self.context(image, state, sample=sample)
-            state = self.recur(embedded[:, t], context, state)
+            attended = self.context(image, state, sample=sample)
+            state = self.recur(embedded[:, t], attended.context, state)
             hiddens.append(state.hidden)
-            contexts.append(context)
-            alphas.append(alpha)
-            betas.append(beta)
-            locations.append(location)
+            contexts.append(attended.context)
+            alphas.append(attended.alpha)
+            betas.append(attended.beta)
+            locations.append(attended.location)
         hidden_all, context_all = torch.stack(hiddens, 1), torch.stack(contexts, 1)  # (B, T, H), (B, T, D)
         output = DecoderOutput(
             logits=self.deep_output(embedded, hidden_all, context_all),  # (B, T, V), one projection for all t

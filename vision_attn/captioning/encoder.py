@@ -13,10 +13,10 @@ import os
 from typing import Literal
 
 import torch
-import torchvision
 from torch import Tensor, nn
 
-from vision_attn.checkpoint import CheckpointError, extract_state_dict, load_file
+from vision_attn.checkpoint import extract_state_dict, load_file
+from vision_attn.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,18 @@ class SmallCNN(nn.Sequential):
         self.out_channels = 8 * width
 
 
+# torchvision and timm are imported by the backbones that need them: importing torchvision costs about 2 s,
+# which the small CNN (and so captioning a photo with the default model) does not pay.
 def _vgg19_conv5_4() -> tuple[nn.Sequential, int]:
+    import torchvision
+
     features = torchvision.models.vgg19(weights=None).features
     return features[:36], 512  # up to the ReLU after conv5_4, before the last max-pool
 
 
 def _resnet_layer4(depth: int) -> tuple[nn.Sequential, int]:
+    import torchvision
+
     resnet = getattr(torchvision.models, f"resnet{depth}")(weights=None)
     stem = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool)
     return nn.Sequential(stem, resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4), 2048

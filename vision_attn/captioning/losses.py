@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch.nn.functional as F
 from torch import Tensor
+
+from vision_attn.data.vocabulary import PAD_ID
+
+
+class TokenLikelihood(NamedTuple):
+    """Teacher-forced likelihood of a batch of captions: ``loss``, the mean −log p(y_t) over real tokens (the
+    objective); ``per_caption`` −log p(y | a) (B,); ``mask`` (B, T), 1 on real tokens (<end> included); and
+    ``tokens``, their count (at least 1)."""
+
+    loss: Tensor
+    per_caption: Tensor
+    mask: Tensor
+    tokens: Tensor
+
+
+def token_likelihood(logits: Tensor, captions: Tensor) -> TokenLikelihood:
+    """The likelihood terms of ``logits`` (B, T, V) predicting ``captions[:, 1:]`` of (B, T+1) padded ids."""
+    targets = captions[:, 1:]
+    mask = (targets != PAD_ID).to(logits.dtype)  # (B, T): real tokens, <end> included
+    tokens = mask.sum().clamp_min(1)
+    nll = caption_nll(logits, targets, mask)  # (B,)
+    return TokenLikelihood(nll.sum() / tokens, nll, mask, tokens)
 
 
 def caption_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
@@ -53,3 +77,17 @@ def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_ima
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (per_image - 1)  # mean of the other samples
     advantage = (grouped - baseline).view(-1)
     return -advantage * (log_probs * mask).sum(dim=1)
+
+
+def check_self_critical_options(from_epoch: int | None, samples: int, attention_mode: str) -> None:
+    """Refuse self-critical settings that cannot train, at start-up rather than at the first self-critical step."""
+    if from_epoch is None:
+        return
+    if from_epoch < 0:
+        raise ValueError(f"self_critical_from_epoch must be an epoch number (0 or more), got {from_epoch}")
+    if samples < 2:
+        raise ValueError(f"self_critical_samples must be at least 2 (the baseline is the mean reward of an image's "
+                         f"other samples), got {samples}")
+    if attention_mode == "hard":
+        raise ValueError("self-critical training is for soft attention; hard attention trains its locations with "
+                         "its own REINFORCE (set self_critical_from_epoch: null)")

@@ -1,8 +1,3 @@
-"""LightningDataModules: Fashion-MNIST, CIFAR-10, ImageFolder (classification); COCO captions and Fashion scenes."""
-
-from vision_attn.data.cifar10 import CIFAR10DataModule
-from vision_attn.data.coco import CocoCaptionsDataModule
-from vision_attn.data.fashion_mnist import FashionMNISTDataModule
-from vision_attn.data.imagefolder import ImageFolderDataModule
-
-__all__ = ["CIFAR10DataModule", "CocoCaptionsDataModule", "FashionMNISTDataModule", "ImageFolderDataModule"]
+"""Data without Lightning: image decoding, the vocabulary, dataset files (Fashion-MNIST, CIFAR-10, COCO,
+Karpathy), the Fashion scenes generator, and the torch Datasets built on them. The LightningDataModules
+live in ``vision_attn.datamodules``."""

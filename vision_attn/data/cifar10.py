@@ -14,8 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vision_attn.data.classification import HeldOutValidationDataModule
-from vision_attn.data.fashion_mnist import DatasetNotFoundError
+from vision_attn.errors import DatasetNotFoundError
 
 CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -84,44 +83,3 @@ def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tup
             "(or set download: true)"
         )
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
-class CIFAR10DataModule(HeldOutValidationDataModule):
-    """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test."""
-
-    def __init__(
-        self,
-        root: str = "data/cifar10",
-        *,
-        val_size: int = 5000,
-        split_seed: int = 0,
-        download: bool = True,
-        batch_size: int = 128,
-        eval_batch_size: int | None = 1000,
-        num_workers: int = 0,
-        pad_crop: int = 4,
-        hflip: bool = True,
-        erase_prob: float = 0.0,
-    ) -> None:
-        super().__init__(
-            root,
-            val_size=val_size,
-            split_seed=split_seed,
-            download=download,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
-            pad_crop=pad_crop,
-            hflip=hflip,
-            erase_prob=erase_prob,
-        )
-        self.class_names = list(CLASS_NAMES)
-        self.in_chans = 3
-        self.image_size = 32
-        self.mean, self.std = list(MEAN), list(STD)
-
-    def prepare_data(self) -> None:
-        load_cifar10(self.root, "test", download=self.download)
-
-    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
-        return load_cifar10(self.root, split)

@@ -1,21 +1,23 @@
-"""The shape shared by the classification DataModules (Fashion-MNIST, CIFAR-10, ImageFolder).
+"""Image classification data without Lightning: in-memory and file datasets, the batch augmentations and the
+eval/train transforms, the hold-out split and ``root/<split>/<class>/`` scanning.
 
-Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the cheap augmentations (random
-crop with padding, horizontal flip) run on whole batches after they reach the device, in
-``on_after_batch_transfer``: one vectorised op per batch instead of Python per sample, on the GPU when
-there is one. ``num_classes``, ``class_names``, ``in_chans``, ``image_size``, ``mean`` and ``std`` are
-known right after construction, so LightningCLI links them into the model.
+Datasets yield ``(uint8 image (C, H, W), label)``; normalisation and the cheap augmentations (random crop
+with padding, horizontal flip, Random Erasing) run on whole batches, on the device, in the DataModules'
+``on_after_batch_transfer`` (``vision_attn.datamodules``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
+from torchvision.transforms import v2
 
-from vision_attn.data.base import SplitDataModule
-from vision_attn.data.images import collate_readable
+from vision_attn.data.images import BadImageCounter, OnBadImage, list_images, load_or_skip, open_image, to_tensor
+from vision_attn.errors import DatasetNotFoundError
 
 
 class TensorImageDataset(Dataset):
@@ -85,97 +87,43 @@ def random_erase(images: Tensor, probability: float, generator: torch.Generator 
     return images.masked_fill(erase[:, None], 0)
 
 
-class ClassificationDataModule(SplitDataModule):
-    """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
-
-    def __init__(
-        self,
-        *,
-        batch_size: int = 128,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        pad_crop: int = 0,
-        hflip: bool = False,
-        erase_prob: float = 0.0,
-        pin_memory: bool = False,
-    ) -> None:
-        super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if pad_crop < 0:
-            raise ValueError(f"pad_crop must be 0 or more pixels, got {pad_crop}")
-        if not 0.0 <= erase_prob <= 1.0:
-            raise ValueError(f"erase_prob must be between 0 and 1, got {erase_prob}")
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.pad_crop = pad_crop
-        self.hflip = hflip
-        self.erase_prob = erase_prob
-        self.pin_memory = pin_memory
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
-        self.test_set: Dataset | None = None
-        self.class_names: list[str] = []
-        self.in_chans: int = 3
-        self.image_size: int = 32
-        self.mean: list[float] = [0.5] * 3
-        self.std: list[float] = [0.5] * 3
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        return self._make_loader(
-            dataset,
-            train=train,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            num_workers=self.num_workers,
-            collate_fn=collate_readable,
-            drop_last=train and dataset is not None and len(dataset) > self.batch_size,  # type: ignore[arg-type]
-            pin_memory=self.pin_memory,
-        )
-
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
-                                dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
-        if batch is None:  # every image of the batch was unreadable and skipped
-            return None
-        self.count_train_batch()
-        images, labels = batch
-        if self.trainer is not None and self.trainer.training:
-            if self.pad_crop:
-                images = random_pad_crop(images, self.pad_crop)
-            if self.hflip:
-                images = random_hflip(images)
-            if self.erase_prob:
-                images = random_erase(images, self.erase_prob)
-        return self.normalize(images), labels
+def eval_transform(image_size: int) -> v2.Compose:
+    """Shorter side to ``image_size``, then the centre square."""
+    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
 
 
-class HeldOutValidationDataModule(ClassificationDataModule):
-    """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
+def train_transform(image_size: int, *, min_scale: float = 0.35) -> v2.Compose:
+    """Random-resized crop to a ``image_size`` square."""
+    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True)])
 
-    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
-    """
 
-    def __init__(self, root: str, *, val_size: int, split_seed: int, download: bool, **loader_options) -> None:
-        super().__init__(**loader_options)
-        self.root = root
-        self.val_size = val_size
-        self.split_seed = split_seed
-        self.download = download
+class ImageFileDataset(torch.utils.data.Dataset):
+    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``."""
 
-    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
-        """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""
-        raise NotImplementedError
+    def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
+                 on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
+        self.samples = samples
+        self.mode = "L" if in_chans == 1 else "RGB"
+        self.max_side = 2 * image_size
+        self.transform = train_transform(image_size) if train else eval_transform(image_size)
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
 
-    def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit", "validate") and self.train_set is None:
-            full = TensorImageDataset(*self.load_split("train"))
-            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
-        if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = TensorImageDataset(*self.load_split("test"))
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | None:
+        """(image, label), or None for an unreadable image under the "skip" policy (the collate drops it)."""
+        path, label = self.samples[index]
+        image = load_or_skip(lambda: to_tensor(open_image(path, mode=self.mode, max_side=self.max_side)),
+                             self.on_bad_image, self.bad_images)
+        return None if image is None else (self.transform(image), torch.tensor(label))
+
+
+def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor, Tensor] | None:
+    """Stack the items that were read; None when every image of the batch was skipped."""
+    kept = [item for item in items if item is not None]
+    return torch.utils.data.default_collate(kept) if kept else None
 
 
 def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset, Subset]:
@@ -185,3 +133,14 @@ def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset,
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()  # type: ignore[arg-type]
     return Subset(dataset, order[val_size:]), Subset(dataset, order[:val_size])
 
+
+def scan_split(split_dir: Path, class_names: list[str]) -> list[tuple[Path, int]]:
+    """(path, label) for every image in ``split_dir/<class>/``; classes must be among ``class_names``."""
+    samples: list[tuple[Path, int]] = []
+    for class_dir in sorted(d for d in split_dir.iterdir() if d.is_dir()):
+        if class_dir.name not in class_names:
+            raise ValueError(f"{class_dir}: class '{class_dir.name}' is not in the train split's classes")
+        samples += [(path, class_names.index(class_dir.name)) for path in list_images(class_dir)]
+    if not samples:
+        raise DatasetNotFoundError(f"{split_dir}: no images found in its class folders")
+    return samples

@@ -1,11 +1,10 @@
-"""Captioning data: COCO-format caption files (MS COCO itself, or the generated Fashion scenes) and the
-Karpathy splits (``dataset_coco.json``), behind one LightningDataModule.
+"""Captioning data without Lightning: COCO-format caption and instances files (MS COCO itself, or the
+generated Fashion scenes), the Karpathy splits (``dataset_coco.json``), and the datasets built on them.
 
-Training yields one (image, caption) item per caption, so an epoch sees every caption once; validation and
-test yield one item per image with all its reference captions. Images are decoded to RGB whatever their
-mode and resized to ``image_size`` squares; normalisation runs on whole batches in
-``on_after_batch_transfer``. The vocabulary comes from the training split only and exists right after
-construction, so LightningCLI can link ``data.vocab_size`` into the model.
+Training yields one (image, caption) item per caption, so an epoch sees every caption once (or one image
+with all its captions); validation and test yield one item per image with all its reference captions and,
+where an instances file gives them, its objects. Images are decoded to RGB whatever their mode and resized
+to ``image_size`` squares. ``vision_attn.datamodules.CocoCaptionsDataModule`` puts them behind Lightning.
 """
 
 from __future__ import annotations
@@ -17,34 +16,52 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from PIL import Image
 from pycocotools.coco import COCO
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vision_attn.captioning.vocabulary import Vocabulary, has_words
-from vision_attn.data.base import SplitDataModule
-from vision_attn.data.fashion_mnist import DatasetNotFoundError
-from vision_attn.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.images import BadImageCounter, OnBadImage, load_or_skip, open_image, to_tensor
-from vision_attn.data.scenes import make_scenes
+from vision_attn.data.vocabulary import Vocabulary, has_words, word_ids
+from vision_attn.errors import DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
 ROLES = ("train", "val", "test")
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}  # restval joins train
 
+ObjectBox = tuple[str, list[float]]  # (class name, [x, y, w, h] in pixels of the image file)
+
 
 @dataclass(frozen=True)
 class CaptionedImage:
-    """One image with its reference captions as written."""
+    """One image with its reference captions as written, and its objects where an instances file gives them."""
 
     image_id: int | str
     path: Path
     captions: list[str]
+    objects: list[ObjectBox] | None = None
+
+
+class CaptionItem(NamedTuple):
+    """A training item: the image uint8 (3, S, S), its caption ids (T,) and length; or, grouped, all its
+    captions (n, T) and their lengths (n,)."""
+
+    image: Tensor
+    captions: Tensor
+    lengths: Tensor
+
+
+class EvalCaptionItem(NamedTuple):
+    """An evaluation item: the image uint8 (3, S, S), its id, its reference captions, its objects or None."""
+
+    image: Tensor
+    image_id: int | str
+    references: list[str]
+    objects: list[ObjectBox] | None
 
 
 class CaptionBatch(NamedTuple):
@@ -57,13 +74,23 @@ class CaptionBatch(NamedTuple):
     lengths: Tensor
     caption_images: Tensor | None = None
 
+    def word_ids_per_image(self) -> list[list[list[int]]]:
+        """Each image's captions as word ids (no <start>, <end>, <pad>): its references, in a grouped batch."""
+        images = self.caption_images.tolist() if self.caption_images is not None else range(len(self.captions))
+        references: list[list[list[int]]] = [[] for _ in range(len(self.images))]
+        for image, caption in zip(images, self.captions.tolist(), strict=True):
+            references[image].append(word_ids(caption))
+        return references
+
 
 class EvalCaptionBatch(NamedTuple):
-    """A validation/test batch, one entry per image: images (B, 3, H, W), ids, raw reference captions."""
+    """A validation/test batch, one entry per image: images (B, 3, H, W), ids, raw reference captions, and
+    each image's objects (None without an instances file)."""
 
     images: Tensor
     image_ids: list[int | str]
     references: list[list[str]]
+    objects: list[list[ObjectBox] | None]
 
 
 def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
@@ -163,6 +190,18 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     return splits
 
 
+def read_boxes(path: Path) -> dict[int | str, list[ObjectBox]]:
+    """Per image id, the (class name, [x, y, w, h]) of each object of a COCO instances file."""
+    coco = load_coco(path, "instances")
+    names = {category["id"]: category["name"] for category in coco.cats.values()}
+    try:
+        return {image_id: [(names[a["category_id"]], [float(v) for v in a["bbox"]])
+                           for a in coco.imgToAnns.get(image_id, [])]
+                for image_id in coco.imgs}
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: an annotation lacks a known category_id or a bbox ({error})") from None
+
+
 def load_caption_image(path: Path, image_size: int) -> Tensor:
     """An image file as RGB uint8 (3, image_size, image_size), squashed to the square so nothing is cut off."""
     image = open_image(path, mode="RGB", max_side=image_size)
@@ -204,18 +243,18 @@ class CaptionTrainDataset(Dataset):
         path = self.paths[image_index]
         return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    def __getitem__(self, index: int) -> CaptionItem | None:
         """The item, or None for an unreadable image under the "skip" policy (the collate drops it)."""
         if self.group_captions:
             start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
             image = self._image(index)
-            return None if image is None else (image, self.captions[start:end], self.lengths[start:end])
+            return None if image is None else CaptionItem(image, self.captions[start:end], self.lengths[start:end])
         image = self._image(int(self.image_index[index]))
-        return None if image is None else (image, self.captions[index], self.lengths[index])
+        return None if image is None else CaptionItem(image, self.captions[index], self.lengths[index])
 
 
 class CaptionEvalDataset(Dataset):
-    """One item per image: (image uint8 (3, S, S), image id, raw reference captions)."""
+    """One item per image: (image uint8 (3, S, S), image id, raw reference captions, objects or None)."""
 
     def __init__(self, records: list[CaptionedImage], *, image_size: int, on_bad_image: OnBadImage = "skip",
                  bad_images: BadImageCounter | None = None) -> None:
@@ -227,14 +266,14 @@ class CaptionEvalDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int | str, list[str]] | None:
+    def __getitem__(self, index: int) -> EvalCaptionItem | None:
         record = self.records[index]
         image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
                              self.bad_images)
-        return None if image is None else (image, record.image_id, record.captions)
+        return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects)
 
 
-def collate_captions(items: list[tuple[Tensor, Tensor, Tensor] | None]) -> CaptionBatch | None:
+def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
     """Stack training items, trimming the caption padding to the batch's longest caption; skipped (None)
     items are left out, and a batch with nothing readable is None."""
     items = [item for item in items if item is not None]
@@ -252,187 +291,10 @@ def collate_captions(items: list[tuple[Tensor, Tensor, Tensor] | None]) -> Capti
     return CaptionBatch(torch.stack(images), captions, lengths)
 
 
-def collate_references(items: list[tuple[Tensor, int | str, list[str]] | None]) -> EvalCaptionBatch | None:
-    """Stack evaluation items; ids and references stay Python lists. Skipped (None) items are left out."""
+def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch | None:
+    """Stack evaluation items; ids, references and objects stay Python lists. Skipped (None) items are left out."""
     items = [item for item in items if item is not None]
     if not items:
         return None
-    images, image_ids, references = zip(*items, strict=True)
-    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references))
-
-
-class CocoCaptionsDataModule(SplitDataModule):
-    """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits.
-
-    ``annotation_format="coco"`` reads ``root/captions_file_pattern`` with images in ``root/image_dir_pattern``
-    (``{split}`` is the split name). ``"karpathy"`` reads ``karpathy_file`` (default ``root/dataset_coco.json``)
-    with images under ``karpathy_image_root/<filepath>/<filename>`` (default root); its restval joins train.
-    ``generate_scenes=True`` writes the Fashion scenes into ``root`` first when they are not there.
-    ``max_caption_length`` caps the words of a training caption; the default 24 keeps every Fashion scene
-    caption whole (the longest has 23 words). ``group_captions`` makes a training item one image with all
-    its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
-    encoder runs once per image instead of once per caption. ``on_bad_image="skip"`` leaves unreadable
-    images out with a warning naming each, and the count is reported at the end of the epoch; "error" stops.
-    """
-
-    def __init__(
-        self,
-        root: str = "data/fashion_scenes",
-        *,
-        annotation_format: Literal["coco", "karpathy"] = "coco",
-        train_split: str = "train",
-        val_split: str = "val",
-        test_split: str = "test",
-        captions_file_pattern: str = "annotations/captions_{split}.json",
-        image_dir_pattern: str = "images/{split}",
-        instances_file_pattern: str = "annotations/instances_{split}.json",
-        karpathy_file: str | None = None,
-        karpathy_image_root: str | None = None,
-        image_size: int = 96,
-        min_word_count: int = 1,
-        max_caption_length: int = 24,
-        vocab_file: str | None = None,
-        batch_size: int = 64,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
-        group_captions: bool = False,
-        generate_scenes: bool = False,
-        scenes_counts: dict[str, int] | None = None,
-        scenes_seed: int = 0,
-        on_bad_image: OnBadImage = "skip",
-    ) -> None:
-        super().__init__()
-        self.set_bad_image_policy(on_bad_image)
-        for name, value in (("image_size", image_size), ("min_word_count", min_word_count),
-                            ("max_caption_length", max_caption_length), ("batch_size", batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if annotation_format not in ("coco", "karpathy"):
-            raise ValueError(f"annotation_format must be 'coco' or 'karpathy', got {annotation_format!r}")
-        for name, pattern in (("captions_file_pattern", captions_file_pattern),
-                              ("image_dir_pattern", image_dir_pattern),
-                              ("instances_file_pattern", instances_file_pattern)):
-            try:
-                pattern.format(split="train")
-            except (KeyError, IndexError, ValueError):
-                raise ValueError(f"{name} '{pattern}' may only contain the placeholder {{split}}") from None
-        self.root = Path(root)
-        self.annotation_format = annotation_format
-        self.splits = {"train": train_split, "val": val_split, "test": test_split}
-        if annotation_format == "karpathy":
-            for role, split in self.splits.items():
-                if split not in ROLES:
-                    raise ValueError(f"{role}_split '{split}' is not a Karpathy split; use one of {list(ROLES)} "
-                                     "(restval is always part of train)")
-        self.captions_file_pattern = captions_file_pattern
-        self.image_dir_pattern = image_dir_pattern
-        self.instances_file_pattern = instances_file_pattern
-        self.karpathy_file = Path(karpathy_file) if karpathy_file else self.root / "dataset_coco.json"
-        self.karpathy_image_root = Path(karpathy_image_root) if karpathy_image_root else self.root
-        self.image_size = image_size
-        self.max_caption_length = max_caption_length
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.group_captions = group_captions
-        self.mean = list(mean) if mean is not None else list(IMAGENET_MEAN)
-        self.std = list(std) if std is not None else list(IMAGENET_STD)
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise ValueError(f"mean and std need 3 values each (RGB), got {self.mean} and {self.std}")
-        self._records: dict[str, list[CaptionedImage]] = {}
-        self.train_set: CaptionTrainDataset | None = None
-        self.val_set: CaptionEvalDataset | None = None
-        self.test_set: CaptionEvalDataset | None = None
-        if generate_scenes:
-            self._generate_scenes(scenes_counts, scenes_seed)
-        if vocab_file:
-            self.vocab = Vocabulary.from_json(vocab_file)
-        else:
-            train_captions = [caption for record in self.records("train") for caption in record.captions]
-            self.vocab = Vocabulary.build(train_captions, min_count=min_word_count)
-            log.info("vocabulary of %d tokens from the %s split (min count %d)", len(self.vocab), train_split,
-                     min_word_count)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def vocab_tokens(self) -> list[str]:
-        """The vocabulary as a plain token list (specials first), for the CLI to link into the model."""
-        return self.vocab.tokens
-
-    def save_vocab(self, path: str | Path) -> None:
-        """Write the vocabulary as JSON (``vocab_file`` reads it back)."""
-        self.vocab.to_json(path)
-
-    def captions_file(self, split: str) -> Path:
-        return self.root / self.captions_file_pattern.format(split=split)
-
-    def image_dir(self, split: str) -> Path:
-        return self.root / self.image_dir_pattern.format(split=split)
-
-    def _generate_scenes(self, counts: dict[str, int] | None, seed: int) -> None:
-        if self.annotation_format != "coco":
-            raise ValueError("generate_scenes needs annotation_format 'coco' (the scenes are COCO-format files)")
-        missing = [split for split in self.splits.values() if not self.captions_file(split).is_file()]
-        if missing:
-            log.info("no Fashion scenes in %s (missing %s): generating them", self.root,
-                     ", ".join(str(self.captions_file(split)) for split in missing))
-            for split, written in make_scenes(self.root, counts=counts, seed=seed).items():
-                log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
-
-    def records(self, role: Literal["train", "val", "test"]) -> list[CaptionedImage]:
-        """The captioned images of the split playing ``role``, read once and cached."""
-        if role not in self._records:
-            if self.annotation_format == "coco":
-                split = self.splits[role]
-                self._records[role] = read_coco_captions(self.captions_file(split), self.image_dir(split))
-            else:
-                self._records.update(read_karpathy(self.karpathy_file, self.karpathy_image_root))
-                if not self._records[role]:
-                    raise ValueError(f"{self.karpathy_file}: no images in the {role} split")
-        return self._records[role]
-
-    def boxes(self, split: str) -> dict[int | str, list[tuple[str, list[float]]]]:
-        """Per image id, the (class name, [x, y, w, h]) of each object of a split with an instances file."""
-        path = self.root / self.instances_file_pattern.format(split=split)
-        coco = load_coco(path, "instances")
-        names = {category["id"]: category["name"] for category in coco.cats.values()}
-        try:
-            return {image_id: [(names[a["category_id"]], [float(v) for v in a["bbox"]])
-                               for a in coco.imgToAnns.get(image_id, [])]
-                    for image_id in coco.imgs}
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}: an annotation lacks a known category_id or a bbox ({error})") from None
-
-    def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit") and self.train_set is None:
-            self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
-                                                 max_caption_length=self.max_caption_length,
-                                                 group_captions=self.group_captions, **self.bad_image_options)
-        if stage in (None, "fit", "validate") and self.val_set is None:
-            self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size,
-                                              **self.bad_image_options)
-        if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = CaptionEvalDataset(self.records("test"), image_size=self.image_size,
-                                               **self.bad_image_options)
-
-    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        return self._make_loader(
-            dataset,
-            train=train,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            num_workers=self.num_workers,
-            collate_fn=collate_captions if train else collate_references,
-            drop_last=False,  # every caption (and every evaluation image) once per epoch
-        )
-
-    def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
-                                dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
-        if batch is None:  # every image of the batch was unreadable and skipped
-            return None
-        self.count_train_batch()
-        return batch._replace(images=self.normalize(batch.images))
+    images, image_ids, references, objects = zip(*items, strict=True)
+    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vision_attn.data.classification import HeldOutValidationDataModule
+from vision_attn.errors import DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,6 @@ FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 MEAN, STD = 0.2860, 0.3530  # over the 60k training images
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """A dataset that is in none of the places we looked; the message lists them."""
 
 
 def read_idx(path: Path) -> Tensor:
@@ -88,48 +84,6 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
     if images.ndim != 3 or len(images) != len(labels):
         raise ValueError(f"{directory}: {split} images {tuple(images.shape)} do not match labels {len(labels)}")
     return images, labels.long()
-
-
-class FashionMNISTDataModule(HeldOutValidationDataModule):
-    """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test."""
-
-    def __init__(
-        self,
-        root: str = "data/fashion_mnist",
-        *,
-        val_size: int = 5000,
-        split_seed: int = 0,
-        download: bool = True,
-        batch_size: int = 128,
-        eval_batch_size: int | None = 1000,
-        num_workers: int = 0,
-        pad_crop: int = 0,
-        hflip: bool = False,
-        erase_prob: float = 0.0,
-    ) -> None:
-        super().__init__(
-            root,
-            val_size=val_size,
-            split_seed=split_seed,
-            download=download,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
-            pad_crop=pad_crop,
-            hflip=hflip,
-            erase_prob=erase_prob,
-        )
-        self.class_names = list(CLASS_NAMES)
-        self.in_chans = 1
-        self.image_size = 28
-        self.mean, self.std = [MEAN], [STD]
-
-    def prepare_data(self) -> None:
-        find_fashion_mnist(self.root, download=self.download)
-
-    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
-        images, labels = load_fashion_mnist(find_fashion_mnist(self.root, download=False), split)
-        return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
 
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,

@@ -1,4 +1,7 @@
-"""Reading image files of any mode into uint8 tensors of the network's input geometry."""
+"""Reading image files of any mode into uint8 tensors, and the per-channel normalisation of both models.
+
+Nothing here needs torchvision: the inference commands decode images without paying for its import.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
 
+import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
-from torchvision.transforms import v2
+
+from vision_attn.errors import BadImageError
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +25,7 @@ Item = TypeVar("Item")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 Image.MAX_IMAGE_PIXELS = 200_000_000  # decompression-bomb guard, well above any real photo
-
-
-class BadImageError(ValueError):
-    """An image file that cannot be decoded; the message names the file."""
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 OnBadImage = Literal["skip", "error"]
@@ -115,8 +117,9 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
 
 
 def to_tensor(image: Image.Image) -> Tensor:
-    """PIL image -> uint8 tensor (C, H, W)."""
-    return v2.functional.pil_to_tensor(image)
+    """PIL image -> uint8 tensor (C, H, W), a view of (H, W, C) as torchvision's ``pil_to_tensor`` returns."""
+    array = np.array(image, copy=True)
+    return torch.from_numpy(array.reshape(image.height, image.width, -1)).permute(2, 0, 1)
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -138,45 +141,6 @@ def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]
         else:
             raise FileNotFoundError(f"{item}: no such file or folder")
     return found
-
-
-def eval_transform(image_size: int) -> v2.Compose:
-    """Shorter side to ``image_size``, then the centre square."""
-    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
-
-
-def train_transform(image_size: int, *, min_scale: float = 0.35) -> v2.Compose:
-    """Random-resized crop to a ``image_size`` square."""
-    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True)])
-
-
-class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``."""
-
-    def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
-                 on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
-        self.samples = samples
-        self.mode = "L" if in_chans == 1 else "RGB"
-        self.max_side = 2 * image_size
-        self.transform = train_transform(image_size) if train else eval_transform(image_size)
-        self.on_bad_image = on_bad_image
-        self.bad_images = bad_images
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | None:
-        """(image, label), or None for an unreadable image under the "skip" policy (the collate drops it)."""
-        path, label = self.samples[index]
-        image = load_or_skip(lambda: to_tensor(open_image(path, mode=self.mode, max_side=self.max_side)),
-                             self.on_bad_image, self.bad_images)
-        return None if image is None else (self.transform(image), torch.tensor(label))
-
-
-def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor, Tensor] | None:
-    """Stack the items that were read; None when every image of the batch was skipped."""
-    kept = [item for item in items if item is not None]
-    return torch.utils.data.default_collate(kept) if kept else None
 
 
 def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:

@@ -1,6 +1,6 @@
-"""Patch-embedding Vision Transformer: model, attention rollout and LightningModule."""
+"""Patch-embedding Vision Transformer: the model, attention rollout, local weights, inference, and the
+LightningModule (``vision_attn.vit.module.ViTClassifier``)."""
 
 from vision_attn.vit.model import VisionTransformer
-from vision_attn.vit.module import ViTClassifier
 
-__all__ = ["VisionTransformer", "ViTClassifier"]
+__all__ = ["VisionTransformer"]

@@ -1,67 +1,108 @@
-"""Classifying image files with a trained ViT checkpoint."""
+"""A trained ViT at work, without Lightning: classifying image files, drawing where it looked, and measuring
+whether it looks at the garment (items pasted on a larger canvas)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
 from torch import Tensor
 
-from vision_attn.checkpoint import load_module
+from vision_attn.checkpoint import VIT, constructor_args, read_model_checkpoint
+from vision_attn.data.classification import eval_transform
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,
-    eval_transform,
+    denormalize,
     normalize,
     open_image,
     readable_batches,
+    to_pil,
     to_tensor,
 )
+from vision_attn.errors import CheckpointError
+from vision_attn.metrics import mask_mass
 from vision_attn.overlay import fit_within, vit_figure
-from vision_attn.vit.module import ViTClassifier
+from vision_attn.vit.model import VisionTransformer
 from vision_attn.vit.rollout import HeadFusion, explain
 
 
-def load_classifier(path: str | os.PathLike, *, device: str = "cpu", loaded: dict | None = None) -> ViTClassifier:
-    """A ViTClassifier from a checkpoint, in eval mode on ``device``."""
-    module = load_module(ViTClassifier, path, kind="vit", loaded=loaded)
-    return module.to(device).eval()
+def vit_from_hparams(hparams: Mapping[str, Any]) -> VisionTransformer:
+    """The ``VisionTransformer`` of a ViTClassifier's hyper-parameters (its ``image_size`` is timm's ``img_size``)."""
+    return VisionTransformer(**constructor_args(VisionTransformer, {**hparams, "img_size": hparams["image_size"]}))
 
 
-def preprocess(module: ViTClassifier, path: str | os.PathLike) -> Tensor:
-    """An image file as the network input the checkpoint was trained on: (C, H, W), normalised."""
-    hparams = module.hparams
-    image = open_image(path, mode="L" if hparams.in_chans == 1 else "RGB", max_side=2 * hparams.image_size)
-    pixels = eval_transform(hparams.image_size)(to_tensor(image))  # uint8 (C, H, W)
-    return normalize(pixels, hparams.mean or [0.5] * hparams.in_chans, hparams.std or [0.5] * hparams.in_chans)
+@dataclass
+class Classifier:
+    """A trained ViT with what it needs to read images: class names, input size, channels and normalisation."""
+
+    model: VisionTransformer
+    class_names: list[str]
+    image_size: int
+    in_chans: int
+    mean: list[float]
+    std: list[float]
+
+    @classmethod
+    def from_hparams(cls, model: VisionTransformer, hparams: Mapping[str, Any]) -> Classifier:
+        """The metadata of a ViTClassifier's hyper-parameters around ``model``, with the defaults filled in:
+        classes named by their index, and mean = std = 0.5 per channel."""
+        channels = hparams.get("in_chans", 1)
+        return cls(model, list(hparams.get("class_names") or [str(i) for i in range(hparams["num_classes"])]),
+                   hparams["image_size"], channels, list(hparams.get("mean") or [0.5] * channels),
+                   list(hparams.get("std") or [0.5] * channels))
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                        loaded: Mapping[str, Any] | None = None) -> Classifier:
+        """The classifier of a ``vision-attn fit`` checkpoint, in eval mode on ``device``."""
+        saved = read_model_checkpoint(path, kind=VIT, loaded=loaded)
+        try:
+            model = vit_from_hparams(saved.hparams)
+            model.load_state_dict(saved.state_dict)
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{path}: not the weights of a ViT ({str(error).splitlines()[0]})") from None
+        return cls.from_hparams(model.to(device).eval(), saved.hparams)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def preprocess(self, path: str | os.PathLike) -> Tensor:
+        """An image file as the network input the checkpoint was trained on: (C, H, W), normalised."""
+        image = open_image(path, mode="L" if self.in_chans == 1 else "RGB", max_side=2 * self.image_size)
+        pixels = eval_transform(self.image_size)(to_tensor(image))  # uint8 (C, H, W)
+        return normalize(pixels, self.mean, self.std)
+
+    def class_index(self, name_or_index: str) -> int:
+        """A class given by name or by index, checked against the checkpoint's classes."""
+        if name_or_index in self.class_names:
+            return self.class_names.index(name_or_index)
+        if name_or_index.isdigit() and int(name_or_index) < len(self.class_names):
+            return int(name_or_index)
+        raise ValueError(f"unknown class {name_or_index!r}: the checkpoint's classes are {', '.join(self.class_names)}")
+
+    def title(self, logits: Tensor, digits: int = 1) -> str:
+        """"<class> <probability>" of the top class of one image's logits (C,)."""
+        probability, predicted = logits.softmax(dim=-1).max(dim=0)
+        return f"{self.class_names[predicted]} {probability.item():.{digits}%}"
 
 
 @torch.inference_mode()
-def classify_files(
-    module: ViTClassifier, paths: Sequence[str | os.PathLike], *, top_k: int = 5, batch_size: int = 64
-) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+def classify_files(classifier: Classifier, paths: Sequence[str | os.PathLike], *, top_k: int = 5,
+                   batch_size: int = 64) -> Iterator[tuple[str, list[tuple[str, float]]]]:
     """(path, [(class name, probability)] best first) for each image."""
-    names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
-    top_k = max(1, min(top_k, len(names)))
-    device = next(module.parameters()).device
-    for chunk, batch in readable_batches(paths, lambda path: preprocess(module, path), batch_size=batch_size):
-        probabilities = module(batch.to(device)).softmax(dim=-1)
+    top_k = max(1, min(top_k, len(classifier.class_names)))
+    for chunk, batch in readable_batches(paths, classifier.preprocess, batch_size=batch_size):
+        probabilities = classifier.model(batch.to(classifier.device)).softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
         for path, row_values, row_indices in zip(chunk, values.tolist(), indices.tolist(), strict=True):
-            yield str(path), [(names[i], p) for p, i in zip(row_values, row_indices, strict=True)]
-
-
-def class_index(module: ViTClassifier, name_or_index: str) -> int:
-    """A class given by name or by index, checked against the checkpoint's classes."""
-    names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
-    if name_or_index in names:
-        return names.index(name_or_index)
-    if name_or_index.isdigit() and int(name_or_index) < len(names):
-        return int(name_or_index)
-    raise ValueError(f"unknown class {name_or_index!r}: the checkpoint's classes are {', '.join(names)}")
+            yield str(path), [(classifier.class_names[i], p) for p, i in zip(row_values, row_indices, strict=True)]
 
 
 def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -72,8 +113,16 @@ def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
+class Overlay(NamedTuple):
+    """One image's figure, with the file it was drawn from and its caption or predicted class."""
+
+    source: str
+    figure: Image.Image
+    text: str
+
+
 def vit_overlays(
-    module: ViTClassifier,
+    classifier: Classifier,
     paths: Sequence[str | os.PathLike],
     *,
     head_fusion: HeadFusion = "mean",
@@ -85,40 +134,58 @@ def vit_overlays(
     on_bad_image: OnBadImage = "error",
     bad_images: BadImageCounter | None = None,
     **style: Any,
-) -> Iterator[tuple[str, Image.Image, str]]:
-    """(path, figure, "class probability") per image, figures as ``vit_figure`` draws them.
+) -> Iterator[Overlay]:
+    """An overlay per image, titled "class probability", as ``vit_figure`` draws it.
 
     The ViT saw the centre square of each image, so the maps are drawn there; the rest is dimmed.
     """
-    names = module.hparams.class_names or [str(i) for i in range(module.hparams.num_classes)]
-    for chunk, batch in readable_batches(paths, lambda path: preprocess(module, path), batch_size=batch_size,
+    for chunk, batch in readable_batches(paths, classifier.preprocess, batch_size=batch_size,
                                          on_bad_image=on_bad_image, bad_images=bad_images):
-        maps = explain(module.model, batch.to(module.device), head_fusion=head_fusion, discard_ratio=discard_ratio,
-                       gradient_class=gradient_class)
-        probabilities = maps["logits"].softmax(dim=-1)
+        maps = explain(classifier.model, batch.to(classifier.device), head_fusion=head_fusion,
+                       discard_ratio=discard_ratio, gradient_class=gradient_class)
         for index, path in enumerate(chunk):
             shown = fit_within(open_image(path, mode="RGB", max_side=2 * panel_size), panel_size)
-            probability, predicted = probabilities[index].max(dim=0)
-            label = f"{names[predicted]} {probability.item():.1%}"
-            figure = vit_figure(shown, maps, index, names, box=centre_square(shown.size), title=label,
+            label = classifier.title(maps.logits[index])
+            figure = vit_figure(shown, maps, index, classifier.class_names, box=centre_square(shown.size), title=label,
                                 head_fusion=head_fusion, discard_ratio=discard_ratio, gradient_class=gradient_class,
                                 columns=columns, **style)
-            yield str(path), figure, label
+            yield Overlay(str(path), figure, label)
+
+
+def validation_figures(classifier: Classifier, images: Tensor, labels: Tensor) -> list[tuple[str, Image.Image]]:
+    """(tag, figure) of the rollout and last-layer heads of normalised images, titled with prediction and truth."""
+    pixels = denormalize(images, classifier.mean, classifier.std)
+    was_training = classifier.model.training
+    classifier.model.eval()
+    maps = explain(classifier.model, images)
+    classifier.model.train(was_training)
+    figures = []
+    for index, (image, label) in enumerate(zip(pixels, labels.tolist(), strict=True)):
+        title = f"{classifier.title(maps.logits[index], digits=0)} (true: {classifier.class_names[label]})"
+        shown = fit_within(to_pil(image), 112)
+        figures.append((f"val_overlay/{index}", vit_figure(shown, maps, index, classifier.class_names, title=title)))
+    return figures
+
+
+class CanvasScores(NamedTuple):
+    """``rollout_on_canvas``'s measures: images used, accuracy, mean rollout mass on the item, and the mean area
+    share of the item (what a map blind to it would score)."""
+
+    images: int
+    accuracy: float
+    rollout_mass_in_mask: float
+    mask_area_share: float
 
 
 @torch.no_grad()
-def rollout_on_canvas(module: ViTClassifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
+def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
                       head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
-                      batch_size: int = 256) -> dict[str, float]:
+                      batch_size: int = 256) -> CanvasScores:
     """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
     as its input pipeline would (resized to its image size): accuracy, rollout mass on the item (SPEC §5,
     the mask is the item's pixels > 0), and the item's area share (the mass of a map blind to the item)."""
-    from vision_attn.metrics import mask_mass
-
-    hparams = module.hparams
-    if hparams.in_chans != 1:
+    if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
-    size = hparams.image_size
     generator = torch.Generator().manual_seed(seed)
     places = torch.randint(0, canvas_size - 27, (len(images), 2), generator=generator)
     correct, masses, areas = 0, [], []
@@ -127,12 +194,27 @@ def rollout_on_canvas(module: ViTClassifier, images: Tensor, labels: Tensor, *, 
         canvases = torch.zeros(len(chunk), 1, canvas_size, canvas_size, dtype=torch.uint8)
         for index, (left, top) in enumerate(places[start : start + batch_size].tolist()):
             canvases[index, 0, top : top + 28, left : left + 28] = chunk[index]
-        pixels = eval_transform(size)(canvases)  # (B, 1, S, S) uint8, as `classify` and `overlay` see a file
+        pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
         masks = pixels[:, 0] > 0
-        inputs = normalize(pixels, hparams.mean or [0.5], hparams.std or [0.5]).to(module.device)
-        maps = explain(module.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio)
-        correct += int((maps["logits"].argmax(-1).cpu() == labels[start : start + batch_size]).sum())
-        masses.append(mask_mass(maps["rollout"].cpu(), masks))
+        inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
+        maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio)
+        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        masses.append(mask_mass(maps.rollout.cpu(), masks))
         areas.append(masks.float().mean(dim=(-2, -1)))
-    return {"images": float(len(images)), "accuracy": correct / len(images),
-            "rollout_mass_in_mask": float(torch.cat(masses).mean()), "mask_area_share": float(torch.cat(areas).mean())}
+    return CanvasScores(len(images), correct / len(images), float(torch.cat(masses).mean()),
+                        float(torch.cat(areas).mean()))
+
+
+def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
+                               count: int = 1000, canvas_size: int = 56, seed: int = 0,
+                               head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
+                               device: str = "cpu") -> CanvasScores:
+    """``rollout_on_canvas`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
+    if canvas_size < 28:
+        raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    classifier = Classifier.from_checkpoint(checkpoint, device=device)
+    images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
+    return rollout_on_canvas(classifier, images[:count], labels[:count], canvas_size=canvas_size, seed=seed,
+                             head_fusion=head_fusion, discard_ratio=discard_ratio)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vision_attn.checkpoint import CheckpointError, extract_state_dict, load_file
+from vision_attn.checkpoint import extract_state_dict, load_file
+from vision_attn.errors import CheckpointError
 from vision_attn.vit.model import VisionTransformer
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ R − I: what flowed between tokens, without each token's relevance to itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -103,23 +104,32 @@ def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_
     return maps.reshape(batch, heads, *grid)
 
 
+@dataclass
+class AttentionMaps:
+    """A batch's logits and where the classifier looked, each map over the patch grid (Gh, Gw)."""
+
+    logits: Tensor  # (B, C)
+    heads: Tensor  # (B, H, Gh, Gw): the last layer's attention of the pooled token(s), per head
+    rollout: Tensor  # (B, Gh, Gw)
+    gradient_rollout: Tensor | None = None  # (B, Gh, Gw), for the class asked for
+
+
 def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion = "mean",
-            discard_ratio: float = 0.0, gradient_class: int | None = None) -> dict[str, Tensor]:
-    """Logits and attention maps for a batch: ``logits`` (B, C), ``heads`` (B, H, Gh, Gw), ``rollout``
-    (B, Gh, Gw), and ``gradient_rollout`` (B, Gh, Gw) for class ``gradient_class`` when one is given."""
+            discard_ratio: float = 0.0, gradient_class: int | None = None) -> AttentionMaps:
+    """Logits and attention maps for a batch; the gradient rollout too when ``gradient_class`` is given."""
     grid, pool = model.grid_size, model.global_pool
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
         logits, attentions = model(images, return_attention=True)
-        result = {
-            "logits": logits.detach(),
-            "heads": last_layer_maps([a.detach() for a in attentions], grid, pool),
-            "rollout": class_map(attention_rollout([a.detach() for a in attentions], head_fusion=head_fusion,
-                                                   discard_ratio=discard_ratio), grid, pool),
-        }
+        maps = AttentionMaps(
+            logits=logits.detach(),
+            heads=last_layer_maps([a.detach() for a in attentions], grid, pool),
+            rollout=class_map(attention_rollout([a.detach() for a in attentions], head_fusion=head_fusion,
+                                                discard_ratio=discard_ratio), grid, pool),
+        )
         if gradient_class is not None:
             if not 0 <= gradient_class < logits.shape[-1]:
                 raise ValueError(f"class {gradient_class} is not one of the model's {logits.shape[-1]} classes")
             gradients = torch.autograd.grad(logits[:, gradient_class].sum(), attentions)
-            matrix = gradient_rollout([a.detach() for a in attentions], gradients)
-            result["gradient_rollout"] = class_map(matrix, grid, pool)
-    return result
+            maps.gradient_rollout = class_map(gradient_rollout([a.detach() for a in attentions], gradients), grid,
+                                              pool)
+    return maps

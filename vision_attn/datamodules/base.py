@@ -71,6 +71,9 @@ class SplitDataModule(L.LightningDataModule):
     test_set: Dataset | None = None
     mean: list[float]
     std: list[float]
+    batch_size: int
+    eval_batch_size: int
+    num_workers: int
     on_bad_image: OnBadImage = "error"
     bad_images: BadImageCounter | None = None
 
@@ -104,13 +107,15 @@ class SplitDataModule(L.LightningDataModule):
     _batches_this_epoch: int = 0
     _train_batch_size: int = 1
 
-    def _make_loader(self, dataset: Dataset | None, *, train: bool, batch_size: int, num_workers: int,
-                     collate_fn: Callable, drop_last: bool = False, pin_memory: bool = False) -> DataLoader:
-        """The DataLoader of a split. Training shuffles with a ``ResumableRandomSampler`` seeded from the run's
+    def _make_loader(self, dataset: Dataset | None, *, train: bool, collate_fn: Callable, drop_last: bool = False,
+                     pin_memory: bool = False) -> DataLoader:
+        """The DataLoader of a split, with ``batch_size`` (``eval_batch_size`` when not training) and ``num_workers``
+        from the subclass's options. Training shuffles with a ``ResumableRandomSampler`` seeded from the run's
         seed (``seed_everything``), and the loader has its own generator, so creating it consumes nothing of
         the global random stream: both are what makes a resumed run bitwise equal to an uninterrupted one."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
+        batch_size, num_workers = (self.batch_size if train else self.eval_batch_size), self.num_workers
         sampler: Sampler[int] | None = None
         if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             sampler = ShardedEvalSampler(dataset)
@@ -172,11 +177,3 @@ class SplitDataModule(L.LightningDataModule):
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, C, H, W) -> float, (x / 255 - mean) / std."""
         return normalize(images, self.mean, self.std)
-
-
-def report_skipped_images(trainer: L.Trainer, stage: str) -> int:
-    """At an epoch's end: log the count of unreadable images the trainer's DataModule skipped (0 if none)."""
-    datamodule = getattr(trainer, "datamodule", None)
-    if not isinstance(datamodule, SplitDataModule) or trainer.sanity_checking:
-        return 0
-    return datamodule.report_skipped(f"{stage} epoch {trainer.current_epoch}")

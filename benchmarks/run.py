@@ -1,4 +1,4 @@
-"""Measured speed, side by side: ``vision-attn benchmark`` (also ``python scripts/benchmark.py``).
+"""Measured speed, side by side: ``vision-attn benchmark`` (also ``python -m benchmarks.run``) in a checkout.
 
 Every figure is the median of repeated runs after warm-up; every comparison is a ratio measured in the same
 process. Prints a markdown table and writes JSON. ``--quick`` shrinks sizes for a smoke test.
@@ -22,10 +22,11 @@ import torch.nn.functional as F
 import yaml
 from torch import Tensor, nn
 
+from benchmarks.reference_decoder import TutorialStyleDecoder
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
-from vision_attn.captioning.losses import caption_nll
-from vision_attn.captioning.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
+from vision_attn.captioning.losses import token_likelihood
+from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
 
 
 def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
@@ -59,49 +60,6 @@ def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-class TutorialStyleDecoder(nn.Module):
-    """The reference for the captioner's speed goal: the per-step structure of the best-known PyTorch
-    "Show, Attend and Tell" tutorial, re-written here for timing. Captions are sorted by length and the
-    batch shrinks as they end; at every step it recomputes the encoder projection W_a a_i, gates with a
-    D-sized β, and projects to the vocabulary one step at a time.
-    """
-
-    def __init__(self, *, vocab_size: int, annotation_dim: int, embed_dim: int, hidden_dim: int,
-                 attention_dim: int, dropout: float = 0.5) -> None:
-        super().__init__()
-        self.encoder_att = nn.Linear(annotation_dim, attention_dim)
-        self.decoder_att = nn.Linear(hidden_dim, attention_dim)
-        self.full_att = nn.Linear(attention_dim, 1)
-        self.embedding = nn.Embedding(vocab_size, embed_dim)
-        self.dropout = nn.Dropout(dropout)
-        self.decode_step = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)
-        self.init_h = nn.Linear(annotation_dim, hidden_dim)
-        self.init_c = nn.Linear(annotation_dim, hidden_dim)
-        self.f_beta = nn.Linear(hidden_dim, annotation_dim)
-        self.fc = nn.Linear(hidden_dim, vocab_size)
-
-    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, list[int]]:
-        lengths, order = lengths.sort(descending=True)
-        annotations, captions = annotations[order], captions[order]
-        embedded = self.embedding(captions)
-        mean = annotations.mean(dim=1)
-        hidden, cell = self.init_h(mean), self.init_c(mean)
-        decode_lengths = (lengths - 1).tolist()
-        batch, steps = len(captions), max(decode_lengths)
-        predictions = annotations.new_zeros(batch, steps, self.fc.out_features)
-        for t in range(steps):
-            live = sum(length > t for length in decode_lengths)
-            projected = self.encoder_att(annotations[:live])  # recomputed at every step
-            scores = self.full_att(F.relu(projected + self.decoder_att(hidden[:live]).unsqueeze(1))).squeeze(2)
-            alpha = scores.softmax(dim=1)
-            context = (annotations[:live] * alpha.unsqueeze(2)).sum(dim=1)
-            context = torch.sigmoid(self.f_beta(hidden[:live])) * context
-            hidden, cell = self.decode_step(torch.cat([embedded[:live, t], context], dim=1),
-                                            (hidden[:live], cell[:live]))
-            predictions[:live, t] = self.fc(self.dropout(hidden))
-        return predictions, captions, decode_lengths
-
-
 def random_captions(batch: int, length: int, vocab_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """(B, length + 2) ids <start> w.. <end> <pad>.. with lengths spread from length/2 to length words."""
     words = torch.randint(4, vocab_size, (batch, length), generator=generator)
@@ -117,10 +75,7 @@ def random_captions(batch: int, length: int, vocab_size: int, generator: torch.G
 def decoder_train_step(decoder: AttentionDecoder, optimizer: torch.optim.Optimizer, annotations: Tensor,
                         captions: Tensor) -> None:
     """Teacher-forced loss on the real tokens, backward, optimiser step: our decoder's train step."""
-    output = decoder(annotations, captions)
-    targets = captions[:, 1:]
-    mask = (targets != PAD_ID).float()
-    loss = caption_nll(output.logits, targets, mask).sum() / mask.sum()
+    loss = token_likelihood(decoder(annotations, captions).logits, captions).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -236,7 +191,7 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
     theirs.load_state_dict(ours.state_dict())
     images = torch.randn(batch, in_chans, img_size, img_size)
     labels = torch.randint(0, num_classes, (batch,))
-    figures: dict[str, float] = {}
+    measured: dict[str, float] = {}
     unfused = VisionTransformer(**config, fused_attention=False)  # type: ignore[arg-type]
     unfused.load_state_dict(ours.state_dict())
     steps = {}
@@ -244,20 +199,20 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         steps[name] = lambda m=model, o=optimizer: _train_step(m.train(), o, images, labels)
     for name, seconds in paired_median_seconds(steps, repeats=repeats).items():
-        figures[f"{name}_train_images_per_s"] = batch / seconds
+        measured[f"{name}_train_images_per_s"] = batch / seconds
     ours.eval()
     theirs.eval()
     with torch.inference_mode():
         timed = paired_median_seconds({"ours": lambda: ours(images), "timm": lambda: theirs(images),
                                        "ours_maps": lambda: ours(images, return_attention=True)}, repeats=repeats)
     for name in ("ours", "timm"):
-        figures[f"{name}_inference_images_per_s"] = batch / timed[name]
+        measured[f"{name}_inference_images_per_s"] = batch / timed[name]
     plain, with_maps = timed["ours"], timed["ours_maps"]
-    figures["train_ratio"] = figures["ours_train_images_per_s"] / figures["timm_train_images_per_s"]
-    figures["unfused_train_ratio"] = figures["ours_unfused_train_images_per_s"] / figures["timm_train_images_per_s"]
-    figures["inference_ratio"] = figures["ours_inference_images_per_s"] / figures["timm_inference_images_per_s"]
-    figures["attention_maps_time_ratio"] = with_maps / plain
-    return figures
+    measured["train_ratio"] = measured["ours_train_images_per_s"] / measured["timm_train_images_per_s"]
+    measured["unfused_train_ratio"] = measured["ours_unfused_train_images_per_s"] / measured["timm_train_images_per_s"]
+    measured["inference_ratio"] = measured["ours_inference_images_per_s"] / measured["timm_inference_images_per_s"]
+    measured["attention_maps_time_ratio"] = with_maps / plain
+    return measured
 
 
 VIT_FLOPS_FORMULA = ("FLOPs = 2·N·P²·C·D (patch embedding) + depth·(24·N·D² + 4·N²·D) (qkv 6ND², proj 2ND², "
@@ -398,18 +353,18 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         vit_configs["ViT-Tiny/16 at 224"].update(img_size=32, depth=2)
     results["vit_vs_timm"] = {}
     for name, config in vit_configs.items():
-        figures = vit_vs_timm(**config, repeats=repeats)  # type: ignore[arg-type]
-        results["vit_vs_timm"][name] = figures
+        measured = vit_vs_timm(**config, repeats=repeats)  # type: ignore[arg-type]
+        results["vit_vs_timm"][name] = measured
         rows.append((f"{name}: train step, ours vs timm (batch {config['batch']})",
-                     f"{figures['ours_train_images_per_s']:.0f} vs {figures['timm_train_images_per_s']:.0f} img/s "
-                     f"(ratio {figures['train_ratio']:.2f})", "ratio ≥ 1.0"))
+                     f"{measured['ours_train_images_per_s']:.0f} vs {measured['timm_train_images_per_s']:.0f} img/s "
+                     f"(ratio {measured['train_ratio']:.2f})", "ratio ≥ 1.0"))
         rows.append((f"{name}: train step, ours with fused_attention=False vs timm",
-                     f"{figures['ours_unfused_train_images_per_s']:.0f} vs {figures['timm_train_images_per_s']:.0f} "
-                     f"img/s (ratio {figures['unfused_train_ratio']:.2f})", "report"))
+                     f"{measured['ours_unfused_train_images_per_s']:.0f} vs {measured['timm_train_images_per_s']:.0f} "
+                     f"img/s (ratio {measured['unfused_train_ratio']:.2f})", "report"))
         rows.append((f"{name}: inference, ours vs timm",
-                     f"{figures['ours_inference_images_per_s']:.0f} vs {figures['timm_inference_images_per_s']:.0f} "
-                     f"img/s (ratio {figures['inference_ratio']:.2f})", "ratio ≥ 1.0"))
-        rows.append((f"{name}: forward with attention maps / without", f"{figures['attention_maps_time_ratio']:.2f}×",
+                     f"{measured['ours_inference_images_per_s']:.0f} vs {measured['timm_inference_images_per_s']:.0f} "
+                     f"img/s (ratio {measured['inference_ratio']:.2f})", "ratio ≥ 1.0"))
+        rows.append((f"{name}: forward with attention maps / without", f"{measured['attention_maps_time_ratio']:.2f}×",
                      "≤ 1.5×"))
 
     # 2. utilisation of the ViT-Tiny forward against the measured matmul peak
@@ -429,12 +384,12 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
     step_dims = [(512, 49, 5)] if quick else [(2048, 196, 20), (512, 196, 20)]
     results["captioner_train_step"] = []
     for annotation_dim, locations, length in step_dims:
-        figures = captioner_train_step(annotation_dim=annotation_dim, locations=locations, length=length,
+        measured = captioner_train_step(annotation_dim=annotation_dim, locations=locations, length=length,
                                        batch=batch, vocab_size=vocab, width=width, repeats=2 if quick else 5)
-        results["captioner_train_step"].append({"D": annotation_dim, "L": locations, "T": length, **figures})
+        results["captioner_train_step"].append({"D": annotation_dim, "L": locations, "T": length, **measured})
         rows.append((f"captioner train step D={annotation_dim} L={locations} T={length} B={batch}: ours vs "
-                     "tutorial-style", f"{figures['ours_images_per_s']:.1f} vs {figures['reference_images_per_s']:.1f}"
-                     f" img/s, {figures['ours_s']:.2f} s/step ({figures['speedup']:.2f}×)", "≥ 2×"))
+                     "tutorial-style", f"{measured['ours_images_per_s']:.1f} vs {measured['reference_images_per_s']:.1f}"
+                     f" img/s, {measured['ours_s']:.2f} s/step ({measured['speedup']:.2f}×)", "≥ 2×"))
     step = dict(annotation_dim=512, batch=batch, vocab_size=vocab, width=width, repeats=2 if quick else 3)
     fixed_length, fixed_locations = (5, 49) if quick else (20, 196)
     by_locations = {n: captioner_step_time(locations=n, length=fixed_length, **step)
@@ -500,7 +455,7 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vision-attn benchmark", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not figures")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not measured")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON (default benchmark.json)")
     parser.add_argument("--vit-quality", action="store_true",

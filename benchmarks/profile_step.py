@@ -1,10 +1,10 @@
 """Profile one piece of work with torch.profiler and print the operators that take the time.
 
-    python scripts/profile_step.py beam --batch 64 --beam 5       # batched beam search, COCO dims
-    python scripts/profile_step.py captioner --annotation-dim 512   # one decoder train step, COCO dims
-    python scripts/profile_step.py vit                               # one train step of the Fashion-MNIST ViT
-    python scripts/profile_step.py activations                       # tanh against 2σ(2x) − 1 on 2M floats
-    python scripts/profile_step.py rows                              # 1..8 rows times the 10k×512 vocabulary
+    python -m benchmarks.profile_step beam --batch 64 --beam 5       # batched beam search, COCO dims
+    python -m benchmarks.profile_step captioner --annotation-dim 512   # one decoder train step, COCO dims
+    python -m benchmarks.profile_step vit                               # one train step of the Fashion-MNIST ViT
+    python -m benchmarks.profile_step activations                       # tanh against 2σ(2x) − 1 on 2M floats
+    python -m benchmarks.profile_step rows                              # 1..8 rows times the 10k×512 vocabulary
 
 The sizes are those of `vision-attn benchmark`. Use it to find where a step's time goes before changing code.
 """
@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from vision_attn.benchmark import decoder_train_step, paired_median_seconds, random_captions
+from benchmarks.run import decoder_train_step, paired_median_seconds, random_captions
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
-from vision_attn.captioning.vocabulary import END_ID, START_ID
+from vision_attn.data.vocabulary import END_ID, START_ID
 from vision_attn.vit.model import VisionTransformer
 
 

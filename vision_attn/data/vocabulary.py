@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vision_attn.errors import CheckpointError
+
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 PAD_ID, START_ID, END_ID, UNK_ID = range(len(SPECIALS))
@@ -35,6 +37,11 @@ def tokenize(text: str) -> list[str]:
 def has_words(text: str) -> bool:
     """Whether ``tokenize(text)`` is non-empty (one regex search: cheap on 600k captions)."""
     return _WORD.search(text) is not None
+
+
+def word_ids(caption: Sequence[int]) -> list[int]:
+    """The word ids of an encoded caption, without <start>, <end> and <pad>."""
+    return [word for word in caption if word not in (START_ID, END_ID, PAD_ID)]
 
 
 def _tokenize_joined(captions: Sequence[str]) -> list[str]:
@@ -138,8 +145,22 @@ class Vocabulary:
                 words.append(self._tokens[index])
         return words
 
+    def require_same(self, tokens: Sequence[str] | None) -> None:
+        """Refuse another vocabulary's ``tokens`` (e.g. a checkpoint's) that differ from these: its ids would
+        mean other words. None or empty passes."""
+        saved = list(tokens or [])
+        if saved and saved != self._tokens:
+            where = next((i for i, (a, b) in enumerate(zip(saved, self._tokens, strict=False)) if a != b),
+                         min(len(saved), len(self._tokens)))
+            raise CheckpointError(
+                f"the checkpoint's vocabulary ({len(saved)} tokens) does not match the data's ({len(self)} "
+                f"tokens; first difference at id {where}); pass the vocab.json saved beside the checkpoint as "
+                "--data.init_args.vocab_file"
+            )
+
     def to_json(self, path: str | Path) -> None:
-        """Save as ``{"tokens": [...], "min_count": n}``."""
+        """Save as ``{"tokens": [...], "min_count": n}`` (the folder is made if needed)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps({"tokens": self._tokens, "min_count": self.min_count}, indent=0))
 
     @classmethod

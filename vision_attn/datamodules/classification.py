@@ -1,0 +1,240 @@
+"""The classification DataModules: Fashion-MNIST, CIFAR-10 and any ImageFolder tree.
+
+Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the cheap augmentations (random
+crop with padding, horizontal flip) run on whole batches after they reach the device, in
+``on_after_batch_transfer``: one vectorised op per batch instead of Python per sample, on the GPU when
+there is one. ``num_classes``, ``class_names``, ``in_chans``, ``image_size``, ``mean`` and ``std`` are
+known right after construction, so LightningCLI links them into the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from vision_attn.data import cifar10, fashion_mnist
+from vision_attn.data.classification import (
+    ImageFileDataset,
+    TensorImageDataset,
+    collate_readable,
+    random_erase,
+    random_hflip,
+    random_pad_crop,
+    scan_split,
+    split_train_val,
+)
+from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
+from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.errors import DatasetNotFoundError
+
+log = logging.getLogger(__name__)
+
+
+class ClassificationDataModule(SplitDataModule):
+    """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        pad_crop: int = 0,
+        hflip: bool = False,
+        erase_prob: float = 0.0,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if pad_crop < 0:
+            raise ValueError(f"pad_crop must be 0 or more pixels, got {pad_crop}")
+        if not 0.0 <= erase_prob <= 1.0:
+            raise ValueError(f"erase_prob must be between 0 and 1, got {erase_prob}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.pad_crop = pad_crop
+        self.hflip = hflip
+        self.erase_prob = erase_prob
+        self.pin_memory = pin_memory
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.class_names: list[str] = []
+        self.in_chans: int = 3
+        self.image_size: int = 32
+        self.mean: list[float] = [0.5] * 3
+        self.std: list[float] = [0.5] * 3
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
+        return self._make_loader(
+            dataset, train=train, collate_fn=collate_readable, pin_memory=self.pin_memory,
+            drop_last=train and dataset is not None and len(dataset) > self.batch_size,  # type: ignore[arg-type]
+        )
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
+                                dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+        if batch is None:  # every image of the batch was unreadable and skipped
+            return None
+        self.count_train_batch()
+        images, labels = batch
+        if self.trainer is not None and self.trainer.training:
+            if self.pad_crop:
+                images = random_pad_crop(images, self.pad_crop)
+            if self.hflip:
+                images = random_hflip(images)
+            if self.erase_prob:
+                images = random_erase(images, self.erase_prob)
+        return self.normalize(images), labels
+
+
+class HeldOutValidationDataModule(ClassificationDataModule):
+    """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
+
+    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+    """
+
+    def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
+                 eval_batch_size: int | None = 1000, **loader_options: Any) -> None:
+        super().__init__(eval_batch_size=eval_batch_size, **loader_options)
+        self.root = root
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = TensorImageDataset(*self.load_split("train"))
+            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = TensorImageDataset(*self.load_split("test"))
+
+
+class FashionMNISTDataModule(HeldOutValidationDataModule):
+    """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test.
+    The options are those of ``HeldOutValidationDataModule`` and ``ClassificationDataModule``."""
+
+    def __init__(self, root: str = "data/fashion_mnist", **options: Any) -> None:
+        super().__init__(root, **options)
+        self.class_names = list(fashion_mnist.CLASS_NAMES)
+        self.in_chans = 1
+        self.image_size = 28
+        self.mean, self.std = [fashion_mnist.MEAN], [fashion_mnist.STD]
+
+    def prepare_data(self) -> None:
+        fashion_mnist.find_fashion_mnist(self.root, download=self.download)
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        images, labels = fashion_mnist.load_fashion_mnist(fashion_mnist.find_fashion_mnist(self.root, download=False),
+                                                          split)
+        return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
+
+
+class CIFAR10DataModule(HeldOutValidationDataModule):
+    """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test, with
+    random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``."""
+
+    def __init__(self, root: str = "data/cifar10", *, pad_crop: int = 4, hflip: bool = True, **options: Any) -> None:
+        super().__init__(root, pad_crop=pad_crop, hflip=hflip, **options)
+        self.class_names = list(cifar10.CLASS_NAMES)
+        self.in_chans = 3
+        self.image_size = 32
+        self.mean, self.std = list(cifar10.MEAN), list(cifar10.STD)
+
+    def prepare_data(self) -> None:
+        cifar10.load_cifar10(self.root, "test", download=self.download)
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        return cifar10.load_cifar10(self.root, split)
+
+
+class ImageFolderDataModule(ClassificationDataModule):
+    """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...``.
+
+    Class names are the train split's folder names, sorted; the test split falls back to val.
+    ``on_bad_image="skip"`` leaves unreadable images out, each named in a warning and counted per epoch.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        image_size: int = 224,
+        in_chans: int = 3,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        random_resized_crop: bool = True,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        hflip: bool = True,
+        erase_prob: float = 0.0,
+        pin_memory: bool = False,
+        on_bad_image: OnBadImage = "skip",
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            hflip=hflip,
+            erase_prob=erase_prob,
+            pin_memory=pin_memory,
+        )
+        self.set_bad_image_policy(on_bad_image)
+        if in_chans not in (1, 3):
+            raise ValueError(f"in_chans must be 1 or 3, got {in_chans}")
+        self.root = Path(root)
+        train_dir = self.root / "train"
+        if not train_dir.is_dir():
+            raise DatasetNotFoundError(f"{train_dir}: missing; expected {self.root}/train/<class>/<image> folders")
+        self.class_names = sorted(d.name for d in train_dir.iterdir() if d.is_dir())
+        if not self.class_names:
+            raise DatasetNotFoundError(f"{train_dir}: no class folders")
+        self.image_size = image_size
+        self.in_chans = in_chans
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.random_resized_crop = random_resized_crop
+        default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if in_chans == 3 else ([0.5], [0.5])
+        self.mean, self.std = mean or default_mean, std or default_std
+        if len(self.mean) != in_chans or len(self.std) != in_chans:
+            raise ValueError(f"mean and std need {in_chans} values each, got {self.mean} and {self.std}")
+
+    def _dataset(self, samples: list[tuple[Path, int]], *, train: bool) -> ImageFileDataset:
+        return ImageFileDataset(
+            samples, image_size=self.image_size, in_chans=self.in_chans, train=train and self.random_resized_crop,
+            **self.bad_image_options,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        train_samples = scan_split(self.root / "train", self.class_names)
+        val_dir, test_dir = self.root / "val", self.root / "test"
+        if val_dir.is_dir():
+            self.train_set = self._dataset(train_samples, train=True)
+            self.val_set = self._dataset(scan_split(val_dir, self.class_names), train=False)
+        else:
+            val_size = max(1, round(self.val_fraction * len(train_samples)))
+            train_part, val_part = split_train_val(train_samples, val_size, self.split_seed)  # type: ignore[arg-type]
+            self.train_set = self._dataset(list(train_part), train=True)
+            self.val_set = self._dataset(list(val_part), train=False)
+            log.info("no %s: holding out %d of %d train images for validation", val_dir, val_size,
+                     len(train_samples))
+        if test_dir.is_dir():
+            self.test_set = self._dataset(scan_split(test_dir, self.class_names), train=False)
+        else:
+            self.test_set = self.val_set

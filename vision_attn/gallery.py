@@ -1,0 +1,123 @@
+"""Attention overlays for a set of inputs, as ``vision-attn overlay`` makes them: results JSON from ``caption``,
+or image files and folders with a checkpoint of either model, drawn to one PNG per image and an index.html.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from PIL import Image
+
+from vision_attn.captioning.evaluation import caption_files
+from vision_attn.captioning.model import Captioner
+from vision_attn.checkpoint import CAPTIONER, VIT, checkpoint_kind, load_file
+from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
+from vision_attn.errors import CheckpointError
+from vision_attn.overlay import caption_overlay, save_png, write_gallery
+from vision_attn.results import read_results
+from vision_attn.vit.inference import Classifier, vit_overlays
+from vision_attn.vit.rollout import HeadFusion
+
+
+@dataclass
+class OverlayOptions:
+    """How the overlays are drawn and laid out, and how the ViT's maps are made."""
+
+    upsample: str = "bilinear"  # how the attention grid is enlarged to the image: bilinear or pyramid
+    sigma: float | None = None  # Gaussian smoothing in output pixels (default: a quarter of a grid cell)
+    cmap: str = "turbo"
+    opacity: float = 0.6
+    panel_size: int = 224
+    columns: int = 5
+    head_fusion: HeadFusion = "mean"
+    discard_ratio: float = 0.0
+    gradient_class: str | None = None  # ViT: also draw gradient rollout for this class (name or index)
+
+    @property
+    def style(self) -> dict[str, Any]:
+        return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity}
+
+    @property
+    def layout(self) -> dict[str, int]:
+        return {"panel_size": self.panel_size, "columns": self.columns}
+
+
+@dataclass
+class Gallery:
+    """The overlays written into ``folder`` so far: (PNG name, caption or class) each, named uniquely."""
+
+    folder: Path
+    entries: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, source: str, figure: Image.Image, text: str) -> Path:
+        """Save ``figure`` as ``<stem of source>.png`` (``_2``, ``_3``... when the name is taken)."""
+        stem = Path(source).stem or "image"
+        name, counter, used = f"{stem}.png", 2, {name for name, _ in self.entries}
+        while name in used:
+            name, counter = f"{stem}_{counter}.png", counter + 1
+        self.entries.append((name, text))
+        return save_png(figure, self.folder / name)
+
+
+class OverlaysWritten(NamedTuple):
+    """What ``draw_overlays`` wrote: the gallery page, the number of overlays, and the note on skipped images."""
+
+    page: Path
+    count: int
+    skipped_note: str
+
+
+def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
+                  checkpoint: str | os.PathLike | None = None, options: OverlayOptions | None = None,
+                  beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
+                  device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None) -> OverlaysWritten:
+    """Overlays of every input into ``out``, and its gallery page.
+
+    ``.json`` inputs are results from ``caption`` (no model needed); other inputs are images or folders of
+    images, drawn with ``checkpoint``: per word for a captioner, rollout and heads for a ViT. ``on_overlay``
+    sees (input, caption or class, PNG) as each is written.
+    """
+    options = options or OverlayOptions()
+    gallery, bad_images = Gallery(Path(out)), BadImageCounter()
+    policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}
+
+    def add(source: str, figure: Image.Image, text: str) -> None:
+        path = gallery.add(source, figure, text)
+        if on_overlay is not None:
+            on_overlay(source, text, path)
+
+    records = [item for path in inputs if str(path).lower().endswith(".json") for item in read_results(path)]
+    images = [path for path in inputs if not str(path).lower().endswith(".json")]
+    if images:
+        if not checkpoint:
+            raise ValueError("--ckpt is needed to overlay image files (only results JSON can go without)")
+        loaded = load_file(checkpoint)
+        kind = checkpoint_kind(loaded)
+        if kind == VIT:
+            classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
+            gradient_class = classifier.class_index(options.gradient_class) if options.gradient_class else None
+            for source, figure, text in vit_overlays(
+                classifier, [path for _, path in expand_inputs(images)], head_fusion=options.head_fusion,
+                discard_ratio=options.discard_ratio, gradient_class=gradient_class, batch_size=batch_size, **policy,
+                **options.layout, **options.style,
+            ):
+                add(source, figure, text)
+        elif kind == CAPTIONER:
+            if options.gradient_class:
+                raise ValueError("--gradient-class is for ViT checkpoints")
+            captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
+            records += [(record, Path(record["file_name"])) for record in caption_files(
+                captioner, expand_inputs(images), beam_size=beam_size, batch_size=batch_size, **policy)]
+        else:
+            raise CheckpointError(f"{checkpoint}: not a checkpoint written by `vision-attn fit` (no model kind)")
+    for record, path in records:
+        image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
+                             on_bad_image, bad_images)
+        if image is not None:
+            add(str(path), caption_overlay(image, record, **options.layout, **options.style), record.get("caption", ""))
+    page = write_gallery(gallery.folder, gallery.entries)
+    return OverlaysWritten(page, len(gallery.entries), bad_images.skipped_note())

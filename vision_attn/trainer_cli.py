@@ -1,0 +1,94 @@
+"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, atomic
+checkpoint writes, and a check of ``--ckpt_path`` before Lightning reads it. Only public LightningCLI hooks
+are overridden (``parse_arguments``, ``add_arguments_to_parser``, ``instantiate_trainer``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from vision_attn.checkpoint import KIND_KEY, load_file, require_kind
+from vision_attn.io import replace_atomically
+
+# DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
+# a model that lacks the argument gets an error: every model must accept every target its data can send.
+LINKED_FROM_DATA = {
+    "num_classes": "num_classes",
+    "class_names": "class_names",
+    "in_chans": "in_chans",
+    "mean": "mean",
+    "std": "std",
+    "image_size": "image_size",
+    "vocab_tokens": "vocabulary",
+}
+NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temporary file beside the target, then renamed: a crash (even SIGKILL)
+    mid-write leaves the previous checkpoint whole. Remote paths (``s3://`` ...) keep Lightning's own writer."""
+
+    def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        replace_atomically(path, lambda file: torch.save(checkpoint, file))
+
+
+def model_kind(class_path: str) -> str | None:
+    """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
+    module_name, _, class_name = class_path.rpartition(".")
+    try:
+        return getattr(getattr(importlib.import_module(module_name), class_name), "kind", None)
+    except (ImportError, AttributeError, ValueError):
+        return None  # LightningCLI reports a class it cannot import in its own words
+
+
+class VisionAttnCLI(LightningCLI):
+    """LightningCLI with the links of ``LINKED_FROM_DATA`` and a ``--ckpt_path`` check."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        for source, target in LINKED_FROM_DATA.items():
+            parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse, then check ``--ckpt_path`` before LightningCLI takes the model's hyper-parameters from it: the
+        file must be a weights-only checkpoint of the model family the config trains (else the config's data
+        meets another model)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and ckpt_path not in NAMED_CHECKPOINTS and Path(ckpt_path).is_file():
+            found = load_file(ckpt_path).get(KIND_KEY)
+            model = self.config[subcommand].get("model") or {}
+            class_path = model.get("class_path", "") if isinstance(model, dict) else getattr(model, "class_path", "")
+            wanted = model_kind(str(class_path))
+            if wanted:
+                require_kind(found, wanted, source=ckpt_path, training=True)
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """The configured Trainer, with checkpoints written atomically unless the config picks plugins."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        if not (config.get("trainer") or {}).get("plugins") and "plugins" not in kwargs:
+            kwargs["plugins"] = [AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_lightning(args: Sequence[str] | None) -> None:
+    """LightningCLI on ``args`` (``sys.argv`` when None): the model and data are picked by ``class_path``."""
+    VisionAttnCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        auto_configure_optimizers=False,
+    )
