@@ -11,6 +11,8 @@ import inspect
 import os
 import pickle
 import re
+import urllib.parse
+import urllib.request
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -24,9 +26,28 @@ from vision_attn import __version__
 from vision_attn.errors import CheckpointError
 
 
-def load_file(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def local_path(location: str | os.PathLike) -> Path:
+    """A checkpoint or weights location as a local file path. ``file://`` URIs become paths; every other scheme
+    (http, https, s3, hf, any fsspec protocol or chain such as ``simplecache::``) is refused, because a file
+    fetched from elsewhere is exactly what could carry code, and Lightning unpickles URLs in full."""
+    text = str(location)
+    if "://" in text or "::" in text:
+        parsed = urllib.parse.urlparse(text)
+        if parsed.scheme.lower() != "file" or "::" in text:
+            scheme = text.split("::", 1)[0] if "::" in text.split("://", 1)[0] else parsed.scheme
+            raise CheckpointError(f"{text}: remote checkpoints ({scheme}) are not loaded, because loading one can run "
+                                  "code it carries; download it, check it, and pass the local file")
+        return Path(urllib.request.url2pathname(parsed.path))
+    return Path(text)
+
+
+def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code."""
-    path = Path(path)
+    path = local_path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file (a pipe or a device?), so not a checkpoint")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     if path.suffix == ".safetensors":
@@ -34,7 +55,7 @@ def load_file(path: str | os.PathLike, *, map_location: str | torch.device = "cp
         from safetensors.torch import load_file as load_safetensors
 
         try:
-            return load_safetensors(str(path), device=str(map_location))
+            return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
     with open(path, "rb") as file:

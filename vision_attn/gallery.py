@@ -5,6 +5,7 @@ or image files and folders with a checkpoint of either model, drawn to one PNG p
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import CAPTIONER, VIT, checkpoint_kind, load_file
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError
+from vision_attn.io import output_file, output_folder
 from vision_attn.overlay import caption_overlay, save_png, write_gallery
 from vision_attn.results import read_results
 from vision_attn.vit.inference import Classifier, vit_overlays
@@ -48,17 +50,31 @@ class OverlayOptions:
 
 @dataclass
 class Gallery:
-    """The overlays written into ``folder`` so far: (PNG name, caption or class) each, named uniquely."""
+    """The overlays of a folder: a PNG name reserved per source before anything is drawn (``<stem>.png``, then
+    ``_2``, ``_3``... when a name is taken), and (PNG name, caption or class) for each one written."""
 
     folder: Path
+    sources: Sequence[str | os.PathLike]
     entries: list[tuple[str, str]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.reserved: dict[str, deque[str]] = {}
+        used: set[str] = set()
+        for source in self.sources:
+            stem = Path(source).stem or "image"
+            name, counter = f"{stem}.png", 2
+            while name in used:
+                name, counter = f"{stem}_{counter}.png", counter + 1
+            used.add(name)
+            self.reserved.setdefault(str(source), deque()).append(name)
+
+    def outputs(self) -> list[Path]:
+        """Every file the gallery may write: the reserved PNGs and index.html."""
+        return [self.folder / name for names in self.reserved.values() for name in names] + [self.folder / "index.html"]
+
     def add(self, source: str, figure: Image.Image, text: str) -> Path:
-        """Save ``figure`` as ``<stem of source>.png`` (``_2``, ``_3``... when the name is taken)."""
-        stem = Path(source).stem or "image"
-        name, counter, used = f"{stem}.png", 2, {name for name, _ in self.entries}
-        while name in used:
-            name, counter = f"{stem}_{counter}.png", counter + 1
+        """Save ``figure`` under the next name reserved for ``source``."""
+        name = self.reserved[str(source)].popleft()
         self.entries.append((name, text))
         return save_png(figure, self.folder / name)
 
@@ -82,7 +98,25 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
     sees (input, caption or class, PNG) as each is written.
     """
     options = options or OverlayOptions()
-    gallery, bad_images = Gallery(Path(out)), BadImageCounter()
+    records = [item for path in inputs if str(path).lower().endswith(".json") for item in read_results(path)]
+    images = [path for path in inputs if not str(path).lower().endswith(".json")]
+    expanded = expand_inputs(images)
+    image_paths = [path for _, path in expanded]
+    loaded = kind = None
+    if images:
+        if not checkpoint:
+            raise ValueError("--ckpt is needed to overlay image files (only results JSON can go without)")
+        loaded = load_file(checkpoint)
+        kind = checkpoint_kind(loaded)
+        if kind not in (VIT, CAPTIONER):
+            raise CheckpointError(f"{checkpoint}: not a checkpoint written by `vision-attn fit` (no model kind)")
+    # the draw order: a ViT's images, then the records (results JSON first, then the captioner's images)
+    sources = (image_paths if kind == VIT else []) + [path for _, path in records] \
+        + (image_paths if kind == CAPTIONER else [])
+    gallery, bad_images = Gallery(output_folder(out), [str(source) for source in sources]), BadImageCounter()
+    every_input = [*image_paths, *(path for _, path in records), *(p for p in inputs if str(p).endswith(".json"))]
+    for target in gallery.outputs():
+        output_file(target, inputs=every_input)  # refuse, before drawing anything, to write over an input
     policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}
 
     def add(source: str, figure: Image.Image, text: str) -> None:
@@ -90,30 +124,22 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
         if on_overlay is not None:
             on_overlay(source, text, path)
 
-    records = [item for path in inputs if str(path).lower().endswith(".json") for item in read_results(path)]
-    images = [path for path in inputs if not str(path).lower().endswith(".json")]
     if images:
-        if not checkpoint:
-            raise ValueError("--ckpt is needed to overlay image files (only results JSON can go without)")
-        loaded = load_file(checkpoint)
-        kind = checkpoint_kind(loaded)
         if kind == VIT:
             classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
             gradient_class = classifier.class_index(options.gradient_class) if options.gradient_class else None
             for source, figure, text in vit_overlays(
-                classifier, [path for _, path in expand_inputs(images)], head_fusion=options.head_fusion,
+                classifier, image_paths, head_fusion=options.head_fusion,
                 discard_ratio=options.discard_ratio, gradient_class=gradient_class, batch_size=batch_size, **policy,
                 **options.layout, **options.style,
             ):
                 add(source, figure, text)
-        elif kind == CAPTIONER:
+        else:
             if options.gradient_class:
                 raise ValueError("--gradient-class is for ViT checkpoints")
             captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
             records += [(record, Path(record["file_name"])) for record in caption_files(
-                captioner, expand_inputs(images), beam_size=beam_size, batch_size=batch_size, **policy)]
-        else:
-            raise CheckpointError(f"{checkpoint}: not a checkpoint written by `vision-attn fit` (no model kind)")
+                captioner, expanded, beam_size=beam_size, batch_size=batch_size, **policy)]
     for record, path in records:
         image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
                              on_bad_image, bad_images)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,3 +36,39 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
 def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
     """Write JSON to ``path`` atomically."""
     return replace_atomically(path, lambda file: file.write(json.dumps(payload).encode("utf-8")))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_parents(path: Path) -> None:
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{path}: cannot be written, {parent} is a file, not a folder")
+            return
+
+
+def output_file(path: str | os.PathLike, *, inputs: Sequence[str | os.PathLike] = ()) -> Path:
+    """A file a command will write, checked before any work: not an existing folder, not under a file, and not
+    one of the command's ``inputs`` (which writing would destroy)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give the name of a file to write")
+    _check_parents(path)
+    if any(_same_file(path, Path(item)) for item in inputs):
+        raise ValueError(f"{path}: is one of the inputs; writing it would overwrite it (choose another output)")
+    return path
+
+
+def output_folder(path: str | os.PathLike) -> Path:
+    """A folder a command will write into, checked before any work: not an existing file, not under a file."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path}: is a file, not a folder to write into")
+    _check_parents(path)
+    return path

@@ -19,7 +19,17 @@ from PIL import Image
 from torch import Tensor
 from torch.optim import Optimizer
 
-from vision_attn.checkpoint import KIND_KEY, RNG_KEY, capture_rng_state, require_kind, restore_rng_state, stamp, upgrade
+from vision_attn.checkpoint import (
+    KIND_KEY,
+    RNG_KEY,
+    capture_rng_state,
+    load_file,
+    local_path,
+    require_kind,
+    restore_rng_state,
+    stamp,
+    upgrade,
+)
 from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.overlay import log_figures
 from vision_attn.schedule import warmup_cosine
@@ -81,6 +91,16 @@ class BaseTask(L.LightningModule):
     def overlay_figures(self, batch: Any, outputs: Any, count: int) -> list[tuple[str, Image.Image]]:
         """(tag, figure) of the attention of the first ``count`` images of a validation batch and its step output."""
         raise NotImplementedError
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> BaseTask:
+        """Lightning's ``load_from_checkpoint``, for local files only and always weights-only (a remote path, or a
+        file whose pickle carries code, is refused in one line)."""
+        path = local_path(checkpoint_path)
+        load_file(path)  # refuses folders, missing files and pickled code before Lightning reads it
+        return super().load_from_checkpoint(path, map_location=map_location, hparams_file=hparams_file,
+                                            strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
         return [SkippedImagesReport(), ValidationOverlays(self.hparams.get("log_overlays", 0))]

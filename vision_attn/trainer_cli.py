@@ -12,10 +12,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from vision_attn.checkpoint import KIND_KEY, load_file, require_kind
+from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind
 from vision_attn.io import replace_atomically
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
@@ -32,14 +33,18 @@ LINKED_FROM_DATA = {
 NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written to a temporary file beside the target, then renamed: a crash (even SIGKILL)
-    mid-write leaves the previous checkpoint whole. Remote paths (``s3://`` ...) keep Lightning's own writer."""
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Checkpoints read only through ``checkpoint.load_file`` (weights-only, local), and written to a temporary
+    file beside the target, then renamed: a crash (even SIGKILL) mid-write leaves the previous checkpoint whole.
+    Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read."""
 
     def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
         if "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         replace_atomically(path, lambda file: torch.save(checkpoint, file))
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return load_file(path, map_location=map_location or "cpu")
 
 
 def model_kind(class_path: str) -> str | None:
@@ -65,8 +70,10 @@ class VisionAttnCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and ckpt_path not in NAMED_CHECKPOINTS and Path(ckpt_path).is_file():
-            found = load_file(ckpt_path).get(KIND_KEY)
+        if ckpt_path and ckpt_path not in NAMED_CHECKPOINTS:
+            local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
+            self.config[subcommand]["ckpt_path"] = local
+            found = load_file(local).get(KIND_KEY)
             model = self.config[subcommand].get("model") or {}
             class_path = model.get("class_path", "") if isinstance(model, dict) else getattr(model, "class_path", "")
             wanted = model_kind(str(class_path))
@@ -74,10 +81,13 @@ class VisionAttnCLI(LightningCLI):
                 require_kind(found, wanted, source=ckpt_path, training=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The configured Trainer, with checkpoints written atomically unless the config picks plugins."""
+        """The configured Trainer, whose checkpoints are read safely and written atomically by ``SafeCheckpointIO``
+        (added to the config's plugins unless they hold a CheckpointIO of their own)."""
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        if not (config.get("trainer") or {}).get("plugins") and "plugins" not in kwargs:
-            kwargs["plugins"] = [AtomicCheckpointIO()]
+        plugins = (config.get("trainer") or {}).get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
         return super().instantiate_trainer(**kwargs)
 
 

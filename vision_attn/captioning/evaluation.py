@@ -21,6 +21,7 @@ from vision_attn.captioning.model import Captioner
 from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, read_coco_captions
 from vision_attn.data.images import BadImageCounter, OnBadImage, denormalize, normalize, readable_batches, to_pil
 from vision_attn.data.vocabulary import Vocabulary, tokenize, word_ids
+from vision_attn.io import output_file
 from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, write_results
@@ -74,7 +75,8 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
                    beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                    device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None) -> CaptionedFiles:
     """Caption (image id, path) inputs with a checkpoint and write the SPEC §4 results JSON to ``out``;
-    ``on_record`` sees each record as it is made (the CLI prints it)."""
+    ``on_record`` sees each record as it is made (the CLI prints it). ``out`` is checked before any work."""
+    output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     records, bad_images = [], BadImageCounter()
     for record in caption_files(captioner, inputs, beam_size=beam_size, batch_size=batch_size,

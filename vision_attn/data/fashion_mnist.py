@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vision_attn.errors import DatasetNotFoundError
+from vision_attn.io import output_folder
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,8 @@ def export_samples(root: str | Path, out: str | Path, *, count: int, split: str 
         raise ValueError(f"count must be at least 1, got {count}")
     if canvas_size < 28:
         raise ValueError(f"canvas size must be at least 28 (the garment's size), got {canvas_size}")
+    out = output_folder(out)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), split)
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     written = []

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -24,7 +26,10 @@ Loaded = TypeVar("Loaded")
 Item = TypeVar("Item")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-Image.MAX_IMAGE_PIXELS = 200_000_000  # decompression-bomb guard, well above any real photo
+# The largest image decoded: 120 megapixels, above a 100 MP camera's 11648×8736. A file that claims more is
+# refused from its header, before any pixel is decoded (a 385 KB PNG can claim 19900×19900 = 1.2 GB of RGB).
+MAX_PIXELS = 120_000_000
+Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS  # Pillow raises past twice this (4 × MAX_PIXELS): the backstop behind ours
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -99,7 +104,13 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
     cost their full size in memory.
     """
     try:
-        with Image.open(path) as image:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # ours is the one message
+            opened = Image.open(path)  # the header only
+        with opened as image:
+            if image.width * image.height > MAX_PIXELS:
+                raise BadImageError(f"{path}: {image.width}×{image.height} pixels is more than the "
+                                    f"{MAX_PIXELS // 1_000_000}-megapixel limit; refused before decoding")
             if max_side and image.format == "JPEG":
                 image.draft("RGB" if mode == "RGB" else "L", (max_side, max_side))
             image = ImageOps.exif_transpose(image)
@@ -112,7 +123,14 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
             return image.convert(mode)
     except FileNotFoundError:
         raise BadImageError(f"{path}: file not found") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+    except Image.DecompressionBombError as error:  # over 2 × MAX_PIXELS: Pillow refuses before we can look
+        size = re.search(r"\((\d+) pixels\)", str(error))
+        pixels = f"{int(size.group(1)):,} pixels" if size else "more pixels"
+        raise BadImageError(f"{path}: {pixels} is more than the {MAX_PIXELS // 1_000_000}-megapixel limit; "
+                            "refused before decoding") from None
+    except BadImageError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise BadImageError(f"{path}: cannot decode image ({str(error).splitlines()[0]})") from None
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+from vision_attn.io import output_folder
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ def make_scenes(
     """
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     _check_arguments(counts, canvas_size, grid_size)
-    root = Path(root)
+    root = output_folder(root)
     directory = find_fashion_mnist(fashion_mnist_root)
     loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     written = {}

@@ -1,0 +1,104 @@
+"""Reliability, round two (issue 16): decompression bombs, outputs that would overwrite inputs or runs."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import console_script
+from vision_attn.data.images import MAX_PIXELS, open_image
+from vision_attn.errors import BadImageError
+
+
+def png_bomb(path: Path, side: int = 19900) -> Path:
+    """A real, valid grey PNG of side × side black pixels, a few hundred KB on disk: written row by row through
+    zlib, so making it never holds the image in memory."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    compressor, row, parts = zlib.compressobj(9), b"\x00" * (side + 1), []  # filter byte 0, then the pixels
+    for _ in range(side):
+        parts.append(compressor.compress(row))
+    parts.append(compressor.flush())
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(parts))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_a_png_bomb_is_refused_from_its_header_in_one_line(tmp_path: Path, trained_captioner) -> None:
+    bomb = png_bomb(tmp_path / "bomb.png")
+    assert bomb.stat().st_size < 1_000_000
+    with pytest.raises(BadImageError, match=r"19900×19900 pixels is more than the 120-megapixel limit"):
+        open_image(bomb)
+    with pytest.raises(BadImageError, match=r"529,000,000 pixels is more than the 120-megapixel limit"):
+        open_image(png_bomb(tmp_path / "larger_bomb.png", side=23000))  # beyond Pillow's own backstop (4×)
+    result = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb %M", console_script(), "caption", "--ckpt",
+                             str(trained_captioner["ckpt"]), str(bomb), "--out", str(tmp_path / "r.json")],
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith(("maxrss_kb", "Command exited"))]
+    assert result.returncode == 2 and lines == [f"error: {bomb}: 19900×19900 pixels is more than the 120-megapixel "
+                                                "limit; refused before decoding"]
+    peak_kb = int(result.stderr.split("maxrss_kb ")[1].split()[0])
+    assert peak_kb < 1_500_000, f"{peak_kb / 1e6:.1f} GB peak: the image was decoded"
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_100_megapixel_photo_is_within_the_limit_and_decodes_by_draft(tmp_path: Path) -> None:
+    from PIL import Image
+
+    assert 11648 * 8736 <= MAX_PIXELS
+    path = tmp_path / "camera.jpg"
+    Image.new("L", (11648, 8736), 90).save(path, quality=50)
+    image = open_image(path, max_side=448)
+    assert image.mode == "RGB" and max(image.size) < 11648 // 4  # JPEG draft decoded a fraction of the pixels
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(result: subprocess.CompletedProcess, *parts: str) -> None:
+    assert result.returncode == 2, result.stderr[-1500:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and all(part in lines[0] for part in parts), lines
+
+
+def test_overlay_never_writes_over_its_inputs(tmp_path: Path, trained_captioner) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("a.png", "b.png"):
+        (photos / name).write_bytes((trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes())
+    before = {path.name: path.read_bytes() for path in photos.iterdir()}
+    one_line_error(run("overlay", "--ckpt", str(trained_captioner["ckpt"]), str(photos), "--out", str(photos)),
+                   str(photos / "a.png"), "is one of the inputs")
+    assert {path.name: path.read_bytes() for path in photos.iterdir()} == before  # nothing changed, nothing added
+    results = tmp_path / "results.json"
+    assert run("caption", "--ckpt", str(trained_captioner["ckpt"]), str(photos), "--out", str(results)).returncode == 0
+    one_line_error(run("overlay", str(results), "--out", str(photos)), "is one of the inputs")
+    assert {path.name: path.read_bytes() for path in photos.iterdir()} == before
+
+
+@pytest.mark.parametrize("kind", ["folder", "under_a_file", "an_input"])
+def test_caption_out_is_checked_before_any_work(kind: str, tmp_path: Path, trained_captioner) -> None:
+    image = tmp_path / "scene.png"
+    image.write_bytes((trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes())
+    out = {"folder": tmp_path, "under_a_file": image / "results.json", "an_input": image}[kind]
+    before = image.read_bytes()
+    result = run("caption", "--ckpt", str(trained_captioner["ckpt"]), str(image), "--out", str(out))
+    one_line_error(result, str(out))
+    assert image.read_bytes() == before and result.stdout == ""  # not one caption was made
+    assert not [path for path in tmp_path.iterdir() if path.name not in ("scene.png",)]  # no temporary file left
+
+
+def test_data_tools_refuse_a_file_as_their_output_folder(tmp_path: Path) -> None:
+    file = tmp_path / "file.txt"
+    file.write_text("keep me")
+    one_line_error(run("export-samples", "--count", "2", "--out", str(file)), str(file), "is a file")
+    one_line_error(run("make-scenes", "--train", "2", "--val", "1", "--test", "1", "--root", str(file / "sub")),
+                   "is a file, not a folder")
+    assert file.read_text() == "keep me"
