@@ -31,7 +31,7 @@ fashion-mnist:
 CAP_RUN := $(RUNS)/captioner_fashion_scenes
 SCENES  := data/fashion_scenes
 demo: setup
-	$(BIN)/vision-attn fit --config configs/captioner/fashion_scenes.yaml
+	$(BIN)/vision-attn fit --config configs/captioner/fashion_scenes.yaml --overwrite true
 	$(BIN)/vision-attn test --config configs/captioner/fashion_scenes.yaml --ckpt_path $(CAP_RUN)/checkpoints/best.ckpt
 	$(BIN)/vision-attn overlay --ckpt $(CAP_RUN)/checkpoints/best.ckpt --out $(CAP_RUN)/overlays \
 		$(SCENES)/images/test/1.png $(SCENES)/images/test/2.png $(SCENES)/images/test/3.png \
@@ -42,7 +42,7 @@ demo: setup
 # rollout overlays on those images and on garments placed at random on a larger canvas.
 VIT_RUN := $(RUNS)/vit_fashion_mnist
 demo-vit: setup
-	$(BIN)/vision-attn fit --config configs/vit/fashion_mnist.yaml
+	$(BIN)/vision-attn fit --config configs/vit/fashion_mnist.yaml --overwrite true
 	$(BIN)/vision-attn test --config configs/vit/fashion_mnist.yaml --ckpt_path $(VIT_RUN)/checkpoints/best.ckpt
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --out $(VIT_RUN)/samples
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --canvas-size 56 --out $(VIT_RUN)/samples

@@ -62,10 +62,14 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=300)
 
 
-def one_line_error(result: subprocess.CompletedProcess, *parts: str) -> None:
+def one_line_error(result: subprocess.CompletedProcess, *parts: str, after_logs: bool = False) -> None:
+    """Exit 2 and one ``error:`` line naming ``parts``; nothing else on stderr (``after_logs``: but Lightning's
+    start-up INFO lines before it), and never a traceback."""
     assert result.returncode == 2, result.stderr[-1500:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and all(part in lines[0] for part in parts), lines
+    assert "Traceback" not in result.stderr and lines[-1].startswith("error: "), lines
+    assert all(part in lines[-1] for part in parts), lines[-1]
+    assert all(line.startswith("INFO") for line in lines[:-1]) if after_logs else len(lines) == 1, lines
 
 
 def test_overlay_never_writes_over_its_inputs(tmp_path: Path, trained_captioner) -> None:
@@ -102,3 +106,46 @@ def test_data_tools_refuse_a_file_as_their_output_folder(tmp_path: Path) -> None
     one_line_error(run("make-scenes", "--train", "2", "--val", "1", "--test", "1", "--root", str(file / "sub")),
                    "is a file, not a folder")
     assert file.read_text() == "keep me"
+
+
+def test_a_second_fit_in_the_same_folder_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    from tests.conftest import CONFIGS
+
+    fit = ("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
+           "--trainer.limit_val_batches", "1")
+    assert run(*fit).returncode == 0
+    best = tmp_path / "checkpoints" / "best.ckpt"
+    first, written = best.read_bytes(), best.stat().st_mtime_ns
+    one_line_error(run(*fit), str(tmp_path / "checkpoints"), "best.ckpt, last.ckpt", "--overwrite true",
+                   after_logs=True)
+    assert best.read_bytes() == first and best.stat().st_mtime_ns == written  # the first run's are untouched
+    assert run(*fit, "--overwrite", "true").returncode == 0
+    # written again, as asked for (this config keeps Lightning's version counter: best-v1.ckpt beside best.ckpt)
+    assert any(path.stat().st_mtime_ns > written for path in best.parent.glob("best*.ckpt"))
+
+
+def test_ctrl_c_during_caption_keeps_the_finished_captions(tmp_path: Path, trained_captioner) -> None:
+    import json
+    import os
+    import signal
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    scene = (trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes()
+    for index in range(400):
+        (photos / f"{index:03d}.png").write_bytes(scene)
+    out = tmp_path / "results.json"
+    process = subprocess.Popen([console_script(), "caption", "--ckpt", str(trained_captioner["ckpt"]), str(photos),
+                                "--batch-size", "1", "--out", str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    printed = [process.stdout.readline() for _ in range(5)]  # five captions made: interrupt
+    process.send_signal(signal.SIGINT)
+    rest, stderr = process.communicate(timeout=120)
+    printed += [line for line in rest.splitlines(keepends=True) if line.strip()]
+    assert process.returncode == 130 and "Traceback" not in stderr
+    records = json.loads(out.read_text())
+    # every printed caption was kept (the interrupt may also land after a caption was kept, before it was printed)
+    assert 5 <= len(records) < 400 and len(records) - len(printed) in (0, 1)
+    assert stderr.strip().splitlines()[-1] == f"interrupted: wrote the {len(records)} of 400 captions finished so " \
+                                              f"far to {out}"
+    assert [f"{r['file_name']}: {r['caption']}\n" for r in records][: len(printed)] == printed

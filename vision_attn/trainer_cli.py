@@ -56,12 +56,39 @@ def model_kind(class_path: str) -> str | None:
         return None  # LightningCLI reports a class it cannot import in its own words
 
 
+def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
+    """Where a ModelCheckpoint will write, as Lightning resolves it: its ``dirpath``, else the first logger's
+    ``log_dir/checkpoints`` (a versioned logger picks a new version), else ``default_root_dir/checkpoints``."""
+    if getattr(callback, "dirpath", None):
+        return Path(callback.dirpath)
+    if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None):
+        return Path(trainer.loggers[0].log_dir) / "checkpoints"
+    return Path(trainer.default_root_dir) / "checkpoints"
+
+
 class VisionAttnCLI(LightningCLI):
     """LightningCLI with the links of ``LINKED_FROM_DATA`` and a ``--ckpt_path`` check."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         for source, target in LINKED_FROM_DATA.items():
             parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: start anew over the checkpoints of an earlier run in the same folder, "
+                                 "replacing them (without it, such a fit is refused)")
+
+    def before_fit(self) -> None:
+        """Refuse a fresh fit whose checkpoint folder holds an earlier run's checkpoints: replacing them silently
+        loses that run. Resuming (``--ckpt_path``) and ``--overwrite true`` go ahead."""
+        config = self.config[self.subcommand]
+        if config.get("ckpt_path") or config.get("overwrite"):
+            return
+        for callback in self.trainer.checkpoint_callbacks:
+            folder = checkpoint_folder(self.trainer, callback)
+            found = sorted(path.name for path in folder.glob("*.ckpt")) if folder.is_dir() else []
+            if found:
+                raise FileExistsError(f"{folder}: holds the checkpoints of an earlier run ({', '.join(found)}); resume "
+                                      "it with --ckpt_path last, move it away to keep it, or replace it with "
+                                      "--overwrite true")
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """Parse, then check ``--ckpt_path`` before LightningCLI takes the model's hyper-parameters from it: the

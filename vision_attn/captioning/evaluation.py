@@ -21,6 +21,7 @@ from vision_attn.captioning.model import Captioner
 from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, read_coco_captions
 from vision_attn.data.images import BadImageCounter, OnBadImage, denormalize, normalize, readable_batches, to_pil
 from vision_attn.data.vocabulary import Vocabulary, tokenize, word_ids
+from vision_attn.errors import Interrupted
 from vision_attn.io import output_file
 from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores
 from vision_attn.overlay import caption_overlay
@@ -79,11 +80,16 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
     output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     records, bad_images = [], BadImageCounter()
-    for record in caption_files(captioner, inputs, beam_size=beam_size, batch_size=batch_size,
-                                on_bad_image=on_bad_image, bad_images=bad_images):
-        if on_record is not None:
-            on_record(record)
-        records.append(record)
+    try:
+        for record in caption_files(captioner, inputs, beam_size=beam_size, batch_size=batch_size,
+                                    on_bad_image=on_bad_image, bad_images=bad_images):
+            records.append(record)  # kept before it is shown: an interrupt never loses a printed caption
+            if on_record is not None:
+                on_record(record)
+    except KeyboardInterrupt:  # keep every caption made so far, as a valid results JSON
+        path = write_results(out, records)
+        raise Interrupted(f"interrupted: wrote the {len(records)} of {len(inputs)} captions finished so far to "
+                          f"{path}") from None
     return CaptionedFiles(write_results(out, records), len(records), bad_images.skipped_note())
 
 
