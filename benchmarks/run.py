@@ -27,6 +27,7 @@ from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.losses import token_likelihood
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
+from vision_attn.options import at_least
 
 
 def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
@@ -388,8 +389,9 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
                                        batch=batch, vocab_size=vocab, width=width, repeats=2 if quick else 5)
         results["captioner_train_step"].append({"D": annotation_dim, "L": locations, "T": length, **measured})
         rows.append((f"captioner train step D={annotation_dim} L={locations} T={length} B={batch}: ours vs "
-                     "tutorial-style", f"{measured['ours_images_per_s']:.1f} vs {measured['reference_images_per_s']:.1f}"
-                     f" img/s, {measured['ours_s']:.2f} s/step ({measured['speedup']:.2f}×)", "≥ 2×"))
+                     "tutorial-style",
+                     f"{measured['ours_images_per_s']:.1f} vs {measured['reference_images_per_s']:.1f} img/s, "
+                     f"{measured['ours_s']:.2f} s/step ({measured['speedup']:.2f}×)", "≥ 2×"))
     step = dict(annotation_dim=512, batch=batch, vocab_size=vocab, width=width, repeats=2 if quick else 3)
     fixed_length, fixed_locations = (5, 49) if quick else (20, 196)
     by_locations = {n: captioner_step_time(locations=n, length=fixed_length, **step)
@@ -456,7 +458,7 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vision-attn benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not measured")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default 0: all cores)")
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON (default benchmark.json)")
     parser.add_argument("--vit-quality", action="store_true",
                         help="also run the ViT Fashion-MNIST fit + test (10 minutes) and report test accuracy")

@@ -200,10 +200,15 @@ def read_gallery(folder: Path) -> ImageLister:
 
 
 def test_gallery_lists_every_png_and_escapes_captions(tmp_path) -> None:
-    entries = [("a.png", 'a <script>alert("x")</script> caption'), ("b & c.png", "naïve — ünïcode")]
+    from urllib.parse import unquote, urlsplit
+
+    names = ["a.png", "b & c.png", "#1 ?x 100%.png"]
+    entries = [(names[0], 'a <script>alert("x")</script> caption'), (names[1], "naïve — ünïcode"), (names[2], "odd")]
     write_gallery(tmp_path, entries)
     gallery = read_gallery(tmp_path)
-    assert gallery.sources == ["a.png", "b & c.png"]
+    # a browser reads each link as a path (no fragment, no query) that decodes to the file's own name
+    assert [unquote(urlsplit(src).path) for src in gallery.sources] == names
+    assert all(not urlsplit(src).fragment and not urlsplit(src).query for src in gallery.sources)
     assert gallery.scripts == 0
     assert 'a <script>alert("x")</script> caption' in "".join(gallery.text)
 

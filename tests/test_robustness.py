@@ -149,3 +149,55 @@ def test_ctrl_c_during_caption_keeps_the_finished_captions(tmp_path: Path, train
     assert stderr.strip().splitlines()[-1] == f"interrupted: wrote the {len(records)} of 400 captions finished so " \
                                               f"far to {out}"
     assert [f"{r['file_name']}: {r['caption']}\n" for r in records][: len(printed)] == printed
+
+
+@pytest.mark.parametrize("root", ["missing", "a_file", "empty"])
+def test_a_bad_data_root_is_named_in_one_line_not_in_a_union_dump(root: str, tmp_path: Path) -> None:
+    from tests.conftest import REPO
+
+    path = {"missing": tmp_path / "nothing", "a_file": tmp_path / "file.txt", "empty": tmp_path / "empty"}[root]
+    if root == "a_file":
+        path.write_text("x")
+    if root == "empty":
+        (path / "train").mkdir(parents=True)
+    result = run("fit", "--config", str(REPO / "configs" / "vit" / "imagefolder.yaml"), "--data.init_args.root",
+                 str(path), "--trainer.default_root_dir", str(tmp_path / "run"))
+    one_line_error(result, str(path), after_logs=True)
+    assert "Union" not in result.stderr and "Namespace" not in result.stderr
+
+
+def test_a_min_word_count_that_keeps_no_word_is_refused(tmp_path: Path) -> None:
+    from tests.conftest import CONFIGS
+
+    result = run("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
+                 "--data.init_args.min_word_count", "100000", "--trainer.default_root_dir", str(tmp_path / "run"))
+    one_line_error(result, "min_word_count 100000 keeps no word", after_logs=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocab_json_records_the_min_word_count_used(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import CONFIGS
+
+    result = run("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
+                 "--data.init_args.min_word_count", "2", "--trainer.default_root_dir", str(tmp_path / "run"),
+                 "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = json.loads(next((tmp_path / "run").rglob("vocab.json")).read_text())
+    assert saved["min_count"] == 2
+
+
+def test_overlay_that_fails_half_way_leaves_no_half_made_gallery(tmp_path: Path, trained_captioner) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes((trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes())
+    (photos / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")  # unreadable: drawn second, after a.png
+    new, existing = tmp_path / "new_gallery", tmp_path / "old_gallery"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("earlier work")
+    for out in (new, existing):
+        one_line_error(run("overlay", str(photos / "a.png"), str(photos / "b.png"), "--ckpt",
+                           str(trained_captioner["ckpt"]), "--out", str(out)), str(photos / "b.png"))
+    assert not new.exists()  # the folder it would have made is gone with the staging area
+    assert sorted(path.name for path in existing.iterdir()) == ["keep.txt"]  # no a.png, no index.html, no staging

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vision_attn.errors import exit_on_user_error
-from vision_attn.options import at_least, parser_for
+from vision_attn.options import at_least, number_in, parser_for
 
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
@@ -28,7 +28,7 @@ def classify_command(argv: Sequence[str]) -> None:
     parser = parser_for("classify", "Top-k classes of images with a ViT.", "device")
     parser.add_argument("--ckpt", required=True, help="ViT checkpoint (.ckpt) written by `vision-attn fit`")
     parser.add_argument("images", nargs="+", help="image files")
-    parser.add_argument("--top-k", type=int, default=5, help="classes to print per image (default 5)")
+    parser.add_argument("--top-k", type=at_least(1), default=5, help="classes to print per image (default 5)")
     options = parser.parse_args(argv)
     from vision_attn.vit.inference import Classifier, classify_files
 
@@ -75,10 +75,11 @@ def overlay_command(argv: Sequence[str]) -> None:
     parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
     parser.add_argument("--upsample", choices=["bilinear", "pyramid"], default="bilinear",
                         help="how the attention grid is enlarged to the image (default bilinear)")
-    parser.add_argument("--sigma", type=float, default=None,
+    parser.add_argument("--sigma", type=number_in(0.0), default=None,
                         help="Gaussian smoothing in output pixels (default: a quarter of a grid cell)")
     parser.add_argument("--cmap", default="turbo", help="matplotlib colour map (default turbo)")
-    parser.add_argument("--opacity", type=float, default=0.6, help="blend opacity at the strongest attention")
+    parser.add_argument("--opacity", type=number_in(0.0, 1.0), default=0.6,
+                        help="blend opacity at the strongest attention (0 to 1)")
     parser.add_argument("--panel-size", type=at_least(16), default=224, help="longer side of each panel in pixels")
     parser.add_argument("--columns", type=at_least(1), default=5, help="panels per row before wrapping (default 5)")
     parser.add_argument("--gradient-class", help="ViT: also draw gradient rollout for this class (name or index)")
@@ -98,9 +99,9 @@ def export_samples_command(argv: Sequence[str]) -> None:
     parser.add_argument("--dataset", choices=["fashion-mnist"], default="fashion-mnist")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--split", choices=["train", "test"], default="test")
-    parser.add_argument("--count", type=int, default=8)
+    parser.add_argument("--count", type=at_least(1), default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--canvas-size", type=int, default=28,
+    parser.add_argument("--canvas-size", type=at_least(28), default=28,
                         help="paste each garment at a random place on a black square this big (default 28: as is)")
     parser.add_argument("--out", required=True, help="output folder")
     options = parser.parse_args(argv)
@@ -116,10 +117,10 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser = parser_for("make-scenes", "Generate the Fashion scenes captioning dataset (COCO format).")
     parser.add_argument("--root", default="data/fashion_scenes", help="output folder (default data/fashion_scenes)")
     for split, count in (("train", 20000), ("val", 1000), ("test", 1000)):
-        parser.add_argument(f"--{split}", type=int, default=count, help=f"{split} scenes (default {count})")
+        parser.add_argument(f"--{split}", type=at_least(0), default=count, help=f"{split} scenes (default {count})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--canvas-size", type=int, default=96, help="canvas side in pixels (default 96)")
-    parser.add_argument("--grid-size", type=int, default=3, help="grid cells per side (default 3)")
+    parser.add_argument("--canvas-size", type=at_least(1), default=96, help="canvas side in pixels (default 96)")
+    parser.add_argument("--grid-size", type=at_least(1), default=3, help="grid cells per side (default 3)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
                         help="where to look for Fashion-MNIST after the system location")
     options = parser.parse_args(argv)
@@ -139,8 +140,8 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                         "items pasted at random on a larger canvas (SPEC §5).", "device", "head_fusion",
                         "discard_ratio")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
-    parser.add_argument("--canvas-size", type=int, default=56, help="canvas side in pixels (default 56)")
-    parser.add_argument("--count", type=int, default=1000, help="test items to use (default 1000)")
+    parser.add_argument("--canvas-size", type=at_least(28), default=56, help="canvas side in pixels (default 56)")
+    parser.add_argument("--count", type=at_least(1), default=1000, help="test items to use (default 1000)")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)

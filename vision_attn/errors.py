@@ -31,6 +31,27 @@ USER_ERRORS = (CheckpointError, DatasetNotFoundError, BadImageError, FileNotFoun
                FloatingPointError)
 
 
+def _raised_by_us(error: BaseException) -> bool:
+    frames = []
+    traceback = error.__traceback__
+    while traceback is not None:
+        frames.append(traceback.tb_frame.f_code.co_filename)
+        traceback = traceback.tb_next
+    return bool(frames) and f"{os.sep}vision_attn{os.sep}" in frames[-1]
+
+
+def user_message(error: BaseException) -> str:
+    """The one line to show: the error itself, or, when a library wrapped one of ours (jsonargparse reports a
+    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), ours."""
+    seen, cause = set(), error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if cause is not error and isinstance(cause, USER_ERRORS) and _raised_by_us(cause):
+            error = cause
+        cause = cause.__cause__ or cause.__context__
+    return " ".join(str(error).split())
+
+
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
     """Turn the errors a user can fix (bad file, bad value, missing data, a diverged loss) into one line,
@@ -46,5 +67,5 @@ def exit_on_user_error() -> Iterator[None]:
     except USER_ERRORS as error:
         if os.environ.get("VISION_ATTN_TRACEBACK"):
             raise
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"error: {user_message(error)}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -5,8 +5,11 @@ or image files and folders with a checkpoint of either model, drawn to one PNG p
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -72,11 +75,30 @@ class Gallery:
         """Every file the gallery may write: the reserved PNGs and index.html."""
         return [self.folder / name for names in self.reserved.values() for name in names] + [self.folder / "index.html"]
 
-    def add(self, source: str, figure: Image.Image, text: str) -> Path:
-        """Save ``figure`` under the next name reserved for ``source``."""
+    def add(self, source: str, figure: Image.Image, text: str, staging: Path) -> Path:
+        """Save ``figure`` into ``staging`` under the next name reserved for ``source``; returns its final path."""
         name = self.reserved[str(source)].popleft()
         self.entries.append((name, text))
-        return save_png(figure, self.folder / name)
+        save_png(figure, staging / name)
+        return self.folder / name
+
+    @contextmanager
+    def staged(self) -> Iterator[Path]:
+        """A hidden folder inside ``folder`` to draw into. When the block ends well, its PNGs move into ``folder``
+        and the index is written; when it fails (or Ctrl-C), it is removed, with ``folder`` if it was new: no
+        half-made gallery is left."""
+        created = not self.folder.exists()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".overlays-", dir=self.folder))
+        try:
+            yield staging
+            for name, _ in self.entries:
+                (staging / name).replace(self.folder / name)
+            write_gallery(self.folder, self.entries)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            if created and not any(self.folder.iterdir()):
+                self.folder.rmdir()
 
 
 class OverlaysWritten(NamedTuple):
@@ -118,32 +140,31 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
     for target in gallery.outputs():
         output_file(target, inputs=every_input)  # refuse, before drawing anything, to write over an input
     policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}
+    with gallery.staged() as staging:
 
-    def add(source: str, figure: Image.Image, text: str) -> None:
-        path = gallery.add(source, figure, text)
-        if on_overlay is not None:
-            on_overlay(source, text, path)
+        def add(source: str, figure: Image.Image, text: str) -> None:
+            path = gallery.add(source, figure, text, staging)
+            if on_overlay is not None:
+                on_overlay(source, text, path)
 
-    if images:
         if kind == VIT:
             classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
             gradient_class = classifier.class_index(options.gradient_class) if options.gradient_class else None
             for source, figure, text in vit_overlays(
-                classifier, image_paths, head_fusion=options.head_fusion,
-                discard_ratio=options.discard_ratio, gradient_class=gradient_class, batch_size=batch_size, **policy,
-                **options.layout, **options.style,
+                classifier, image_paths, head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
+                gradient_class=gradient_class, batch_size=batch_size, **policy, **options.layout, **options.style,
             ):
                 add(source, figure, text)
-        else:
+        elif kind == CAPTIONER:
             if options.gradient_class:
                 raise ValueError("--gradient-class is for ViT checkpoints")
             captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
             records += [(record, Path(record["file_name"])) for record in caption_files(
                 captioner, expanded, beam_size=beam_size, batch_size=batch_size, **policy)]
-    for record, path in records:
-        image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
-                             on_bad_image, bad_images)
-        if image is not None:
-            add(str(path), caption_overlay(image, record, **options.layout, **options.style), record.get("caption", ""))
-    page = write_gallery(gallery.folder, gallery.entries)
-    return OverlaysWritten(page, len(gallery.entries), bad_images.skipped_note())
+        for record, path in records:
+            image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
+                                 on_bad_image, bad_images)
+            if image is not None:
+                add(str(path), caption_overlay(image, record, **options.layout, **options.style),
+                    record.get("caption", ""))
+    return OverlaysWritten(gallery.folder / "index.html", len(gallery.entries), bad_images.skipped_note())

@@ -4,8 +4,9 @@ so a bad value is one argparse line before any work is done."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -17,22 +18,61 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def number_in(low: float, high: float = math.inf, *, high_included: bool = True) -> Callable[[str], float]:
+    """An argparse type: a finite number from ``low`` to ``high`` (NaN and infinities are refused)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value and (value <= high if high_included else value < high)):
+            bound = "" if high == math.inf else f" and {'at most' if high_included else 'below'} {high:g}"
+            raise argparse.ArgumentTypeError(f"expected a number of at least {low:g}{bound}, got {text!r}")
+        return value
+    return parse
+
+
+def device(text: str) -> str:
+    """An argparse type: a torch device that this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
+    import torch
+
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (try cpu, cuda, cuda:0 or mps)") from None
+    if parsed.type == "cuda" and not (torch.cuda.is_available() and (parsed.index or 0) < torch.cuda.device_count()):
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no MPS device")
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu, cuda and mps devices are supported here")
+    return text
+
+
 SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # options several tools take, by name
-    "device": (("--device",), {"default": "cpu", "help": "torch device (default cpu)"}),
+    "device": (("--device",), {"type": device, "default": "cpu", "help": "torch device (default cpu)"}),
     "bad_images": (("--on-bad-image",), {"choices": ["error", "skip"], "default": "error",
                                          "help": "an unreadable image stops the run (default) or is skipped"}),
     "head_fusion": (("--head-fusion",), {"choices": ["mean", "max", "min"], "default": "mean",
                                          "help": "ViT rollout: how the heads of a layer are fused (default mean)"}),
-    "discard_ratio": (("--discard-ratio",), {"type": float, "default": 0.0,
+    "discard_ratio": (("--discard-ratio",), {"type": number_in(0.0, 1.0, high_included=False), "default": 0.0,
                                              "help": "ViT rollout: fraction of the weakest links dropped per layer"}),
     "beam": (("--beam",), {"type": at_least(1), "help": "captioner beam size (default: the checkpoint's)"}),
-    "batch_size": (("--batch-size",), {"type": int, "default": 32, "help": "images per batch (default 32)"}),
+    "batch_size": (("--batch-size",), {"type": at_least(1), "default": 32,
+                                       "help": "images per batch (default 32)"}),
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``error: <what>: <why>``, and exit 2, as every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def parser_for(name: str, description: str, *shared: str) -> argparse.ArgumentParser:
     """A ``vision-attn NAME`` parser with the ``SHARED_OPTIONS`` named in ``shared``."""
-    parser = argparse.ArgumentParser(prog=f"vision-attn {name}", description=description)
+    parser = OneLineParser(prog=f"vision-attn {name}", description=description)
     for option in shared:
         flags, settings = SHARED_OPTIONS[option]
         parser.add_argument(*flags, **settings)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import numpy as np
 import torch
@@ -192,7 +193,7 @@ def write_gallery(folder: str | os.PathLike, entries: Sequence[tuple[str, str]],
                   title: str = "vision-attn attention overlays") -> Path:
     """``index.html`` in ``folder`` showing each (PNG file name, caption or class) entry; all text escaped."""
     items = "\n".join(
-        f'<figure><a href="{html.escape(name, quote=True)}"><img src="{html.escape(name, quote=True)}" '
+        f'<figure><a href="{html.escape(quote(name), quote=True)}"><img src="{html.escape(quote(name), quote=True)}" '
         f'alt="{html.escape(text, quote=True)}" loading="lazy"></a>'
         f"<figcaption>{html.escape(text)}</figcaption></figure>"
         for name, text in entries

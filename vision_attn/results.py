@@ -9,6 +9,7 @@ exactly what pycocoevalcap and ``COCO.loadRes`` read.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,11 +42,55 @@ def write_results(path: str | os.PathLike, records: Sequence[dict[str, Any]]) ->
     return write_json_atomically(path, [{k: v for k, v in record.items() if k in RECORD_KEYS} for record in records])
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_weight(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def record_problem(record: Any) -> str | None:
+    """What is wrong with a SPEC §4 record that carries attention, or None: every field of the right type and
+    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given."""
+    if not isinstance(record, dict):
+        return f"is a {type(record).__name__}, not a record"
+    image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
+    if isinstance(image_id, bool) or not isinstance(image_id, int | str):
+        return f"image_id must be a number or a string, got {image_id!r}"
+    if not isinstance(name, str) or not name:
+        return f"file_name must be a non-empty string, got {name!r}"
+    if not isinstance(caption, str):
+        return f"caption must be a string, got {caption!r}"
+    tokens, grid, alphas, betas = (record.get(key) for key in ("tokens", "grid", "alphas", "betas"))
+    if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
+        return "tokens must be a list of strings (write the file with `vision-attn caption`)"
+    for key in ("grid", "image_size"):
+        value = record.get(key)
+        if (key == "grid" or value is not None) and not (isinstance(value, list) and len(value) == 2
+                                                         and all(map(_is_count, value))):
+            return f"{key} must be two positive whole numbers, got {value!r}"
+    if not isinstance(alphas, list) or len(alphas) != len(tokens):
+        return f"alphas must hold one row per token ({len(tokens)}), got {alphas!r:.60}"
+    cells = grid[0] * grid[1]
+    for t, row in enumerate(alphas):
+        if not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row)):
+            return f"alphas row {t} must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
+    if betas is not None and not (isinstance(betas, list) and len(betas) == len(tokens)
+                                  and all(map(_is_weight, betas))):
+        return f"betas must hold one finite number >= 0 per token ({len(tokens)})"
+    return None
+
+
 def read_results(path: str | os.PathLike) -> list[tuple[dict[str, Any], Path]]:
     """The records of a results JSON with the image file each names, found in the working directory or beside
     the JSON. A missing file, invalid JSON, a list of anything but records, or a missing image is a one-line
     error naming it."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, not a results JSON")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: not a regular file (a pipe or a device?), so not a results JSON")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such results JSON")
     try:
@@ -55,8 +100,12 @@ def read_results(path: str | os.PathLike) -> list[tuple[dict[str, Any], Path]]:
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
         raise ValueError(f"{path}: expected a list of caption records (SPEC §4), as `caption` writes")
     found = []
-    for record in loaded:
-        name = str(record.get("file_name") or "")
+    for index, record in enumerate(loaded):
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"{path}: record {index} ({record.get('file_name') or record.get('image_id')!r}): "
+                             f"{problem}")
+        name = record["file_name"]
         image = Path(name) if Path(name).is_file() else path.parent / name
         if not name or not image.is_file():
             raise FileNotFoundError(f"{path}: image {name!r} of record {record.get('image_id')!r} not found "

@@ -106,11 +106,9 @@ class ShowAttendTell(BaseTask):
     def _reward(self) -> CiderD:
         """CIDEr-D with the document frequencies of every training image's references, built once."""
         if self._cider is None:
-            datamodule = getattr(self.trainer, "datamodule", None)
-            if datamodule is None or not hasattr(datamodule, "records"):
-                raise RuntimeError("self-critical training scores samples with CIDEr-D against the training "
-                                   "references, and needs a DataModule with records('train') (CocoCaptionsDataModule)")
-            references = [record.captions for record in datamodule.records("train")]
+            if not hasattr(self.trainer.datamodule, "records"):
+                raise ValueError("self-critical training needs the training references: use CocoCaptionsDataModule")
+            references = [record.captions for record in self.trainer.datamodule.records("train")]
             self._cider = reference_reward(references, self.model.vocab, self.hparams.max_decode_length)
             log.info("self-critical training from epoch %d: CIDEr-D reward over the references of %d training "
                      "images", self.hparams.self_critical_from_epoch, len(references))
@@ -181,8 +179,10 @@ class ShowAttendTell(BaseTask):
             log.warning("self_critical_from_epoch is %d but max_epochs is %d: training ends before any "
                         "self-critical epoch", start, epochs)
         folder = getattr(self.trainer.checkpoint_callback, "dirpath", None)
+        vocab = getattr(self.trainer.datamodule, "vocab", None)  # the DataModule's knows its min_count
         if self.trainer.is_global_zero and folder:
-            self.model.vocab.to_json(Path(folder) / "vocab.json")
+            (vocab if vocab is not None and vocab.tokens == self.model.vocab.tokens else self.model.vocab).to_json(
+                Path(folder) / "vocab.json")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint whose words differ from this run's vocabulary: its ids would mean other words."""

@@ -102,6 +102,8 @@ def export_samples(root: str | Path, out: str | Path, *, count: int, split: str 
         raise ValueError(f"canvas size must be at least 28 (the garment's size), got {canvas_size}")
     out = output_folder(out)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), split)
+    if count > len(images):
+        raise ValueError(f"count {count} is more than the {len(images)} images of Fashion-MNIST's {split} split")
     out.mkdir(parents=True, exist_ok=True)
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     written = []

@@ -103,6 +103,9 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
     ``max_side`` lets JPEG decoding skip detail that resizing would throw away, so huge photos do not
     cost their full size in memory.
     """
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the decoder forever
+        what = "a folder" if os.path.isdir(path) else "a pipe or a device?"
+        raise BadImageError(f"{path}: not a regular file ({what}), so not an image")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # ours is the one message
@@ -154,8 +157,12 @@ def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]
             if not images:
                 raise FileNotFoundError(f"{item}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
             found += [(path.name, path) for path in images]
-        elif item.exists():
+        elif item.is_file():
             found.append((item.name, item))
+        elif item.exists():
+            raise ValueError(f"{item}: not a regular file (a pipe or a device?), so not an image")
+        elif any(parent.is_file() for parent in item.parents):
+            raise FileNotFoundError(f"{item}: no such file (a folder on its path is a file)")
         else:
             raise FileNotFoundError(f"{item}: no such file or folder")
     return found

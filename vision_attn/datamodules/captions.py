@@ -29,7 +29,7 @@ from vision_attn.data.coco import (
 )
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
 from vision_attn.data.scenes import make_scenes
-from vision_attn.data.vocabulary import Vocabulary
+from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.base import SplitDataModule
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,9 @@ class CocoCaptionsDataModule(SplitDataModule):
         else:
             train_captions = [caption for record in self.records("train") for caption in record.captions]
             self.vocab = Vocabulary.build(train_captions, min_count=min_word_count)
+            if len(self.vocab) == len(SPECIALS):
+                raise ValueError(f"min_word_count {min_word_count} keeps no word of the {len(train_captions)} "
+                                 f"{train_split} captions: a captioner needs words; lower it")
             log.info("vocabulary of %d tokens from the %s split (min count %d)", len(self.vocab), train_split,
                      min_word_count)
 

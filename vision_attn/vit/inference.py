@@ -214,7 +214,9 @@ def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.
         raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    classifier = Classifier.from_checkpoint(checkpoint, device=device)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
+    if count > len(images):
+        raise ValueError(f"count {count} is more than the {len(images)} Fashion-MNIST test items")
+    classifier = Classifier.from_checkpoint(checkpoint, device=device)
     return rollout_on_canvas(classifier, images[:count], labels[:count], canvas_size=canvas_size, seed=seed,
                              head_fusion=head_fusion, discard_ratio=discard_ratio)
