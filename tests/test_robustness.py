@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import struct
 import subprocess
 import zlib
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import console_script
+from vision_attn.cli import main
 from vision_attn.data.images import MAX_PIXELS, open_image
 from vision_attn.errors import BadImageError
 
@@ -59,7 +62,15 @@ def test_a_100_megapixel_photo_is_within_the_limit_and_decodes_by_draft(tmp_path
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=300)
+    """``vision-attn ARGS`` in this process (a new process would spend seconds importing Lightning again)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(list(args))
+        except SystemExit as exit_info:
+            code = exit_info.code if isinstance(exit_info.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
 
 
 def one_line_error(result: subprocess.CompletedProcess, *parts: str, after_logs: bool = False) -> None:
@@ -87,32 +98,10 @@ def test_overlay_never_writes_over_its_inputs(tmp_path: Path, trained_captioner)
     assert {path.name: path.read_bytes() for path in photos.iterdir()} == before
 
 
-@pytest.mark.parametrize("kind", ["folder", "under_a_file", "an_input"])
-def test_caption_out_is_checked_before_any_work(kind: str, tmp_path: Path, trained_captioner) -> None:
-    image = tmp_path / "scene.png"
-    image.write_bytes((trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes())
-    out = {"folder": tmp_path, "under_a_file": image / "results.json", "an_input": image}[kind]
-    before = image.read_bytes()
-    result = run("caption", "--ckpt", str(trained_captioner["ckpt"]), str(image), "--out", str(out))
-    one_line_error(result, str(out))
-    assert image.read_bytes() == before and result.stdout == ""  # not one caption was made
-    assert not [path for path in tmp_path.iterdir() if path.name not in ("scene.png",)]  # no temporary file left
-
-
-def test_data_tools_refuse_a_file_as_their_output_folder(tmp_path: Path) -> None:
-    file = tmp_path / "file.txt"
-    file.write_text("keep me")
-    one_line_error(run("export-samples", "--count", "2", "--out", str(file)), str(file), "is a file")
-    one_line_error(run("make-scenes", "--train", "2", "--val", "1", "--test", "1", "--root", str(file / "sub")),
-                   "is a file, not a folder")
-    assert file.read_text() == "keep me"
-
-
 def test_a_second_fit_in_the_same_folder_is_refused_unless_overwrite(tmp_path: Path) -> None:
     from tests.conftest import CONFIGS
 
-    fit = ("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
-           "--trainer.limit_val_batches", "1")
+    fit = ("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path))
     assert run(*fit).returncode == 0
     best = tmp_path / "checkpoints" / "best.ckpt"
     first, written = best.read_bytes(), best.stat().st_mtime_ns
@@ -181,8 +170,7 @@ def test_vocab_json_records_the_min_word_count_used(tmp_path: Path) -> None:
     from tests.conftest import CONFIGS
 
     result = run("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
-                 "--data.init_args.min_word_count", "2", "--trainer.default_root_dir", str(tmp_path / "run"),
-                 "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1")
+                 "--data.init_args.min_word_count", "2", "--trainer.default_root_dir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-2000:]
     saved = json.loads(next((tmp_path / "run").rglob("vocab.json")).read_text())
     assert saved["min_count"] == 2
@@ -201,3 +189,16 @@ def test_overlay_that_fails_half_way_leaves_no_half_made_gallery(tmp_path: Path,
                            str(trained_captioner["ckpt"]), "--out", str(out)), str(photos / "b.png"))
     assert not new.exists()  # the folder it would have made is gone with the staging area
     assert sorted(path.name for path in existing.iterdir()) == ["keep.txt"]  # no a.png, no index.html, no staging
+
+
+@pytest.mark.parametrize("setting", [("--data.init_args.batch_size", "-3", "batch_size must be at least 1"),
+                                     ("--data.init_args.num_workers", "-1", "num_workers"),
+                                     ("--trainer.max_epochs", "-5", "Lightning refused a setting: `max_epochs`")])
+def test_a_bad_number_in_the_training_config_is_one_line(setting: tuple[str, str, str], tmp_path: Path) -> None:
+    from tests.conftest import CONFIGS
+
+    option, value, message = setting
+    result = run("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
+                 option, value)
+    one_line_error(result, message, after_logs=True)
+    assert not list((tmp_path / "run").rglob("*.ckpt"))

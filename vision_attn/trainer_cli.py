@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -119,13 +120,17 @@ class VisionAttnCLI(LightningCLI):
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
-    """LightningCLI on ``args`` (``sys.argv`` when None): the model and data are picked by ``class_path``."""
-    VisionAttnCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        auto_configure_optimizers=False,
-    )
+    """LightningCLI on ``args`` (``sys.argv`` when None): the model and data are picked by ``class_path``.
+    Lightning's refusal of a setting (``MisconfigurationException``) becomes a one-line user error."""
+    try:
+        VisionAttnCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            auto_configure_optimizers=False,
+        )
+    except MisconfigurationException as error:
+        raise ValueError(f"Lightning refused a setting: {error}") from None
