@@ -122,3 +122,27 @@ def test_cider_d_reward_equals_pycocoevalcap_cider_with_the_same_document_freque
     assert ours[0] > max(ours[1:])  # the copy of a reference scores above every random word string
     with pytest.raises(ValueError, match="corpus of references"):
         metrics.CiderD([])
+
+
+def test_scene_scores_on_hand_made_captions() -> None:
+    import math
+
+    from vision_attn.metrics import scene_scores
+
+    scenes = {1: [("sneaker", "red"), ("bag", "white")], 2: [("top", "blue"), ("boot", "green"), ("coat", "red")],
+              3: [("dress", "yellow"), ("shirt", "green")]}
+    records = [
+        {"image_id": 1, "tokens": "a red sneaker to the left of a white bag".split()},  # all right
+        # omits the coat and names its one boot twice
+        {"image_id": 2, "tokens": "a blue top next to a green boot and a green boot".split()},
+        {"image_id": 3, "tokens": "a red dress next to a green sandal".split()},  # miscoloured dress, invents sandal
+    ]
+    scores = scene_scores(records, scenes)
+    assert scores["object_recall"] == 5 / 7  # sneaker, bag, top, boot, dress of 7 objects
+    assert scores["object_precision"] == 6 / 7  # every emitted class word but the invented sandal
+    assert scores["colour_accuracy"] == 5 / 6  # the red dress is yellow
+    assert scores["repeated_object_rate"] == 1 / 3  # the second caption names its one boot twice
+    unknown = scene_scores([{"image_id": 1, "tokens": ["a", "bag"]}], {1: [("bag", None)]})
+    assert unknown["object_recall"] == 1.0 and math.isnan(unknown["colour_accuracy"])
+    empty = scene_scores([], {})
+    assert all(math.isnan(value) for value in empty.values())

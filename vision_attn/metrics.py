@@ -244,3 +244,45 @@ def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
     weights = weights.clamp(min=0)
     weights = weights / weights.sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
     return (weights * coverage).sum(dim=(-2, -1))
+
+
+def scene_scores(
+    records: Iterable[Mapping[str, Any]],
+    scenes: Mapping[Any, Sequence[tuple[str, str | None]]],
+    *,
+    class_words: Sequence[str] = CLASS_WORDS,
+) -> dict[str, float]:
+    """SPEC §5's scene metrics over the emitted tokens of each caption (records hold ``image_id`` and ``tokens``,
+    without <start>/<end>); ``scenes`` maps an image id to its objects as (class word, colour or None).
+
+    - object recall: over every object of every scene, the fraction whose class word the caption emits;
+    - object precision: over every emitted class word, the fraction whose class is in the scene;
+    - colour accuracy: over emitted class words whose class is in the scene, the fraction whose preceding token
+      is that object's colour (objects without a colour are left out; NaN when none has one);
+    - repeated-object rate: the fraction of captions that emit some class word more than once while the scene
+      holds one item of that class.
+    """
+    words = set(class_words)
+    objects = emitted = named_right = coloured = colour_right = repeated = captions = recalled = 0
+    for record in records:
+        scene = list(scenes.get(record["image_id"], []))
+        tokens = list(record["tokens"])
+        in_scene = Counter(name for name, _ in scene)
+        colours = {name: colour for name, colour in scene}
+        said = Counter(token for token in tokens if token in words)
+        captions += 1
+        objects += len(scene)
+        recalled += sum(1 for name, _ in scene if said[name])
+        emitted += sum(said.values())
+        repeated += any(count > 1 and in_scene[word] == 1 for word, count in said.items())
+        for t, token in enumerate(tokens):
+            if token in words and in_scene[token]:
+                named_right += 1
+                if colours[token] is not None:
+                    coloured += 1
+                    colour_right += t > 0 and tokens[t - 1] == colours[token]
+    nan = float("nan")
+    return {"object_recall": recalled / objects if objects else nan,
+            "object_precision": named_right / emitted if emitted else nan,
+            "colour_accuracy": colour_right / coloured if coloured else nan,
+            "repeated_object_rate": repeated / captions if captions else nan}

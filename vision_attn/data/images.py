@@ -29,7 +29,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 # The largest image decoded: 120 megapixels, above a 100 MP camera's 11648×8736. A file that claims more is
 # refused from its header, before any pixel is decoded (a 385 KB PNG can claim 19900×19900 = 1.2 GB of RGB).
 MAX_PIXELS = 120_000_000
-Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS  # Pillow raises past twice this (4 × MAX_PIXELS): the backstop behind ours
+# Pillow's own guard stays as a backstop behind ours: it warns above MAX_IMAGE_PIXELS and refuses above twice
+# that, here 4 × MAX_PIXELS, before we can read the size ourselves.
+Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -126,7 +128,7 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
             return image.convert(mode)
     except FileNotFoundError:
         raise BadImageError(f"{path}: file not found") from None
-    except Image.DecompressionBombError as error:  # over 2 × MAX_PIXELS: Pillow refuses before we can look
+    except Image.DecompressionBombError as error:  # over 4 × MAX_PIXELS: Pillow refused in Image.open
         size = re.search(r"\((\d+) pixels\)", str(error))
         pixels = f"{int(size.group(1)):,} pixels" if size else "more pixels"
         raise BadImageError(f"{path}: {pixels} is more than the {MAX_PIXELS // 1_000_000}-megapixel limit; "
