@@ -16,7 +16,7 @@ PACKAGE = REPO / "vision_attn"
 # Lower layers never import higher ones: models and data, then metrics/overlay/evaluation, then the Lightning
 # tasks, then the command line. A module may import its own layer and the ones below.
 LAYERS = [
-    {"vision_attn", "vision_attn.errors", "vision_attn.io"},
+    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.options"},
     {"vision_attn.checkpoint", "vision_attn.attention", "vision_attn.schedule", "vision_attn.data.*",
      "vision_attn.datamodules.*", "vision_attn.captioning", "vision_attn.captioning.encoder",
      "vision_attn.captioning.decoder", "vision_attn.captioning.beam_search", "vision_attn.captioning.losses",
@@ -25,7 +25,7 @@ LAYERS = [
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.vit.inference", "vision_attn.gallery"},
     {"vision_attn.task", "vision_attn.captioning.module", "vision_attn.vit.module"},
-    {"vision_attn.options", "vision_attn.trainer_cli", "vision_attn.cli"},
+    {"vision_attn.trainer_cli", "vision_attn.cli"},
 ]
 LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.task", "vision_attn.captioning.module",
                      "vision_attn.vit.module", "vision_attn.trainer_cli"}

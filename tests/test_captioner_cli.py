@@ -165,3 +165,46 @@ def test_a_checkpoint_from_before_the_captioner_module_captions_the_same(trained
     new, old = (list(caption_files(Captioner.from_checkpoint(path), images)) for path in (trained_captioner["ckpt"],
                                                                                           legacy))
     assert new == old and len(new) == len(images)
+
+
+def test_evaluate_scores_caption_results_and_a_bare_coco_results_list(trained_captioner, tmp_path, capsys) -> None:
+    from vision_attn.cli import main
+
+    scenes = trained_captioner["scenes"]
+    annotations = scenes / "annotations" / "captions_test.json"
+    instances, attributes = (scenes / "annotations" / f"{kind}_test.json" for kind in ("instances", "attributes"))
+    results = tmp_path / "results.json"
+    main(["caption", "--ckpt", str(trained_captioner["ckpt"]), "--coco-annotations", str(annotations), "--image-dir",
+          str(scenes / "images" / "test"), "--out", str(results)])
+    scores_file = tmp_path / "scores.json"
+    main(["evaluate", str(results), "--annotations", str(annotations), "--instances", str(instances), "--attributes",
+          str(attributes), "--out", str(scores_file)])
+    printed = capsys.readouterr().out
+    scores = json.loads(scores_file.read_text())
+    for name in ("BLEU-4", "CIDEr-D", "pointing_words", "object_recall", "repeated_object_rate", "images"):
+        assert name in scores and name in printed
+    assert scores["images"] == 6 and 0.0 <= scores["object_recall"] <= 1.0
+    # another tool's output: the bare COCO results format, no attention: caption and scene metrics, no pointing
+    bare = tmp_path / "bare.json"
+    truth = json.loads(annotations.read_text())["annotations"]
+    bare.write_text(json.dumps([{"image_id": a["image_id"], "caption": a["caption"]} for a in truth]))
+    main(["evaluate", str(bare), "--annotations", str(annotations), "--instances", str(instances), "--attributes",
+          str(attributes), "--out", str(tmp_path / "bare_scores.json")])
+    bare_scores = json.loads((tmp_path / "bare_scores.json").read_text())
+    assert "pointing_accuracy" not in bare_scores and bare_scores["object_recall"] == 1.0
+    assert bare_scores["colour_accuracy"] == 1.0 and bare_scores["object_precision"] == 1.0  # a reference caption
+    assert bare_scores["BLEU-4"] > 0.9
+
+
+def test_evaluate_names_image_ids_missing_from_the_annotations(trained_captioner, tmp_path, capsys) -> None:
+    import pytest
+
+    from vision_attn.cli import main
+
+    annotations = trained_captioner["scenes"] / "annotations" / "captions_test.json"
+    stray = tmp_path / "stray.json"
+    stray.write_text(json.dumps([{"image_id": 1, "caption": "a top"}, {"image_id": 987, "caption": "a bag"}]))
+    with pytest.raises(SystemExit):
+        main(["evaluate", str(stray), "--annotations", str(annotations), "--out", str(tmp_path / "s.json")])
+    assert capsys.readouterr().err.strip() == f"error: {stray}: 1 image ids are not in {annotations}, e.g. 987"
+    assert not (tmp_path / "s.json").exists()

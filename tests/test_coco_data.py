@@ -294,8 +294,9 @@ def test_generate_scenes_creates_and_then_reuses_a_scenes_root(tmp_path: Path) -
     assert batch.images.shape == (30, 3, 96, 96)
     raw = {tuple(tokenize(a["caption"])) for a in json.loads(captions_file.read_text())["annotations"]}
     assert {tuple(dm.vocab.decode(caption)) for caption in batch.captions} == raw  # default length cuts none
-    val = {record.image_id: record.objects for record in dm.records("val")}  # objects from instances_val.json
-    assert set(val) == {1, 2} and all(word in CLASS_WORDS and len(box) == 4 for word, box in val[1])
+    val = {record.image_id: record.objects for record in dm.records("val")}  # instances_val.json + attributes
+    assert set(val) == {1, 2} and all(word in CLASS_WORDS and len(box) == 4 for word, box, _ in val[1])
+    assert all(colour in ("red", "green", "blue", "yellow", "white") for _, _, colour in val[1])
     assert all(record.objects is None for record in dm.records("train"))
     stamp = captions_file.stat().st_mtime_ns
     CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vision_attn.errors import exit_on_user_error
-from vision_attn.options import at_least, number_in, parser_for
+from vision_attn.options import at_least, parser_for
 
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
@@ -53,12 +53,9 @@ def caption_command(argv: Sequence[str]) -> None:
         parser.error("--coco-annotations and --image-dir go together")
     if not options.inputs and not options.coco_annotations:
         parser.error("give image files or folders, or --coco-annotations with --image-dir")
-    from vision_attn.captioning.evaluation import coco_inputs, write_captions
-    from vision_attn.data.images import expand_inputs
+    from vision_attn.captioning.evaluation import caption_inputs, write_captions
 
-    inputs = expand_inputs(options.inputs) if options.inputs else []
-    if options.coco_annotations:
-        inputs += coco_inputs(options.coco_annotations, options.image_dir)
+    inputs = caption_inputs(options.inputs, coco_annotations=options.coco_annotations, image_dir=options.image_dir)
     written = write_captions(options.ckpt, inputs, options.out, beam_size=options.beam, batch_size=options.batch_size,
                              on_bad_image=options.on_bad_image, device=options.device,
                              on_record=lambda record: print(f"{record['file_name']}: {record['caption']}"))
@@ -73,24 +70,31 @@ def overlay_command(argv: Sequence[str]) -> None:
     parser.add_argument("inputs", nargs="+", help="image files, folders of images, or results JSON from `caption`")
     parser.add_argument("--ckpt", help="captioner or ViT checkpoint (not needed when every input is a results JSON)")
     parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
-    parser.add_argument("--upsample", choices=["bilinear", "pyramid"], default="bilinear",
-                        help="how the attention grid is enlarged to the image (default bilinear)")
-    parser.add_argument("--sigma", type=number_in(0.0), default=None,
-                        help="Gaussian smoothing in output pixels (default: a quarter of a grid cell)")
-    parser.add_argument("--cmap", default="turbo", help="matplotlib colour map (default turbo)")
-    parser.add_argument("--opacity", type=number_in(0.0, 1.0), default=0.6,
-                        help="blend opacity at the strongest attention (0 to 1)")
-    parser.add_argument("--panel-size", type=at_least(16), default=224, help="longer side of each panel in pixels")
-    parser.add_argument("--columns", type=at_least(1), default=5, help="panels per row before wrapping (default 5)")
-    parser.add_argument("--gradient-class", help="ViT: also draw gradient rollout for this class (name or index)")
-    options = parser.parse_args(argv)
     from vision_attn.gallery import OverlayOptions, draw_overlays
 
-    style = OverlayOptions(**{name: getattr(options, name) for name in OverlayOptions.__dataclass_fields__})
+    OverlayOptions.add_arguments(parser)
+    options = parser.parse_args(argv)
+    style = OverlayOptions.from_arguments(options)
     written = draw_overlays(options.inputs, options.out, checkpoint=options.ckpt, options=style, beam_size=options.beam,
                             batch_size=options.batch_size, on_bad_image=options.on_bad_image, device=options.device,
                             on_overlay=lambda source, text, path: print(f"{source}: {text} -> {path}"))
     print(f"wrote {written.count} overlays and {written.page}{written.skipped_note}")
+
+
+@tool("evaluate", "score any COCO results JSON: caption metrics; pointing and scene metrics with instances")
+def evaluate_command(argv: Sequence[str]) -> None:
+    parser = parser_for("evaluate", "Score a COCO results file (ours or another tool's) against COCO captions.")
+    parser.add_argument("results", help="results JSON: [{image_id, caption}], or what `caption` writes")
+    parser.add_argument("--annotations", required=True, help="COCO captions JSON holding the references")
+    parser.add_argument("--instances", help="COCO instances JSON: scene metrics, and pointing for `caption`'s JSON")
+    parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")
+    parser.add_argument("--out", default="scores.json", help="scores JSON to write (default scores.json)")
+    options = parser.parse_args(argv)
+    from vision_attn.captioning.evaluation import evaluate_results, scores_table
+
+    scores = evaluate_results(options.results, options.annotations, instances=options.instances,
+                              attributes=options.attributes, out=options.out)
+    print(f"{scores_table(scores)}\nwrote {options.out}")
 
 
 @tool("export-samples", "write dataset images as PNG files (for classify and overlay)")

@@ -4,13 +4,14 @@ or image files and folders with a checkpoint of either model, drawn to one PNG p
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,25 +23,45 @@ from vision_attn.checkpoint import CAPTIONER, VIT, checkpoint_kind, load_file
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError
 from vision_attn.io import output_file, output_folder
+from vision_attn.options import at_least, number_in
 from vision_attn.overlay import caption_overlay, save_png, write_gallery
 from vision_attn.results import read_results
 from vision_attn.vit.inference import Classifier, vit_overlays
 from vision_attn.vit.rollout import HeadFusion
 
 
+def _option(default: Any, help: str, **argparse_settings: Any) -> Any:
+    return field(default=default, metadata={"help": help, **argparse_settings})
+
+
 @dataclass
 class OverlayOptions:
-    """How the overlays are drawn and laid out, and how the ViT's maps are made."""
+    """How the overlays are drawn and laid out, and how the ViT's maps are made; each field is also a
+    ``vision-attn overlay`` option of the same name (``--panel-size`` for ``panel_size``)."""
 
-    upsample: str = "bilinear"  # how the attention grid is enlarged to the image: bilinear or pyramid
-    sigma: float | None = None  # Gaussian smoothing in output pixels (default: a quarter of a grid cell)
-    cmap: str = "turbo"
-    opacity: float = 0.6
-    panel_size: int = 224
-    columns: int = 5
-    head_fusion: HeadFusion = "mean"
-    discard_ratio: float = 0.0
-    gradient_class: str | None = None  # ViT: also draw gradient rollout for this class (name or index)
+    upsample: str = _option("bilinear", "how the attention grid is enlarged to the image (default bilinear)",
+                            choices=["bilinear", "pyramid"])
+    sigma: float | None = _option(None, "Gaussian smoothing in output pixels (default: a quarter of a grid cell)",
+                                  type=number_in(0.0))
+    cmap: str = _option("turbo", "matplotlib colour map (default turbo)")
+    opacity: float = _option(0.6, "blend opacity at the strongest attention (0 to 1)", type=number_in(0.0, 1.0))
+    panel_size: int = _option(224, "longer side of each panel in pixels", type=at_least(16))
+    columns: int = _option(5, "panels per row before wrapping (default 5)", type=at_least(1))
+    head_fusion: HeadFusion = _option("mean", "", shared=True)
+    discard_ratio: float = _option(0.0, "", shared=True)
+    gradient_class: str | None = _option(None, "ViT: also draw gradient rollout for this class (name or index)")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the options of the fields that are not shared options (``--head-fusion``, ``--discard-ratio``)."""
+        for option in fields(cls):
+            settings = {k: v for k, v in option.metadata.items() if k != "shared"}
+            if not option.metadata.get("shared"):
+                parser.add_argument(f"--{option.name.replace('_', '-')}", default=option.default, **settings)
+
+    @classmethod
+    def from_arguments(cls, namespace: argparse.Namespace) -> OverlayOptions:
+        return cls(**{option.name: getattr(namespace, option.name) for option in fields(cls)})
 
     @property
     def style(self) -> dict[str, Any]:

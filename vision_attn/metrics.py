@@ -176,7 +176,7 @@ def pointing_scores(
     hits, masses, counted = 0, 0.0, 0
     words = set(class_words)
     for record in records:
-        objects = {word: box for word, box in boxes.get(record["image_id"], [])}
+        objects = {entry[0]: entry[1] for entry in boxes.get(record["image_id"], [])}  # (word, box, ...)
         grid_h, grid_w = record["grid"]
         height, width = record["image_size"]
         cell_h, cell_w = height / grid_h, width / grid_w

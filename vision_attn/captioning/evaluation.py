@@ -7,6 +7,7 @@ Nothing here needs Lightning: the ranks are gathered with ``torch.distributed`` 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,14 +19,22 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.captioning.model import Captioner
-from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, read_coco_captions
-from vision_attn.data.images import BadImageCounter, OnBadImage, denormalize, normalize, readable_batches, to_pil
+from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, load_coco, read_coco_captions, read_objects
+from vision_attn.data.images import (
+    BadImageCounter,
+    OnBadImage,
+    denormalize,
+    expand_inputs,
+    normalize,
+    readable_batches,
+    to_pil,
+)
 from vision_attn.data.vocabulary import Vocabulary, tokenize, word_ids
 from vision_attn.errors import Interrupted
-from vision_attn.io import output_file
-from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores
+from vision_attn.io import output_file, write_json_atomically
+from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores, scene_scores
 from vision_attn.overlay import caption_overlay
-from vision_attn.results import caption_record, write_results
+from vision_attn.results import caption_record, record_problem, write_results
 
 
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
@@ -39,9 +48,15 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
             for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True)]
 
 
-def coco_inputs(annotations: str | os.PathLike, image_dir: str | os.PathLike) -> list[tuple[int | str, Path]]:
-    """(COCO image id, path) for every captioned image of a COCO captions file."""
-    return [(record.image_id, record.path) for record in read_coco_captions(Path(annotations), Path(image_dir))]
+def caption_inputs(paths: Sequence[str | os.PathLike], *, coco_annotations: str | os.PathLike | None = None,
+                   image_dir: str | os.PathLike | None = None) -> list[tuple[Any, Path]]:
+    """(image id, path) to caption: image files and the images in folders (the id is the file name), then every
+    captioned image of a COCO captions file with its images in ``image_dir`` (the id is COCO's)."""
+    inputs = expand_inputs(paths) if paths else []
+    if coco_annotations:
+        inputs += [(record.image_id, record.path)
+                   for record in read_coco_captions(Path(coco_annotations), Path(image_dir or "."))]
+    return inputs
 
 
 @torch.inference_mode()
@@ -123,13 +138,17 @@ class EvaluationRecords:
 
 
 def score_records(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``; pointing accuracy
-    and α mass in the box too when they carry their ``objects`` (SPEC §5); and the number of images."""
+    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``; when they carry their
+    ``objects`` (SceneObject), pointing accuracy, α mass in the box and the scene metrics too (SPEC §5); and the
+    number of images."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
     if boxes:
         scores.update(pointing_scores(records, boxes))
+        scenes = {image_id: [(entry[0], entry[2] if len(entry) > 2 else None) for entry in objects]
+                  for image_id, objects in boxes.items()}
+        scores.update(scene_scores([r for r in records if r["image_id"] in boxes], scenes))
     scores["images"] = float(len(records))
     return scores
 
@@ -147,3 +166,56 @@ def reference_reward(references: Sequence[Sequence[str]], vocab: Vocabulary, max
     image's captions), on word ids as the decoder emits them (at most ``max_length`` words)."""
     return CiderD([[word_ids(vocab.encode(tokenize(caption), max_length)) for caption in captions]
                    for captions in references])
+
+
+def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike, *,
+                     instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
+                     out: str | os.PathLike | None = None) -> dict[str, float]:
+    """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
+    file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too,
+    and pointing when every record carries its attention (SPEC §4). One result per image id is scored. With
+    ``out`` (checked before any work) the scores are written there as JSON."""
+    inputs = [path for path in (results, annotations, instances, attributes) if path]
+    target = output_file(out, inputs=inputs) if out is not None else None
+    results = Path(results)
+    try:
+        loaded = json.loads(results.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{results}: no such results file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{results}: not a readable JSON file ({error})") from None
+    if not isinstance(loaded, list) or not all(isinstance(r, dict) and isinstance(r.get("caption"), str)
+                                                and isinstance(r.get("image_id"), int | str) for r in loaded):
+        raise ValueError(f'{results}: expected the COCO results format, a list of {{"image_id", "caption"}}')
+    records = deduplicate(loaded)
+    coco = load_coco(Path(annotations), "captions")
+    missing = [r["image_id"] for r in records if r["image_id"] not in coco.imgs]
+    if missing:
+        raise ValueError(f"{results}: {len(missing)} image ids are not in {annotations}, e.g. "
+                         f"{', '.join(map(repr, missing[:5]))}")
+    for record in records:
+        record["references"] = [a["caption"] for a in coco.imgToAnns.get(record["image_id"], [])]
+        record.setdefault("tokens", tokenize(record["caption"]))
+    scores = caption_scores({r["image_id"]: r["caption"] for r in records},
+                            {r["image_id"]: r["references"] for r in records})
+    if instances is not None:
+        objects = read_objects(Path(instances), Path(attributes) if attributes else None)
+        scenes = {r["image_id"]: [(o.name, o.colour) for o in objects.get(r["image_id"], [])] for r in records}
+        scores.update(scene_scores(records, scenes))
+        if all(record_problem({"file_name": "-", **r}) is None for r in records):
+            sizes = {image["id"]: (image.get("width"), image.get("height"))
+                     for image in load_coco(Path(instances), "instances").dataset.get("images", [])}
+            scale = {r["image_id"]: (r["image_size"][1] / sizes[r["image_id"]][0],
+                                     r["image_size"][0] / sizes[r["image_id"]][1])
+                     for r in records if all(sizes.get(r["image_id"], (None, None)))}
+            scores.update(pointing_scores(records, {k: [(o.name, o.box) for o in v] for k, v in objects.items()},
+                                          box_scale=scale))
+    scores["images"] = float(len(records))
+    if target is not None:
+        write_json_atomically(target, scores)
+    return scores
+
+
+def scores_table(scores: dict[str, float]) -> str:
+    """The scores as aligned ``name  value`` lines (NaN: the measure had nothing to count)."""
+    return "\n".join(f"{name:<22} {value:.4f}" for name, value in scores.items())

@@ -33,7 +33,14 @@ log = logging.getLogger(__name__)
 ROLES = ("train", "val", "test")
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}  # restval joins train
 
-ObjectBox = tuple[str, list[float]]  # (class name, [x, y, w, h] in pixels of the image file)
+class SceneObject(NamedTuple):
+    """An object of an image: its class name, its box [x, y, w, h] in the image file's pixels, and its colour
+    where an attributes file gives one."""
+
+    name: str
+    box: list[float]
+    colour: str | None = None
+
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,7 @@ class CaptionedImage:
     image_id: int | str
     path: Path
     captions: list[str]
-    objects: list[ObjectBox] | None = None
+    objects: list[SceneObject] | None = None
 
 
 class CaptionItem(NamedTuple):
@@ -61,7 +68,7 @@ class EvalCaptionItem(NamedTuple):
     image: Tensor
     image_id: int | str
     references: list[str]
-    objects: list[ObjectBox] | None
+    objects: list[SceneObject] | None
 
 
 class CaptionBatch(NamedTuple):
@@ -90,7 +97,7 @@ class EvalCaptionBatch(NamedTuple):
     images: Tensor
     image_ids: list[int | str]
     references: list[list[str]]
-    objects: list[list[ObjectBox] | None]
+    objects: list[list[SceneObject] | None]
 
 
 def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
@@ -190,16 +197,23 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     return splits
 
 
-def read_boxes(path: Path) -> dict[int | str, list[ObjectBox]]:
-    """Per image id, the (class name, [x, y, w, h]) of each object of a COCO instances file."""
+def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, list[SceneObject]]:
+    """Per image id, the objects of a COCO instances file, with their colours when ``attributes`` (the Fashion
+    scenes' ``attributes_<split>.json``: ``{"instances": [{"id", "colour"}]}``) is given."""
     coco = load_coco(path, "instances")
     names = {category["id"]: category["name"] for category in coco.cats.values()}
+    colours: dict = {}
+    if attributes is not None:
+        try:
+            colours = {entry["id"]: entry.get("colour") for entry in json.loads(attributes.read_text())["instances"]}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{attributes}: not an attributes file with instances[].id ({error})") from None
     try:
-        return {image_id: [(names[a["category_id"]], [float(v) for v in a["bbox"]])
+        return {image_id: [SceneObject(names[a["category_id"]], [float(v) for v in a["bbox"]], colours.get(a["id"]))
                            for a in coco.imgToAnns.get(image_id, [])]
                 for image_id in coco.imgs}
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: an annotation lacks a known category_id or a bbox ({error})") from None
+        raise ValueError(f"{path}: an annotation lacks an id, a known category_id or a bbox ({error})") from None
 
 
 def load_caption_image(path: Path, image_size: int) -> Tensor:

@@ -23,9 +23,9 @@ from vision_attn.data.coco import (
     EvalCaptionBatch,
     collate_captions,
     collate_references,
-    read_boxes,
     read_coco_captions,
     read_karpathy,
+    read_objects,
 )
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
 from vision_attn.data.scenes import make_scenes
@@ -60,6 +60,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         captions_file_pattern: str = "annotations/captions_{split}.json",
         image_dir_pattern: str = "images/{split}",
         instances_file_pattern: str = "annotations/instances_{split}.json",
+        attributes_file_pattern: str = "annotations/attributes_{split}.json",
         karpathy_file: str | None = None,
         karpathy_image_root: str | None = None,
         image_size: int = 96,
@@ -87,7 +88,8 @@ class CocoCaptionsDataModule(SplitDataModule):
             raise ValueError(f"annotation_format must be 'coco' or 'karpathy', got {annotation_format!r}")
         for name, pattern in (("captions_file_pattern", captions_file_pattern),
                               ("image_dir_pattern", image_dir_pattern),
-                              ("instances_file_pattern", instances_file_pattern)):
+                              ("instances_file_pattern", instances_file_pattern),
+                              ("attributes_file_pattern", attributes_file_pattern)):
             try:
                 pattern.format(split="train")
             except (KeyError, IndexError, ValueError):
@@ -103,6 +105,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.captions_file_pattern = captions_file_pattern
         self.image_dir_pattern = image_dir_pattern
         self.instances_file_pattern = instances_file_pattern
+        self.attributes_file_pattern = attributes_file_pattern
         self.karpathy_file = Path(karpathy_file) if karpathy_file else self.root / "dataset_coco.json"
         self.karpathy_image_root = Path(karpathy_image_root) if karpathy_image_root else self.root
         self.image_size = image_size
@@ -173,8 +176,9 @@ class CocoCaptionsDataModule(SplitDataModule):
                 if not self._records[role]:
                     raise ValueError(f"{self.karpathy_file}: no images in the {role} split")
             instances = self.root / self.instances_file_pattern.format(split=self.splits[role])
+            attributes = self.root / self.attributes_file_pattern.format(split=self.splits[role])
             if role != "train" and instances.is_file():
-                boxes = read_boxes(instances)
+                boxes = read_objects(instances, attributes if attributes.is_file() else None)
                 self._records[role] = [replace(record, objects=boxes.get(record.image_id, []))
                                        for record in self._records[role]]
         return self._records[role]
