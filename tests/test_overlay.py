@@ -293,7 +293,7 @@ def test_overlay_cli_errors_are_one_line(vit_checkpoint, tmp_path) -> None:
         (["--ckpt", str(vit_checkpoint), str(bad)], "bad.jpg: cannot decode image"),
         (["--ckpt", str(vit_checkpoint), str(tmp_path / "missing.png")], "missing.png: no such file"),
         (["--ckpt", str(vit_checkpoint), str(bad), "--gradient-class", "Spaceship"], "unknown class"),
-        ([str(tmp_path / "nothing.json")], "nothing.json: no such results JSON"),
+        ([str(tmp_path / "nothing.json")], "nothing.json: no such file (a results JSON was expected)"),
     ]
     for arguments, message in cases:
         result = run_script("overlay", *arguments, "--out", str(tmp_path / "out"))

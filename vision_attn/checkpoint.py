@@ -24,6 +24,7 @@ from torch import Tensor
 
 from vision_attn import __version__
 from vision_attn.errors import CheckpointError
+from vision_attn.io import input_file
 
 
 def local_path(location: str | os.PathLike) -> Path:
@@ -43,13 +44,7 @@ def local_path(location: str | os.PathLike) -> Path:
 
 def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code."""
-    path = local_path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
-    if path.exists() and not path.is_file():
-        raise CheckpointError(f"{path}: not a regular file (a pipe or a device?), so not a checkpoint")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+    path = input_file(local_path(path), "a checkpoint file", error=CheckpointError)
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file as load_safetensors

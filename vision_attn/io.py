@@ -72,3 +72,16 @@ def output_folder(path: str | os.PathLike) -> Path:
         raise ValueError(f"{path}: is a file, not a folder to write into")
     _check_parents(path)
     return path
+
+
+def input_file(path: str | os.PathLike, what: str, *, error: type[Exception] = ValueError) -> Path:
+    """A file a command reads, checked before it is opened: not a folder, not a pipe or a device (opening a
+    pipe would block), and there. ``what`` names it in the one-line errors ("a results JSON")."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a folder, not {what}")
+    if path.exists() and not path.is_file():
+        raise error(f"{path}: not a regular file (a pipe or a device?), so not {what}")
+    if not path.is_file():
+        raise (FileNotFoundError if error is ValueError else error)(f"{path}: no such file ({what} was expected)")
+    return path

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vision_attn.io import write_json_atomically
+from vision_attn.io import input_file, write_json_atomically
 
 RECORD_KEYS = ("image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas")
 
@@ -86,13 +86,7 @@ def read_results(path: str | os.PathLike) -> list[tuple[dict[str, Any], Path]]:
     """The records of a results JSON with the image file each names, found in the working directory or beside
     the JSON. A missing file, invalid JSON, a list of anything but records, or a missing image is a one-line
     error naming it."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a folder, not a results JSON")
-    if path.exists() and not path.is_file():
-        raise ValueError(f"{path}: not a regular file (a pipe or a device?), so not a results JSON")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such results JSON")
+    path = input_file(path, "a results JSON")
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
