@@ -63,7 +63,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("kind", BAD_INPUTS)
 @pytest.mark.parametrize("command", ["classify --ckpt", "classify image", "caption --ckpt", "caption image",
                                      "overlay --ckpt", "overlay image", "overlay results", "rollout-mass --ckpt",
-                                     "test --ckpt_path"])
+                                     "test --ckpt_path", "evaluate results"])
 def test_a_bad_input_path(command: str, kind: str, tmp_path: Path, capsys, vit_checkpoint, trained_captioner) -> None:
     image = tmp_path / "good.png"
     Image.new("RGB", (16, 16), "red").save(image)
@@ -82,6 +82,9 @@ def test_a_bad_input_path(command: str, kind: str, tmp_path: Path, capsys, vit_c
         "rollout-mass --ckpt": ["rollout-mass", "--ckpt", bad, "--count", "4"],
         "test --ckpt_path": ["test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", bad,
                              "--trainer.default_root_dir", str(out)],
+        "evaluate results": ["evaluate", bad, "--annotations",
+                             str(trained_captioner["scenes"] / "annotations" / "captions_test.json"),
+                             "--out", str(out / "scores.json")],
     }[command]
     before = snapshot(tmp_path)
     line = fails_in_one_line(capsys, args)

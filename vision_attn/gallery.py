@@ -141,8 +141,9 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
     sees (input, caption or class, PNG) as each is written.
     """
     options = options or OverlayOptions()
-    records = [item for path in inputs if str(path).lower().endswith(".json") for item in read_results(path)]
-    images = [path for path in inputs if not str(path).lower().endswith(".json")]
+    json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
+    images = [path for path in inputs if path not in json_inputs]
+    records = [item for path in json_inputs for item in read_results(path)]
     expanded = expand_inputs(images)
     image_paths = [path for _, path in expanded]
     loaded = kind = None
@@ -157,7 +158,7 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
     sources = (image_paths if kind == VIT else []) + [path for _, path in records] \
         + (image_paths if kind == CAPTIONER else [])
     gallery, bad_images = Gallery(output_folder(out), [str(source) for source in sources]), BadImageCounter()
-    every_input = [*image_paths, *(path for _, path in records), *(p for p in inputs if str(p).endswith(".json"))]
+    every_input = [*image_paths, *(path for _, path in records), *json_inputs]
     for target in gallery.outputs():
         output_file(target, inputs=every_input)  # refuse, before drawing anything, to write over an input
     policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}

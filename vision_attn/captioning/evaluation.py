@@ -31,7 +31,7 @@ from vision_attn.data.images import (
 )
 from vision_attn.data.vocabulary import Vocabulary, tokenize, word_ids
 from vision_attn.errors import Interrupted
-from vision_attn.io import output_file, write_json_atomically
+from vision_attn.io import input_file, output_file, write_json_atomically
 from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores, scene_scores
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, record_problem, write_results
@@ -137,15 +137,18 @@ class EvaluationRecords:
         return records
 
 
-def score_records(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
+                  box_scale: dict[Any, tuple[float, float]] | None = None) -> dict[str, float]:
     """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``; when they carry their
-    ``objects`` (SceneObject), pointing accuracy, α mass in the box and the scene metrics too (SPEC §5); and the
+    ``objects`` (SceneObject), the scene metrics too, and with ``pointing`` (records with their attention) the
+    pointing accuracy and α mass in the box (SPEC §5; ``box_scale`` maps boxes to the network input); and the
     number of images."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
     if boxes:
-        scores.update(pointing_scores(records, boxes))
+        if pointing:
+            scores.update(pointing_scores(records, boxes, box_scale=box_scale))
         scenes = {image_id: [(entry[0], entry[2] if len(entry) > 2 else None) for entry in objects]
                   for image_id, objects in boxes.items()}
         scores.update(scene_scores([r for r in records if r["image_id"] in boxes], scenes))
@@ -177,11 +180,9 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
     ``out`` (checked before any work) the scores are written there as JSON."""
     inputs = [path for path in (results, annotations, instances, attributes) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
-    results = Path(results)
+    results = input_file(results, "a results JSON")  # a pipe would block the read
     try:
         loaded = json.loads(results.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{results}: no such results file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{results}: not a readable JSON file ({error})") from None
     if not isinstance(loaded, list) or not all(isinstance(r, dict) and isinstance(r.get("caption"), str)
@@ -193,24 +194,22 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
     if missing:
         raise ValueError(f"{results}: {len(missing)} image ids are not in {annotations}, e.g. "
                          f"{', '.join(map(repr, missing[:5]))}")
+    objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
     for record in records:
         record["references"] = [a["caption"] for a in coco.imgToAnns.get(record["image_id"], [])]
         record.setdefault("tokens", tokenize(record["caption"]))
-    scores = caption_scores({r["image_id"]: r["caption"] for r in records},
-                            {r["image_id"]: r["references"] for r in records})
-    if instances is not None:
-        objects = read_objects(Path(instances), Path(attributes) if attributes else None)
-        scenes = {r["image_id"]: [(o.name, o.colour) for o in objects.get(r["image_id"], [])] for r in records}
-        scores.update(scene_scores(records, scenes))
-        if all(record_problem({"file_name": "-", **r}) is None for r in records):
-            sizes = {image["id"]: (image.get("width"), image.get("height"))
-                     for image in load_coco(Path(instances), "instances").dataset.get("images", [])}
-            scale = {r["image_id"]: (r["image_size"][1] / sizes[r["image_id"]][0],
-                                     r["image_size"][0] / sizes[r["image_id"]][1])
-                     for r in records if all(sizes.get(r["image_id"], (None, None)))}
-            scores.update(pointing_scores(records, {k: [(o.name, o.box) for o in v] for k, v in objects.items()},
-                                          box_scale=scale))
-    scores["images"] = float(len(records))
+        if objects is not None:
+            record["objects"] = objects.get(record["image_id"], [])
+    # pointing needs every record's attention, valid (the file name is not needed to score)
+    attention = all(record_problem({"file_name": "-", **r}) is None for r in records)
+    scale = None
+    if objects is not None and attention:  # boxes are in the image file's pixels, α over the network input
+        sizes = {image["id"]: (image.get("width"), image.get("height"))
+                 for image in load_coco(Path(instances), "instances").dataset.get("images", [])}
+        scale = {r["image_id"]: (r["image_size"][1] / sizes[r["image_id"]][0],
+                                 r["image_size"][0] / sizes[r["image_id"]][1])
+                 for r in records if all(sizes.get(r["image_id"], (None, None)))}
+    scores = score_records(records, pointing=attention, box_scale=scale)
     if target is not None:
         write_json_atomically(target, scores)
     return scores
