@@ -13,7 +13,7 @@ from pycocotools.coco import COCO
 
 from vision_attn.cli import main
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, make_scenes, relation
+from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, box_relation, make_scenes, relation
 
 COUNTS = {"train": 40, "val": 10, "test": 10}
 SPLITS = list(COUNTS)
@@ -172,6 +172,9 @@ def test_scene_composition(scenes: Path) -> None:
     sizes, colours, words = set(), set(), set()
     for split in SPLITS:
         for objects in _objects(scenes, split).values():
+            for obj in objects:
+                x, y, w, h = obj["bbox"]
+                assert (x // 32, y // 32) == ((x + w - 1) // 32, (y + h - 1) // 32) == obj["cell"][::-1]
             sizes.add(len(objects))
             assert len({obj["word"] for obj in objects}) == len(objects)
             assert len({obj["cell"] for obj in objects}) == len(objects)
@@ -232,3 +235,108 @@ def test_make_scenes_command(tmp_path: Path, capsys) -> None:
         main(["make-scenes", "--root", str(tmp_path), "--canvas-size", "50"])
     assert exit_info.value.code == 2
     assert "error: canvas_size // grid_size" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ styles: free layouts, shades and scales
+STYLED = {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.25}
+
+
+@pytest.fixture(scope="module")
+def styled_scenes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("styled")
+    make_scenes(root, counts={"train": 60, "test": 60}, seed=3, style=STYLED, styles={"test": {"layout": "mixed"}})
+    return root
+
+
+def _named_colour(rgb: np.ndarray) -> str:
+    """The named colour nearest to an RGB value, once both are scaled so their largest channel is 1."""
+    pattern = rgb / max(1.0, float(rgb.max()))
+    return min(COLOURS, key=lambda name: float(np.abs(pattern - np.array(COLOURS[name]) / 255).sum()))
+
+
+def test_every_relation_is_true_of_the_boxes_in_every_layout(styled_scenes: Path) -> None:
+    """Free and mixed layouts: each recorded relation holds of the box centres, and items never overlap."""
+    checked, free_scenes = 0, 0
+    for split in ("train", "test"):
+        objects = _objects_any_layout(styled_scenes, split)
+        by_id = {obj["id"]: obj for image in objects.values() for obj in image}
+        for record in _load(styled_scenes, "attributes", split)["relations"]:
+            subject, obj = by_id[record["subject_id"]], by_id[record["object_id"]]
+            assert _holds(record["relation"], subject["bbox"], obj["bbox"]), record
+            checked += 1
+        for image in objects.values():
+            free_scenes += all(obj["cell"] is None for obj in image)
+            for i, first in enumerate(image):
+                for second in image[:i]:
+                    (x1, y1, w1, h1), (x2, y2, w2, h2) = first["bbox"], second["bbox"]
+                    assert x1 + w1 <= x2 or x2 + w2 <= x1 or y1 + h1 <= y2 or y2 + h2 <= y1  # boxes apart
+    assert checked > 200
+    assert 60 < free_scenes < 120  # all 60 train scenes are free, and some but not all of the mixed test ones
+
+
+def test_free_layouts_use_the_whole_canvas(styled_scenes: Path) -> None:
+    """Items are not held to the 3×3 cells (on the grid no box crosses a cell's edge), and sizes vary."""
+    crossing, sides = 0, set()
+    for image in _objects_any_layout(styled_scenes, "train").values():
+        for obj in image:
+            x, y, w, h = obj["bbox"]
+            crossing += x // 32 != (x + w - 1) // 32 or y // 32 != (y + h - 1) // 32
+            sides.add(max(w, h))
+    assert crossing > 50 and max(sides) - min(sides) >= 10
+
+
+def test_a_shade_jittered_item_still_carries_its_colour_word(styled_scenes: Path) -> None:
+    """Tints are other shades, not the pure RGB values, yet each item's pixels are nearest its named colour, and
+    every caption names it with that colour."""
+    tints = set()
+    for image_id, image in _objects_any_layout(styled_scenes, "train").items():
+        pixels = np.asarray(Image.open(styled_scenes / "images" / "train" / f"{image_id}.png")).astype(np.float64)
+        for obj in image:
+            x, y, w, h = obj["bbox"]
+            crop = pixels[y : y + h, x : x + w].reshape(-1, 3)
+            bright = crop[crop.max(axis=1) >= np.quantile(crop.max(axis=1), 0.75)]  # the item's lit pixels
+            assert _named_colour(bright.mean(axis=0)) == obj["colour"], obj
+            tints.add(tuple(obj["rgb"]))
+    assert len(tints) > 100 and not tints & {tuple(rgb) for rgb in COLOURS.values()}
+    captions: dict[int, list[str]] = {}
+    for annotation in _load(styled_scenes, "captions", "train")["annotations"]:
+        captions.setdefault(annotation["image_id"], []).append(annotation["caption"])
+    for image_id, image in _objects_any_layout(styled_scenes, "train").items():
+        for caption in captions[image_id]:
+            for obj in image:
+                assert re.search(rf"\b{obj['colour']} {obj['word']}\b", caption), (caption, obj)
+
+
+def test_styles_are_recorded_and_refused_when_out_of_range(styled_scenes: Path, tmp_path: Path) -> None:
+    assert _load(styled_scenes, "captions", "train")["info"]["style"] == STYLED
+    assert _load(styled_scenes, "captions", "test")["info"]["style"]["layout"] == "mixed"
+    with pytest.raises(ValueError, match="scene layout must be one of"):
+        make_scenes(tmp_path, counts={"train": 1}, style={"layout": "random"})
+    with pytest.raises(ValueError, match="shade_jitter must be between 0 and 1"):
+        make_scenes(tmp_path, counts={"train": 1}, style={"shade_jitter": 2})
+    with pytest.raises(ValueError, match="canvas_size // grid_size must be at least 35"):
+        make_scenes(tmp_path, counts={"train": 1}, style={"scale_jitter": 0.25})  # a 35-pixel item in a 32 cell
+    with pytest.raises(ValueError, match="unknown scene style option"):
+        make_scenes(tmp_path, counts={"train": 1}, style={"colour_jitter": 1})
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_box_relation() -> None:
+    assert box_relation([0, 0, 10, 10], [40, 5, 10, 10], prefer_vertical=True) == "to the left of"  # dy too small
+    assert box_relation([0, 0, 10, 10], [30, 30, 10, 10], prefer_vertical=True) == "above"
+    assert box_relation([0, 0, 10, 10], [30, 30, 10, 10], prefer_vertical=False) == "to the left of"
+    assert box_relation([30, 60, 10, 10], [30, 0, 10, 10], prefer_vertical=False) == "below"
+
+
+def _objects_any_layout(root: Path, split: str) -> dict[int, list[dict]]:
+    """``_objects``, with the grid cell None for items placed freely."""
+    instances, attributes = _load(root, "instances", split), _load(root, "attributes", split)
+    words = {category["id"]: category["name"] for category in instances["categories"]}
+    extra = {entry["id"]: entry for entry in attributes["instances"]}
+    objects: dict[int, list[dict]] = {}
+    for annotation in instances["annotations"]:
+        entry = extra[annotation["id"]]
+        objects.setdefault(annotation["image_id"], []).append({
+            "id": annotation["id"], "word": words[annotation["category_id"]], "colour": entry["colour"],
+            "rgb": entry["rgb"], "bbox": annotation["bbox"], "cell": entry["cell"] and tuple(entry["cell"])})
+    return objects

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vision_attn.errors import exit_on_user_error
-from vision_attn.options import at_least, parser_for
+from vision_attn.options import at_least, number_in, parser_for
 
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
@@ -125,6 +125,12 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--canvas-size", type=at_least(1), default=96, help="canvas side in pixels (default 96)")
     parser.add_argument("--grid-size", type=at_least(1), default=3, help="grid cells per side (default 3)")
+    parser.add_argument("--layout", choices=["grid", "free", "mixed"], default="grid",
+                        help="items on grid cells (SPEC §3), anywhere without overlap, or either per scene")
+    parser.add_argument("--shade-jitter", type=number_in(0, 1), default=0.0,
+                        help="0: the exact tints; up to 1: other shades of each named colour")
+    parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
+                        help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
                         help="where to look for Fashion-MNIST after the system location")
     options = parser.parse_args(argv)
@@ -132,6 +138,8 @@ def make_scenes_command(argv: Sequence[str]) -> None:
 
     written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
                           seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
+                          style={"layout": options.layout, "shade_jitter": options.shade_jitter,
+                                 "scale_jitter": options.scale_jitter},
                           fashion_mnist_root=options.fashion_mnist_root)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "

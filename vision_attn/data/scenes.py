@@ -1,10 +1,20 @@
 """Fashion scenes: the embedded captioning dataset, generated from Fashion-MNIST and written in COCO format.
 
-Each scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, each on its
-own cell of a G×G grid (at a random offset inside the cell) and tinted with one colour. Five captions per
-scene name every item with its colour, and relation phrases ("to the left of", "above", ...) follow from
-the grid cells, so every one is true of the bounding boxes. Layout is decided per split from
-``(seed, split)``; the same arguments always write the same bytes.
+Each scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, tinted with
+one colour each. Five captions per scene name every item with its colour, and relation phrases ("to the left
+of", "above", ...) are true of the items' bounding boxes. Layout is decided per split from ``(seed, split)``;
+the same arguments always write the same bytes.
+
+A ``SceneStyle`` says how a split is drawn (SPEC §3 is the default, ``SceneStyle()``):
+
+- ``layout``: ``grid`` puts each item on its own cell of a G×G grid, at a random offset inside the cell, and
+  relations follow from the cells; ``free`` puts items anywhere on the canvas without overlap, and relations
+  follow from the box centres (along an axis on which the two items are clearly apart); ``mixed`` draws each
+  scene one way or the other, with even odds.
+- ``shade_jitter`` (0 to 1): each item's tint is another shade of its named colour instead of the pure RGB
+  value: the named colour's channels are lowered by up to 80 (and apart by up to 20), the others raised by up
+  to 45, scaled by the jitter. 0 gives the exact tints.
+- ``scale_jitter`` (0 to 0.5): each item is resized by a factor drawn from [1 − j, 1 + j] (bilinear).
 
 Files under ``<root>/`` (SPEC §3):
 
@@ -12,8 +22,8 @@ Files under ``<root>/`` (SPEC §3):
 - ``annotations/captions_<split>.json``: COCO captions.
 - ``annotations/instances_<split>.json``: COCO instances; ``bbox`` is the tight box of the item's
   non-zero pixels, ``area`` their count, ``category_id`` the Fashion-MNIST label + 1 (COCO ids start at 1).
-- ``annotations/attributes_<split>.json``: per instance its ``colour``, grid ``cell`` [row, col] and source
-  Fashion-MNIST image; per caption the relation phrases it states, as (subject instance id, relation,
+- ``annotations/attributes_<split>.json``: per instance its ``colour``, the ``rgb`` it was tinted with, its
+  grid ``cell`` [row, col] (null in free layouts) and source Fashion-MNIST image; per caption the relation phrases it states, as (subject instance id, relation,
   object instance id), so each phrase can be checked against the boxes.
 """
 
@@ -21,7 +31,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +55,11 @@ CAPTIONS_PER_IMAGE = 5
 # test set, in two fixed disjoint halves.
 SOURCES = {"train": ("train", slice(0, 60000)), "val": ("test", slice(0, 5000)), "test": ("test", slice(5000, 10000))}
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each split's layout is independent
+LAYOUTS = ("grid", "free", "mixed")
+SHADE_DEPTH, SHADE_SPREAD, SHADE_FLOOR = 80, 20, 45  # at shade_jitter 1: how far a tint may stray (see above)
+MAX_SCALE_JITTER = 0.5
+MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far apart on some axis (pixels)
+PLACEMENT_TRIES = 1000
 PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is ~6× smaller than raw and as fast
 
 
@@ -62,18 +78,83 @@ def relation(subject_cell: tuple[int, int], object_cell: tuple[int, int], *, pre
     raise ValueError(f"cells {subject_cell} and {object_cell} are the same cell: no relation holds")
 
 
+def box_relation(subject_box: list[float], object_box: list[float], *, prefer_vertical: bool) -> str:
+    """The relation phrase true of two [x, y, w, h] boxes' centres, along an axis on which they are clearly
+    apart: one whose centre distance is at least half the larger of the two (both: ``prefer_vertical`` picks)."""
+    dx = (subject_box[0] + subject_box[2] / 2) - (object_box[0] + object_box[2] / 2)
+    dy = (subject_box[1] + subject_box[3] / 2) - (object_box[1] + object_box[3] / 2)
+    apart = max(abs(dx), abs(dy))
+    if apart == 0:
+        raise ValueError(f"boxes {subject_box} and {object_box} share a centre: no relation holds")
+    horizontal, vertical = abs(dx) >= apart / 2, abs(dy) >= apart / 2
+    if horizontal and not (vertical and prefer_vertical):
+        return "to the left of" if dx < 0 else "to the right of"
+    return "above" if dy < 0 else "below"
+
+
+@dataclass(frozen=True)
+class SceneStyle:
+    """How a split's scenes are drawn (see the module's docstring); the default is SPEC §3's."""
+
+    layout: str = "grid"
+    shade_jitter: float = 0.0
+    scale_jitter: float = 0.0
+
+    @classmethod
+    def of(cls, options: SceneStyle | Mapping | None) -> SceneStyle:
+        """A style from a style, a mapping of its fields (as in a config file), or None (the default)."""
+        if options is None or isinstance(options, SceneStyle):
+            return options or cls()
+        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter"}
+        if unknown:
+            raise ValueError(f"unknown scene style option(s) {sorted(unknown)}: use layout, shade_jitter, "
+                             "scale_jitter")
+        return cls(**options)
+
+    def check(self, canvas_size: int, grid_size: int) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
+        if not 0 <= self.shade_jitter <= 1:
+            raise ValueError(f"shade_jitter must be between 0 and 1, got {self.shade_jitter}")
+        if not 0 <= self.scale_jitter <= MAX_SCALE_JITTER:
+            raise ValueError(f"scale_jitter must be between 0 and {MAX_SCALE_JITTER}, got {self.scale_jitter}")
+        largest = self.item_sizes()[1]
+        if self.layout != "free" and canvas_size // grid_size < largest:
+            raise ValueError(f"canvas_size // grid_size must be at least {largest} (the largest item size), got "
+                             f"{canvas_size} // {grid_size} = {canvas_size // grid_size}; use a larger "
+                             "canvas_size or less scale_jitter")
+        if self.layout != "grid" and canvas_size < 2 * largest:
+            raise ValueError(f"a free layout needs canvas_size of at least {2 * largest} (two of the largest "
+                             f"items side by side), got {canvas_size}")
+
+    def item_sizes(self) -> tuple[int, int]:
+        """The smallest and largest side an item may be drawn at, in pixels."""
+        return round(ITEM_SIZE * (1 - self.scale_jitter)), round(ITEM_SIZE * (1 + self.scale_jitter))
+
+    def tint(self, rng: np.random.Generator, colour: str) -> np.ndarray:
+        """The RGB (3,) an item of ``colour`` is tinted with: the exact value, or another shade of it."""
+        exact = np.array(COLOURS[colour], dtype=np.float64)
+        if not self.shade_jitter:
+            return exact.astype(np.uint16)
+        on = exact > 0
+        level = 255 - rng.uniform(0, SHADE_DEPTH * self.shade_jitter)
+        spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=3)
+        floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=3)
+        return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
+
+
 class _Captioner:
     """Writes one scene's captions and records the relation phrases each one states."""
 
-    def __init__(self, names: list[str], cells: list[tuple[int, int]], instance_ids: list[int]) -> None:
+    def __init__(self, names: list[str], relate: Callable[[int, int, bool], str], instance_ids: list[int]) -> None:
         self.names = names  # "red sneaker", one per object
-        self.cells = cells
+        self.relate = relate  # (subject, object, prefer_vertical) -> a phrase true of the two
         self.instance_ids = instance_ids
         self.stated: list[tuple[int, str, int]] = []
 
     def rel(self, subject: int, obj: int, prefer_vertical: bool) -> str:
         """The phrase relating object ``subject`` to object ``obj``, recorded as stated."""
-        phrase = relation(self.cells[subject], self.cells[obj], prefer_vertical=prefer_vertical)
+        phrase = self.relate(subject, obj, prefer_vertical)
         self.stated.append((self.instance_ids[subject], phrase, self.instance_ids[obj]))
         return phrase
 
@@ -117,16 +198,14 @@ class _Captioner:
         return result
 
 
-def _tight_boxes(images: np.ndarray) -> np.ndarray:
-    """(top, left, bottom, right) of the non-zero pixels of each item (N, 28, 28), end-exclusive."""
-    rows, cols = images.any(axis=2), images.any(axis=1)  # (N, 28) each
-    top, left = rows.argmax(axis=1), cols.argmax(axis=1)
-    bottom = ITEM_SIZE - rows[:, ::-1].argmax(axis=1)
-    right = ITEM_SIZE - cols[:, ::-1].argmax(axis=1)
-    return np.stack([top, left, bottom, right], axis=1)  # (N, 4)
+def _tight_box(drawn: np.ndarray) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) of the True pixels of a 2-D mask, end-exclusive."""
+    rows, cols = np.flatnonzero(drawn.any(axis=1)), np.flatnonzero(drawn.any(axis=0))
+    return int(rows[0]), int(cols[0]), int(rows[-1]) + 1, int(cols[-1]) + 1
 
 
-def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int) -> None:
+def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int,
+                     styles: Mapping[str, SceneStyle]) -> None:
     for split, count in counts.items():
         if split not in SOURCES:
             raise ValueError(f"scene split '{split}' is not one of {list(SOURCES)}")
@@ -137,6 +216,8 @@ def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int
     if canvas_size // grid_size < ITEM_SIZE:
         raise ValueError(f"canvas_size // grid_size must be at least {ITEM_SIZE} (the item size), got "
                          f"{canvas_size} // {grid_size} = {canvas_size // grid_size}; use a larger canvas_size")
+    for style in styles.values():
+        style.check(canvas_size, grid_size)
 
 
 def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, grid_size: int,
@@ -159,6 +240,34 @@ def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, gr
             "sources": sources, "orders": orders, "flags": flags}
 
 
+def _resized(item: np.ndarray, size: int) -> np.ndarray:
+    """A 28×28 item resized to size×size (bilinear); the item itself when the size is unchanged."""
+    if size == ITEM_SIZE:
+        return item
+    return np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
+
+
+def _free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tuple[int, int, int, int]],
+                    canvas_size: int) -> list[tuple[int, int]]:
+    """Top-left corners (y, x) for items of the given sizes anywhere on the canvas: their squares do not
+    overlap, and every two box centres are at least MIN_SEPARATION apart on some axis. Rejection sampling."""
+    for _ in range(PLACEMENT_TRIES):
+        corners = [(int(rng.integers(0, canvas_size - size + 1)), int(rng.integers(0, canvas_size - size + 1)))
+                   for size in sizes]
+        centres = [(y + (t + b) / 2, x + (l + r) / 2) for (y, x), (t, l, b, r) in zip(corners, tight, strict=True)]
+        fits = True
+        for i in range(len(sizes)):
+            for j in range(i):
+                (yi, xi), (yj, xj) = corners[i], corners[j]
+                overlap = yi < yj + sizes[j] and yj < yi + sizes[i] and xi < xj + sizes[j] and xj < xi + sizes[i]
+                separated = max(abs(centres[i][0] - centres[j][0]), abs(centres[i][1] - centres[j][1]))
+                fits = fits and not overlap and separated >= MIN_SEPARATION
+        if fits:
+            return corners
+    raise ValueError(f"could not place items of sizes {sizes} on a {canvas_size}-pixel canvas without overlap "
+                     f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
+
+
 def _write_json(path: Path, data: dict) -> None:
     """Write ``data`` compactly, via a temporary file so a reader never sees half a file."""
     temporary = path.with_suffix(".json.tmp")
@@ -166,47 +275,83 @@ def _write_json(path: Path, data: dict) -> None:
     temporary.replace(path)
 
 
+def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style: SceneStyle) -> dict:
+    """The ``info`` block of a split's files: everything that decides its scenes."""
+    info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
+            "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
+    if style != SceneStyle():  # the default style is left out, so SPEC §3 scenes keep their bytes
+        info["style"] = asdict(style)
+    return info
+
+
 def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, labels: np.ndarray, seed: int,
-                canvas_size: int, grid_size: int) -> dict[str, int]:
+                canvas_size: int, grid_size: int, style: SceneStyle) -> dict[str, int]:
     """Draw and write one split's scenes from its pool of Fashion-MNIST ``images`` (M, 28, 28) and ``labels``."""
     cell_size = canvas_size // grid_size
     rng = np.random.default_rng([seed, SPLIT_CODES[split]])
     layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE)
-    boxes = _tight_boxes(images)  # (M, 4)
+    style_rng = np.random.default_rng([seed, SPLIT_CODES[split], 1])  # the style's own draws, after the layout's
+    smallest, largest = style.item_sizes()
     colour_names = list(COLOURS)
-    colour_rgb = np.array(list(COLOURS.values()), dtype=np.uint16)  # (5, 3)
     source_split, source_slice = SOURCES[split]
     image_dir = root / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
-    info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
-            "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
+    info = split_info(split, seed=seed, canvas_size=canvas_size, grid_size=grid_size, style=style)
     image_entries, captions, instances, attributes, relations = [], [], [], [], []
     for index in range(count):
         image_id = index + 1
         canvas = np.zeros((canvas_size, canvas_size, 3), dtype=np.uint8)
         n_objects = int(layout["n_objects"][index])
-        names, cells, instance_ids = [], [], []
+        free = style.layout == "free" or (style.layout == "mixed" and style_rng.random() < 0.5)
+        items, sizes, tints, tight = [], [], [], []
         for slot in range(n_objects):
-            label, cell = int(layout["classes"][index, slot]), int(layout["cells"][index, slot])
-            colour, source = int(layout["colours"][index, slot]), int(layout["sources"][index, slot])
-            row, col = divmod(cell, grid_size)
-            y0 = row * cell_size + int(layout["offsets"][index, slot, 0])
-            x0 = col * cell_size + int(layout["offsets"][index, slot, 1])
-            item = images[source]  # (28, 28)
-            tinted = item[:, :, None].astype(np.uint16) * colour_rgb[colour] // 255  # (28, 28, 3)
-            canvas[y0 : y0 + ITEM_SIZE, x0 : x0 + ITEM_SIZE] = tinted.astype(np.uint8)
-            top, left, bottom, right = (int(v) for v in boxes[source])
+            size = int(style_rng.integers(smallest, largest + 1)) if style.scale_jitter else ITEM_SIZE
+            tint = style.tint(style_rng, colour_names[int(layout["colours"][index, slot])])
+            item = _resized(images[int(layout["sources"][index, slot])], size)
+            tinted = (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)  # (size, size, 3)
+            items.append(tinted)
+            sizes.append(size)
+            tints.append(tint)
+            tight.append(_tight_box(tinted.any(axis=2)))
+        cells: list[tuple[int, int] | None] = []
+        if free:
+            corners = _free_positions(style_rng, sizes, tight, canvas_size)
+            cells = [None] * n_objects
+        else:
+            corners = []
+            for slot, size in enumerate(sizes):
+                row, col = divmod(int(layout["cells"][index, slot]), grid_size)
+                if size == ITEM_SIZE:
+                    dy, dx = (int(v) for v in layout["offsets"][index, slot])
+                else:
+                    dy, dx = (int(v) for v in style_rng.integers(0, cell_size - size + 1, size=2))
+                corners.append((row * cell_size + dy, col * cell_size + dx))
+                cells.append((row, col))
+        names, boxes, instance_ids = [], [], []
+        for slot in range(n_objects):
+            label, colour = int(layout["classes"][index, slot]), int(layout["colours"][index, slot])
+            source = int(layout["sources"][index, slot])
+            (y0, x0), size, tinted = corners[slot], sizes[slot], items[slot]
+            canvas[y0 : y0 + size, x0 : x0 + size] = tinted
+            top, left, bottom, right = tight[slot]
+            box = [x0 + left, y0 + top, right - left, bottom - top]
             instance_id = len(instances) + 1
             instances.append({"id": instance_id, "image_id": image_id, "category_id": category_id(label),
-                              "bbox": [x0 + left, y0 + top, right - left, bottom - top],
-                              "area": int(np.count_nonzero(item)), "iscrowd": 0})
+                              "bbox": box, "area": int(np.count_nonzero(tinted.any(axis=2))), "iscrowd": 0})
+            cell = cells[slot]
             attributes.append({"id": instance_id, "image_id": image_id, "colour": colour_names[colour],
-                               "cell": [row, col], "source_split": source_split,
-                               "source_index": source_slice.start + source})
+                               "rgb": [int(v) for v in tints[slot]], "cell": list(cell) if cell else None,
+                               "source_split": source_split, "source_index": source_slice.start + source})
             names.append(f"{colour_names[colour]} {CLASS_WORDS[label]}")
-            cells.append((row, col))
+            boxes.append(box)
             instance_ids.append(instance_id)
-        captioner = _Captioner(names, cells, instance_ids)
+        if free:
+            def relate(subject: int, obj: int, prefer_vertical: bool, boxes: list = boxes) -> str:
+                return box_relation(boxes[subject], boxes[obj], prefer_vertical=prefer_vertical)
+        else:
+            def relate(subject: int, obj: int, prefer_vertical: bool, cells: list = cells) -> str:
+                return relation(cells[subject], cells[obj], prefer_vertical=prefer_vertical)
+        captioner = _Captioner(names, relate, instance_ids)
         flags = [tuple(pair) for pair in layout["flags"][index].tolist()]
         for text, stated in captioner.captions(layout["orders"][index].tolist(), flags):
             caption_id = len(captions) + 1
@@ -240,15 +385,23 @@ def make_scenes(
     seed: int = 0,
     canvas_size: int = 96,
     grid_size: int = 3,
+    style: SceneStyle | Mapping | None = None,
+    styles: Mapping[str, SceneStyle | Mapping] | None = None,
     fashion_mnist_root: str | Path = "data/fashion_mnist",
 ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
+    ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, SPEC §3's by default;
+    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``.
     Existing files of the same names are overwritten.
     """
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
-    _check_arguments(counts, canvas_size, grid_size)
+    split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
+    unknown = set(styles or {}) - set(counts)
+    if unknown:
+        raise ValueError(f"styles name split(s) {sorted(unknown)} that are not written: {list(counts)}")
+    _check_arguments(counts, canvas_size, grid_size, split_styles)
     root = output_folder(root)
     directory = find_fashion_mnist(fashion_mnist_root)
     loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -259,7 +412,7 @@ def make_scenes(
             images, labels = load_fashion_mnist(directory, source_split)
             loaded[source_split] = (images.numpy(), labels.numpy())
         images, labels = (array[source_slice] for array in loaded[source_split])
-        log.info("writing %d %s scenes under %s", count, split, root)
+        log.info("writing %d %s scenes under %s (%s)", count, split, root, split_styles[split])
         written[split] = _make_split(root, split, count, images=images, labels=labels, seed=seed,
-                                     canvas_size=canvas_size, grid_size=grid_size)
+                                     canvas_size=canvas_size, grid_size=grid_size, style=split_styles[split])
     return written

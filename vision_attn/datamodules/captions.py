@@ -7,6 +7,7 @@ split only and exists right after construction, so LightningCLI can link it into
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from vision_attn.data.coco import (
     read_objects,
 )
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
-from vision_attn.data.scenes import make_scenes
+from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.base import SplitDataModule
 
@@ -41,7 +42,9 @@ class CocoCaptionsDataModule(SplitDataModule):
     ``annotation_format="coco"`` reads ``root/captions_file_pattern`` with images in ``root/image_dir_pattern``
     (``{split}`` is the split name). ``"karpathy"`` reads ``karpathy_file`` (default ``root/dataset_coco.json``)
     with images under ``karpathy_image_root/<filepath>/<filename>`` (default root); its restval joins train.
-    ``generate_scenes=True`` writes the Fashion scenes into ``root`` first when they are not there.
+    ``generate_scenes=True`` writes the Fashion scenes into ``root`` first when they are not there, each split
+    in the style ``scenes_styles`` gives it (``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``; SPEC §3's
+    by default); scenes already there must have been drawn in that style.
     ``max_caption_length`` caps the words of a training caption; the default 24 keeps every Fashion scene
     caption whole (the longest has 23 words). ``group_captions`` makes a training item one image with all
     its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
@@ -76,6 +79,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         generate_scenes: bool = False,
         scenes_counts: dict[str, int] | None = None,
         scenes_seed: int = 0,
+        scenes_styles: dict[str, dict] | None = None,
         on_bad_image: OnBadImage = "skip",
     ) -> None:
         super().__init__()
@@ -123,7 +127,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.val_set: CaptionEvalDataset | None = None
         self.test_set: CaptionEvalDataset | None = None
         if generate_scenes:
-            self._generate_scenes(scenes_counts, scenes_seed)
+            self._generate_scenes(scenes_counts, scenes_seed, scenes_styles)
         if vocab_file:
             self.vocab = Vocabulary.from_json(vocab_file)
         else:
@@ -154,15 +158,26 @@ class CocoCaptionsDataModule(SplitDataModule):
     def image_dir(self, split: str) -> Path:
         return self.root / self.image_dir_pattern.format(split=split)
 
-    def _generate_scenes(self, counts: dict[str, int] | None, seed: int) -> None:
+    def _generate_scenes(self, counts: dict[str, int] | None, seed: int, styles: dict[str, dict] | None) -> None:
         if self.annotation_format != "coco":
             raise ValueError("generate_scenes needs annotation_format 'coco' (the scenes are COCO-format files)")
+        styles = {split: SceneStyle.of(style) for split, style in (styles or {}).items()}
+        unknown = set(styles) - set(SPLIT_CODES)
+        if unknown:
+            raise ValueError(f"scenes_styles names split(s) {sorted(unknown)}; use {list(SPLIT_CODES)}")
         missing = [split for split in self.splits.values() if not self.captions_file(split).is_file()]
         if missing:
             log.info("no Fashion scenes in %s (missing %s): generating them", self.root,
                      ", ".join(str(self.captions_file(split)) for split in missing))
-            for split, written in make_scenes(self.root, counts=counts, seed=seed).items():
+            for split, written in make_scenes(self.root, counts=counts, seed=seed, styles=styles).items():
                 log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
+            return
+        for split in self.splits.values():  # scenes already there: they must be the ones this config asks for
+            found = json.loads(self.captions_file(split).read_text()).get("info", {}).get("style")
+            wanted = styles.get(split, SceneStyle())
+            if SceneStyle.of(found) != wanted:
+                raise ValueError(f"the {split} scenes in {self.root} were drawn with style {SceneStyle.of(found)}, "
+                                 f"but this config asks for {wanted}: use another root, or delete that one")
 
     def records(self, role: Literal["train", "val", "test"]) -> list[CaptionedImage]:
         """The captioned images of the split playing ``role``, read once and cached. Validation and test images
