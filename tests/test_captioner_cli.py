@@ -139,6 +139,30 @@ def test_self_critical_epochs_train_on_sampled_captions_with_the_cider_reward(tr
     assert len(rewards) == 3 and all(reward >= 0 for reward in rewards)
 
 
+@pytest.mark.parametrize("attention_mode", ["soft", "hard"])
+def test_the_self_critical_switch_follows_the_time_budget(trained_captioner, tmp_path, attention_mode) -> None:
+    """self_critical_from_time is a fraction of max_time: 0 turns training self-critical from the first step, 0.99
+    of an hour never within a short run; hard attention trains self-critically too (its locations are sampled)."""
+    import csv
+
+    from vision_attn.cli import main
+
+    rewarded = {}
+    for fraction in ("0.0", "0.99"):
+        folder = tmp_path / fraction
+        main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+              str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
+              "--model.init_args.attention_mode", attention_mode, "--model.init_args.self_critical_from_time", fraction,
+              "--model.init_args.schedule_by_time", "true", "--trainer.max_time", "00:01:00:00",
+              "--trainer.max_epochs", "1", "--trainer.log_every_n_steps", "1",
+              "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(folder),
+              "--trainer.default_root_dir", str(folder)])
+        rows = [row for row in csv.DictReader(next(folder.rglob("metrics.csv")).open()) if row.get("train/loss")]
+        rewarded[fraction] = [bool(row.get("train/reward")) for row in rows]
+    assert rewarded["0.0"] and all(rewarded["0.0"])
+    assert rewarded["0.99"] and not any(rewarded["0.99"])
+
+
 def test_self_critical_training_needs_grouped_captions_in_one_line(trained_captioner, tmp_path) -> None:
     result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
                         str(trained_captioner["scenes"]), "--model.init_args.self_critical_from_epoch", "0",

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from torch import nn
 import torchvision
 
 from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
@@ -22,10 +23,11 @@ from vision_attn.metrics import CiderD
 PAD, START, END = 0, 1, 2
 
 
-def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft") -> AttentionDecoder:
+def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft",
+                 coverage: bool = False) -> AttentionDecoder:
     torch.manual_seed(0)
     return AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
-                            attention_dim=7, dropout=0.0, attention_mode=attention)
+                            attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage)
 
 
 def captions_batch() -> torch.Tensor:
@@ -57,16 +59,36 @@ def test_initial_state_is_tanh_of_the_mean_annotation() -> None:
     assert torch.allclose(state.hidden, expected)
 
 
-def test_teacher_forcing_equals_step_by_step_decoding() -> None:
-    decoder = tiny_decoder().eval()
+@pytest.mark.parametrize("coverage", [False, True])
+def test_teacher_forcing_equals_step_by_step_decoding(coverage: bool) -> None:
+    decoder = tiny_decoder(coverage=coverage).eval()
     annotations, captions = torch.randn(2, 9, 8), captions_batch()
     output = decoder(annotations, captions)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
     for t in range(captions.shape[1] - 1):
-        logits, alpha, beta, state = decoder.step(captions[:, t], image, state)
+        logits, alpha, beta, state, _ = decoder.step(captions[:, t], image, state)
         assert torch.allclose(logits, output.logits[:, t], atol=1e-5)
         assert torch.allclose(alpha, output.alphas[:, t], atol=1e-6)
         assert torch.allclose(beta, output.betas[:, t], atol=1e-6)
+        if coverage:  # c_{t+1} = Σ_{s<=t} α_s: each row has spent t + 1 units of attention
+            assert torch.allclose(state.coverage, output.alphas[:, : t + 1].sum(1), atol=1e-6)
+    assert (state.coverage is not None) == coverage
+
+
+def test_coverage_changes_where_the_decoder_looks_and_is_trained() -> None:
+    """With coverage the score reads Σ_{s<t} α_s through w_c: the same query attends differently once some
+    locations are covered, and w_c receives a gradient."""
+    decoder = tiny_decoder(coverage=True)
+    nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
+    annotations = torch.randn(1, 9, 8)
+    image, state = decoder.encode(annotations), decoder.initial_state(annotations)
+    fresh = decoder.attention(image.projected, state.hidden, state.coverage)
+    covered = decoder.attention(image.projected, state.hidden, torch.eye(9)[:1] * 2.0)
+    assert not torch.allclose(fresh, covered)
+    decoder(annotations, captions_batch()[:1]).logits.sum().backward()
+    assert decoder.attention.coverage_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="pass c_t"):
+        decoder.attention(image.projected, state.hidden)
 
 
 def test_doubly_stochastic_penalty_by_hand() -> None:
@@ -95,9 +117,13 @@ def _sequence_log_prob(decoder: AttentionDecoder, annotations: torch.Tensor, wor
     return float(logits[torch.arange(len(words) + 1), captions[0, 1:]].sum())
 
 
-def test_beam_search_equals_exhaustive_search_on_a_tiny_model() -> None:
+@pytest.mark.parametrize("coverage", [False, True])
+def test_beam_search_equals_exhaustive_search_on_a_tiny_model(coverage: bool) -> None:
+    """With coverage too: the beams' coverage must be reordered with their hidden states."""
     vocab_size, max_length = 6, 3  # words 3, 4, 5 (3 plays <unk>); <pad> <start> are never emitted
-    decoder = tiny_decoder(vocab_size=vocab_size).eval()
+    decoder = tiny_decoder(vocab_size=vocab_size, coverage=coverage).eval()
+    if coverage:
+        nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
     annotations = torch.randn(2, 9, 8)
     words = [3, 4, 5]
     candidates = [seq for n in range(max_length + 1) for seq in itertools.product(words, repeat=n)]
@@ -127,8 +153,9 @@ def test_beam_returns_alpha_and_beta_per_emitted_word_and_respects_max_length() 
                 assert torch.allclose(h.alphas.sum(-1), torch.ones(len(h.tokens)), atol=1e-5)
 
 
-def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time() -> None:
-    decoder = tiny_decoder().eval()
+@pytest.mark.parametrize("coverage", [False, True])
+def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(coverage: bool) -> None:
+    decoder = tiny_decoder(coverage=coverage).eval()
     annotations = torch.randn(4, 9, 8)
     greedy = greedy_decode(decoder, annotations, start_id=START, end_id=END, max_length=6)
     batched = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6)
@@ -139,7 +166,7 @@ def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time() -> None:
         image, state = decoder.encode(annotations[b : b + 1]), decoder.initial_state(annotations[b : b + 1])
         word = torch.tensor([START])
         for _ in range(6):
-            logits, _, _, state = decoder.step(word, image, state)
+            logits, _, _, state, _ = decoder.step(word, image, state)
             logits[:, [START, PAD]] = float("-inf")
             word = logits.argmax(-1)
             if word.item() == END:

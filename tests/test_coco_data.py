@@ -301,3 +301,18 @@ def test_generate_scenes_creates_and_then_reuses_a_scenes_root(tmp_path: Path) -
     stamp = captions_file.stat().st_mtime_ns
     CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)
     assert captions_file.stat().st_mtime_ns == stamp  # already there: not generated again
+
+
+def test_generated_scenes_take_their_style_per_split_and_a_root_of_another_style_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "varied"
+    counts, styles = {"train": 6, "val": 2, "test": 2}, {"train": {"layout": "free", "shade_jitter": 1.0}}
+    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)
+    infos = {split: json.loads((root / "annotations" / f"captions_{split}.json").read_text())["info"]
+             for split in counts}
+    assert infos["train"]["style"] == {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.0}
+    assert "style" not in infos["val"] and "style" not in infos["test"]  # SPEC §3 scenes for evaluation
+    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)  # reused
+    with pytest.raises(ValueError, match="train scenes in .* were drawn with style .*layout='free'"):
+        CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)
+    with pytest.raises(ValueError, match="scenes_styles names split"):
+        CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_styles={"dev": {}})

@@ -74,13 +74,18 @@ class AdditiveAttention(nn.Module):
 
     The projection W_a a_i does not depend on the query, so ``project_annotations`` computes it once per
     image and ``forward`` reuses it at every decoding step.
+
+    With ``coverage`` the score also reads how much attention each location has had so far,
+    e_ti = w·tanh(W_a a_i + W_h h + w_c c_ti) with c_t = Σ_{s<t} α_s (Tu et al. 2016, See et al. 2017), so the
+    decoder can tell the objects it has described from the ones it has not.
     """
 
-    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int) -> None:
+    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, coverage: bool = False) -> None:
         super().__init__()
         self.annotation_proj = nn.Linear(annotation_dim, attention_dim)  # W_a
         self.query_proj = nn.Linear(query_dim, attention_dim)  # W_h
         self.score = nn.Linear(attention_dim, 1)  # w
+        self.coverage_proj = nn.Linear(1, attention_dim, bias=False) if coverage else None  # w_c
 
     def project_annotations(self, annotations: Tensor) -> Tensor:
         """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
@@ -104,11 +109,11 @@ class AdditiveAttention(nn.Module):
         weight, bias = self.score.weight, self.score.bias  # w (1, A), b (1,)
         return F.linear(x, 2.0 * weight, bias - weight.sum()).squeeze(-1)
 
-    def forward(self, projected_annotations: Tensor, query: Tensor) -> Tensor:
+    def forward(self, projected_annotations: Tensor, query: Tensor, coverage: Tensor | None = None) -> Tensor:
         """α over the L locations, (B·r, L), for r queries per image (B·r, Q), e.g. the r beams of a search.
 
         ``projected_annotations`` is (B, L, A) and is shared by the r queries of each image, never copied;
-        query row n belongs to image n // r.
+        query row n belongs to image n // r. ``coverage`` (B·r, L) is c_t, needed when built with coverage.
         """
         batch, locations, width = projected_annotations.shape
         if query.shape[0] % batch:
@@ -116,6 +121,11 @@ class AdditiveAttention(nn.Module):
         per_image = query.shape[0] // batch
         projected_query = self.query_proj(query).view(batch, per_image, 1, width)  # W_h h, (B, r, 1, A)
         projected_annotations = projected_annotations.unsqueeze(1)  # W_a a, (B, 1, L, A)
+        if self.coverage_proj is not None:
+            if coverage is None:
+                raise ValueError("this attention reads coverage: pass c_t, the attention summed over past steps")
+            # W_h h + w_c c_ti, (B, r, L, A): the query term becomes per location
+            projected_query = projected_query + self.coverage_proj(coverage.view(batch, per_image, locations, 1))
         rows = max(1, self.chunk_elements // (per_image * locations * width))
         if batch <= rows or torch.is_grad_enabled() and (projected_annotations.requires_grad
                                                         or projected_query.requires_grad):

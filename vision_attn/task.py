@@ -138,7 +138,7 @@ class BaseTask(L.LightningModule):
         """The fraction of the trainer's ``max_time`` used by training so far, or None without a time cap."""
         timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
         if timer is None or timer.time_remaining("train") is None:
-            log.warning("schedule_by_time is set but the trainer has no max_time: the schedule follows the steps")
+            log.warning("the schedule follows a time budget, but the trainer has no max_time: it follows the steps")
             return None
 
         def used() -> float:

@@ -26,7 +26,7 @@ class Hypothesis:
 
 
 def _select(state: DecoderState, index: Tensor) -> DecoderState:
-    return DecoderState(state.hidden[index], state.cell[index])
+    return state.select(index)
 
 
 @torch.no_grad()
@@ -69,7 +69,7 @@ def beam_search(
     history_alphas = torch.zeros(batch, k, 0, locations, device=device)
     history_betas = torch.zeros(batch, k, 0, device=device)
     for t in range(max_length + 1):  # up to max_length words, then <end>
-        logits, alpha, beta, new_state = decoder.step(words, image, state)
+        logits, alpha, beta, new_state, _ = decoder.step(words, image, state)
         log_probs = logits.log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V)
         vocab = log_probs.shape[-1]
         log_probs[..., start_id] = float("-inf")
@@ -144,16 +144,21 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
     Unlike the searches above this keeps the autograd graph: the log-probabilities of the drawn words are
     what REINFORCE differentiates. The ``per_image`` rows of an image share its annotations, as in
     teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are.
+
+    With hard attention the locations are drawn too (s_t ~ Multinoulli(α_t)), and a step's log-probability is
+    that of the pair, log p(s_t | a) + log p(y_t | s_t, ...): the caption's reward trains where it looked as
+    well as what it said.
     """
     image = decoder.encode(annotations)
     state = decoder.initial_state(annotations, per_image)
+    hard = decoder.attention_mode == "hard"
     rows = annotations.shape[0] * per_image
     words = torch.full((rows,), start_id, dtype=torch.long, device=annotations.device)
     finished = torch.zeros(rows, dtype=torch.bool, device=annotations.device)
     tokens, log_probs, masks = [], [], []
     never = torch.tensor([start_id, pad_id], device=annotations.device)
     for t in range(max_length + 1):
-        logits, _, _, state = decoder.step(words, image, state)
+        logits, alpha, _, state, location = decoder.step(words, image, state, sample=hard)
         if t == max_length:  # the last step can only end the caption
             logits = torch.full_like(logits, float("-inf"))
             logits[:, end_id] = 0.0
@@ -162,7 +167,10 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
         words = drawn.masked_fill(finished, pad_id)
         masks.append(~finished)
         tokens.append(words)
-        log_probs.append(step_log_probs.gather(1, drawn.unsqueeze(1)).squeeze(1))
+        step_log_prob = step_log_probs.gather(1, drawn.unsqueeze(1)).squeeze(1)
+        if location is not None:  # + log p(s_t | a)
+            step_log_prob = step_log_prob + alpha.gather(1, location.unsqueeze(1)).squeeze(1).clamp_min(1e-12).log()
+        log_probs.append(step_log_prob)
         finished = finished | (drawn == end_id)
         if finished.all():
             break

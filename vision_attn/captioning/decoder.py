@@ -29,6 +29,12 @@ class DecoderState:
 
     hidden: Tensor  # h_{t-1} (B, H)
     cell: Tensor  # c_{t-1} (B, H)
+    coverage: Tensor | None = None  # Σ_{s<t} α_s (B, L), when the attention reads its coverage
+
+    def select(self, index: Tensor) -> DecoderState:
+        """The state of rows ``index`` (e.g. the surviving beams)."""
+        return DecoderState(self.hidden[index], self.cell[index],
+                            None if self.coverage is None else self.coverage[index])
 
 
 @dataclass
@@ -61,12 +67,14 @@ class AttendedContext(NamedTuple):
 
 
 class DecoderStep(NamedTuple):
-    """One decoding step: word logits (B, V), α_t (B, L), β_t (B,), and the new recurrent state."""
+    """One decoding step: word logits (B, V), α_t (B, L), β_t (B,), the new recurrent state, and the sampled
+    location s_t (B,) when hard attention samples (else None)."""
 
     logits: Tensor
     alpha: Tensor
     beta: Tensor
     state: DecoderState
+    location: Tensor | None = None
 
 
 AttentionMode = Literal["soft", "hard"]
@@ -85,6 +93,7 @@ class AttentionDecoder(nn.Module):
         attention_mode: AttentionMode = "soft",
         hard_expectation_prob: float = 0.5,
         initial_gate: float = 0.5,
+        coverage: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < initial_gate < 1.0:
@@ -94,7 +103,7 @@ class AttentionDecoder(nn.Module):
         self.attention_mode = attention_mode
         self.hard_expectation_prob = hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
-        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim)  # W_a, W_h, w
+        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim, coverage=coverage)
         self.gate = nn.Linear(hidden_dim, 1)  # w_β
         # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
         nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(initial_gate)).item())
@@ -117,7 +126,10 @@ class AttentionDecoder(nn.Module):
         cell = torch.tanh(self.init_cell(mean_annotation))  # c_0 = tanh(f_init,c(mean a))
         if per_image > 1:
             hidden, cell = hidden.repeat_interleave(per_image, dim=0), cell.repeat_interleave(per_image, dim=0)
-        return DecoderState(hidden, cell)
+        coverage = None
+        if self.attention.coverage_proj is not None:  # c_1 = 0: nothing attended yet
+            coverage = annotations.new_zeros(hidden.shape[0], annotations.shape[1])
+        return DecoderState(hidden, cell, coverage)
 
     def context(self, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> AttendedContext:
         """The gated context vector z_t (B', D) with its attention, and s_t when hard attention samples.
@@ -125,7 +137,8 @@ class AttentionDecoder(nn.Module):
         The state may hold r rows per image (B' = B·r, rows of one image adjacent, as the beams of a
         search): all r attend the image's one copy of the annotations.
         """
-        alpha = self.attention(image.projected, state.hidden)  # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1}))
+        # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1} [+ w_c c_ti]))
+        alpha = self.attention(image.projected, state.hidden, state.coverage)
         beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
         location = None
         if self.attention_mode == "hard" and sample:
@@ -140,22 +153,24 @@ class AttentionDecoder(nn.Module):
         attended = torch.bmm(weights.view(batch, -1, locations), image.annotations).view(-1, dim)  # (B', D)
         return AttendedContext(beta * attended, alpha, beta.squeeze(1), location)  # z_t = β_t Σ_i α_ti a_i
 
-    def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState) -> DecoderState:
+    def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState,
+              alpha: Tensor | None = None) -> DecoderState:
         hidden, cell = self.lstm(torch.cat([embedded_word, context], dim=1), (state.hidden, state.cell))
-        return DecoderState(hidden, cell)  # h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
+        coverage = None if state.coverage is None else state.coverage + alpha  # c_{t+1} = c_t + α_t
+        return DecoderState(hidden, cell, coverage)  # h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
 
     def deep_output(self, embedded_word: Tensor, hidden: Tensor, context: Tensor) -> Tensor:
         """Word logits; works on (B, ·) for one step and on (B, T, ·) for all steps at once."""
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
         return self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
 
-    def step(self, word: Tensor, image: EncodedImage, state: DecoderState) -> DecoderStep:
-        """One decoding step from the previous words (B,)."""
+    def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:
+        """One decoding step from the previous words (B,); ``sample``: hard attention draws s_t ~ α_t."""
         embedded = self.embedding(word)
-        attended = self.context(image, state)
-        state = self.recur(embedded, attended.context, state)
+        attended = self.context(image, state, sample=sample)
+        state = self.recur(embedded, attended.context, state, attended.alpha)
         return DecoderStep(self.deep_output(embedded, state.hidden, attended.context), attended.alpha, attended.beta,
-                           state)
+                           state, attended.location)
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].
@@ -176,7 +191,7 @@ class AttentionDecoder(nn.Module):
         hiddens, contexts, alphas, betas, locations = [], [], [], [], []
         for t in range(inputs.shape[1]):
             attended = self.context(image, state, sample=sample)
-            state = self.recur(embedded[:, t], attended.context, state)
+            state = self.recur(embedded[:, t], attended.context, state, attended.alpha)
             hiddens.append(state.hidden)
             contexts.append(attended.context)
             alphas.append(attended.alpha)

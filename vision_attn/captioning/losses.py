@@ -79,15 +79,15 @@ def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_ima
     return -advantage * (log_probs * mask).sum(dim=1)
 
 
-def check_self_critical_options(from_epoch: int | None, samples: int, attention_mode: str) -> None:
+def check_self_critical_options(from_epoch: int | None, samples: int, from_time: float | None = None) -> None:
     """Refuse self-critical settings that cannot train, at start-up rather than at the first self-critical step."""
-    if from_epoch is None:
+    if from_time is not None and not 0 <= from_time < 1:
+        raise ValueError(f"self_critical_from_time is a fraction of the time budget, from 0 to below 1, got "
+                         f"{from_time}")
+    if from_epoch is None and from_time is None:
         return
-    if from_epoch < 0:
+    if from_epoch is not None and from_epoch < 0:
         raise ValueError(f"self_critical_from_epoch must be an epoch number (0 or more), got {from_epoch}")
     if samples < 2:
         raise ValueError(f"self_critical_samples must be at least 2 (the baseline is the mean reward of an image's "
                          f"other samples), got {samples}")
-    if attention_mode == "hard":
-        raise ValueError("self-critical training is for soft attention; hard attention trains its locations with "
-                         "its own REINFORCE (set self_critical_from_epoch: null)")

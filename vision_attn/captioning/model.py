@@ -62,6 +62,7 @@ class Captioner(nn.Module):
         dropout: float = 0.5,
         attention_mode: AttentionMode = "soft",
         initial_gate: float = 0.5,
+        coverage: bool = False,
         hard_expectation_prob: float = 0.5,
         beam_size: int = 3,
         max_decode_length: int = 20,
@@ -84,7 +85,7 @@ class Captioner(nn.Module):
         self.decoder = AttentionDecoder(
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention_mode=attention_mode,
-            hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate,
+            hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate, coverage=coverage,
         )
 
     @classmethod

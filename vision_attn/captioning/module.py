@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,13 @@ class ShowAttendTell(BaseTask):
     """Trains a ``Captioner`` with teacher forcing (plus the doubly stochastic term, and REINFORCE for hard
     attention); decodes with beam search in validation and test, which log the COCO metrics and pointing.
 
-    From epoch ``self_critical_from_epoch`` (default never) training is self-critical instead (Rennie et al.
-    2017): ``self_critical_samples`` captions are drawn per image from the decoder, each is rewarded by its
-    CIDEr-D against the image's references, and REINFORCE raises the ones that beat their siblings' mean. It
-    needs grouped captions (``group_captions: true``). ``vocabulary`` (linked from the DataModule by the CLI),
+    From epoch ``self_critical_from_epoch`` (default never), or once ``self_critical_from_time`` of the trainer's
+    ``max_time`` is spent (a fraction, so the switch comes at the same point of the budget on any machine),
+    training is self-critical instead (Rennie et al. 2017): ``self_critical_samples`` captions are drawn per
+    image from the decoder, each is rewarded by its CIDEr-D against the image's references, and REINFORCE
+    raises the ones that beat their siblings' mean. It needs grouped captions (``group_captions: true``). With
+    ``schedule_by_time`` the learning rate's cosine follows the ``max_time`` budget when that is further along
+    than the steps. ``vocabulary`` (linked from the DataModule by the CLI),
     ``image_size``, ``mean`` and ``std`` are stored with the checkpoint, so ``caption`` needs nothing else.
     ``test`` writes the SPEC §4 results to ``<log dir>/results_test.json``.
     """
@@ -54,20 +58,23 @@ class ShowAttendTell(BaseTask):
         self, *, vocabulary: list[str] | None = None, backbone: str = "small", encoder_width: int = 32,
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
-        dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5,
+        dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
         doubly_stochastic_weight: float = 0.0, hard_expectation_prob: float = 0.5, reinforce_weight: float = 1.0,
         entropy_weight: float = 0.01, baseline_decay: float = 0.9, self_critical_from_epoch: int | None = None,
-        self_critical_samples: int = 5, lr: float = 4e-4, encoder_lr: float | None = None, weight_decay: float = 0.0,
+        self_critical_from_time: float | None = None, self_critical_samples: int = 5, schedule_by_time: bool = False,
+        lr: float = 4e-4, encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
     ) -> None:
         super().__init__()
-        check_self_critical_options(self_critical_from_epoch, self_critical_samples, attention_mode)
+        check_self_critical_options(self_critical_from_epoch, self_critical_samples, self_critical_from_time)
         self.save_hyperparameters()
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._cider: CiderD | None = None  # the self-critical reward, built from the training references
         self._evaluation = EvaluationRecords()
+        self._budget_used: Callable[[], float] | None = None  # the fraction of max_time spent, set at fit start
+        self._self_critical_from_step: int | None = None  # when the time budget turned training self-critical
 
     # ----------------------------------------------------------------------------------------- training
     def _likelihood_loss(self, images: Tensor, captions: Tensor, stage: str,
@@ -99,9 +106,18 @@ class ShowAttendTell(BaseTask):
 
     @property
     def self_critical(self) -> bool:
-        """Whether this epoch trains on the model's own samples with the CIDEr-D reward instead of by likelihood."""
+        """Whether training is now on the model's own samples with the CIDEr-D reward instead of by likelihood:
+        from epoch ``self_critical_from_epoch``, or from the step at which ``self_critical_from_time`` of the
+        time budget was spent (and from then on)."""
         start = self.hparams.self_critical_from_epoch
-        return start is not None and self.current_epoch >= start
+        if start is not None and self.current_epoch >= start:
+            return True
+        if self._self_critical_from_step is None and self._budget_used is not None and \
+                self._budget_used() >= self.hparams.self_critical_from_time:
+            self._self_critical_from_step = self.global_step
+            log.info("%.0f%% of the time budget spent at step %d: training is self-critical from here",
+                     100 * self.hparams.self_critical_from_time, self.global_step)
+        return self._self_critical_from_step is not None and self.global_step >= self._self_critical_from_step
 
     def _reward(self) -> CiderD:
         """CIDEr-D with the document frequencies of every training image's references, built once."""
@@ -178,6 +194,8 @@ class ShowAttendTell(BaseTask):
         if start is not None and epochs is not None and 0 <= epochs <= start:
             log.warning("self_critical_from_epoch is %d but max_epochs is %d: training ends before any "
                         "self-critical epoch", start, epochs)
+        if self.hparams.self_critical_from_time is not None:
+            self._budget_used = self._time_budget_used()
         folder = getattr(self.trainer.checkpoint_callback, "dirpath", None)
         vocab = getattr(self.trainer.datamodule, "vocab", None)  # the DataModule's knows its min_count
         if self.trainer.is_global_zero and folder:
@@ -195,4 +213,5 @@ class ShowAttendTell(BaseTask):
         if encoder_params:
             groups.append({"params": encoder_params, "lr": self.hparams.encoder_lr or self.hparams.lr})
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs)
+        return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
+                                  by_time=self.hparams.schedule_by_time)

@@ -23,8 +23,9 @@ Files under ``<root>/`` (SPEC §3):
 - ``annotations/instances_<split>.json``: COCO instances; ``bbox`` is the tight box of the item's
   non-zero pixels, ``area`` their count, ``category_id`` the Fashion-MNIST label + 1 (COCO ids start at 1).
 - ``annotations/attributes_<split>.json``: per instance its ``colour``, the ``rgb`` it was tinted with, its
-  grid ``cell`` [row, col] (null in free layouts) and source Fashion-MNIST image; per caption the relation phrases it states, as (subject instance id, relation,
-  object instance id), so each phrase can be checked against the boxes.
+  grid ``cell`` [row, col] (null in free layouts) and source Fashion-MNIST image; per caption the relation
+  phrases it states, as (subject instance id, relation, object instance id), so each phrase can be checked
+  against the boxes.
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ def _free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tupl
     for _ in range(PLACEMENT_TRIES):
         corners = [(int(rng.integers(0, canvas_size - size + 1)), int(rng.integers(0, canvas_size - size + 1)))
                    for size in sizes]
-        centres = [(y + (t + b) / 2, x + (l + r) / 2) for (y, x), (t, l, b, r) in zip(corners, tight, strict=True)]
+        centres = [(y + (top + bottom) / 2, x + (left + right) / 2)
+                   for (y, x), (top, left, bottom, right) in zip(corners, tight, strict=True)]
         fits = True
         for i in range(len(sizes)):
             for j in range(i):
