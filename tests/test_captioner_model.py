@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 import torch
-from torch import nn
 import torchvision
+from torch import nn
 
 from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
