@@ -26,16 +26,25 @@ fashion-mnist:
 	fi
 
 # The main job on the embedded default: generate Fashion scenes, train the Show-Attend-Tell captioner
-# (<= 15 min on 2 cores), test it (BLEU, METEOR, ROUGE-L, CIDEr-D, pointing), and draw its attention
-# over a handful of test scenes.
+# (<= 15 min on 2 cores), test it on SPEC §3's scenes (BLEU, METEOR, ROUGE-L, CIDEr-D, pointing, the scene
+# metrics), score it again on scenes drawn another way (items anywhere, other shades of each colour), and
+# draw its attention over a handful of scenes of both kinds.
 CAP_RUN := $(RUNS)/captioner_fashion_scenes
-SCENES  := data/fashion_scenes
+SCENES  := data/fashion_scenes_varied
+FREE    := data/fashion_scenes_free
+CAP_CKPT := $(CAP_RUN)/checkpoints/best.ckpt
 demo: setup
 	$(BIN)/vision-attn fit --config configs/captioner/fashion_scenes.yaml --overwrite true
-	$(BIN)/vision-attn test --config configs/captioner/fashion_scenes.yaml --ckpt_path $(CAP_RUN)/checkpoints/best.ckpt
-	$(BIN)/vision-attn overlay --ckpt $(CAP_RUN)/checkpoints/best.ckpt --out $(CAP_RUN)/overlays \
+	$(BIN)/vision-attn test --config configs/captioner/fashion_scenes.yaml --ckpt_path $(CAP_CKPT)
+	$(BIN)/vision-attn make-scenes --root $(FREE) --train 0 --val 0 --test 1000 --layout free --shade-jitter 1
+	$(BIN)/vision-attn caption --ckpt $(CAP_CKPT) --coco-annotations $(FREE)/annotations/captions_test.json \
+		--image-dir $(FREE)/images/test --out $(CAP_RUN)/results_free_test.json
+	$(BIN)/vision-attn evaluate $(CAP_RUN)/results_free_test.json --annotations $(FREE)/annotations/captions_test.json \
+		--instances $(FREE)/annotations/instances_test.json --attributes $(FREE)/annotations/attributes_test.json \
+		--out $(CAP_RUN)/scores_free_test.json
+	$(BIN)/vision-attn overlay --ckpt $(CAP_CKPT) --out $(CAP_RUN)/overlays \
 		$(SCENES)/images/test/1.png $(SCENES)/images/test/2.png $(SCENES)/images/test/3.png \
-		$(SCENES)/images/test/4.png $(SCENES)/images/test/5.png $(SCENES)/images/test/6.png
+		$(FREE)/images/test/1.png $(FREE)/images/test/2.png $(FREE)/images/test/3.png
 	@echo "Attention overlays: $(CAP_RUN)/overlays/*.png, gallery $(CAP_RUN)/overlays/index.html"
 
 # The ViT on Fashion-MNIST (<= 10 min), its test accuracy, top-5 classes of a few test images, and its

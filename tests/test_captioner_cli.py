@@ -232,3 +232,30 @@ def test_evaluate_names_image_ids_missing_from_the_annotations(trained_captioner
         main(["evaluate", str(stray), "--annotations", str(annotations), "--out", str(tmp_path / "s.json")])
     assert capsys.readouterr().err.strip() == f"error: {stray}: 1 image ids are not in {annotations}, e.g. 987"
     assert not (tmp_path / "s.json").exists()
+
+
+def test_coverage_and_the_concept_loss_train_and_the_checkpoint_captions_without_the_concept_head(
+        trained_captioner, tmp_path) -> None:
+    import csv
+
+    import torch
+
+    from vision_attn.captioning.evaluation import caption_files
+    from vision_attn.captioning.model import Captioner
+    from vision_attn.cli import main
+
+    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+          str(trained_captioner["scenes"]), "--model.init_args.coverage", "true",
+          "--model.init_args.concept_weight", "0.5", "--trainer.max_epochs", "1", "--trainer.log_every_n_steps", "1",
+          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
+          "--trainer.default_root_dir", str(tmp_path)])
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    assert [float(row["train/concept_loss"]) for row in rows if row.get("train/concept_loss")]
+    checkpoint = next(tmp_path.rglob("best.ckpt"))
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    assert "concept_head.weight" in saved and "model.decoder.attention.coverage_proj.weight" in saved
+    captioner = Captioner.from_checkpoint(checkpoint)
+    assert not any(name.startswith("concept_head") for name, _ in captioner.named_parameters())
+    image = next((trained_captioner["scenes"] / "images" / "test").glob("*.png"))
+    [record] = caption_files(captioner, [(1, image)])
+    assert record["caption"] and len(record["alphas"]) == len(record["tokens"]) > 0

@@ -14,6 +14,8 @@ from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.losses import (
     caption_nll,
+    concept_loss,
+    concept_targets,
     doubly_stochastic_penalty,
     reinforce_surrogate,
     self_critical_loss,
@@ -379,3 +381,27 @@ def test_self_critical_training_learns_the_rewarded_caption() -> None:
         optimizer.step()
     learnt = greedy_decode(decoder, annotations, start_id=START, end_id=END, pad_id=PAD, max_length=6)
     assert [h.tokens for h in learnt] == [target] * 4
+
+
+def test_concept_targets_are_the_words_of_each_images_captions() -> None:
+    captions = torch.tensor([[START, 5, 6, END, PAD], [START, 7, END, PAD, PAD], [START, 8, 5, END, PAD]])
+    ignore = torch.tensor([PAD, START, END])
+    targets = concept_targets(captions, torch.tensor([0, 0, 1]), images=2, vocab_size=10, ignore=ignore)
+    assert targets[0].nonzero().flatten().tolist() == [5, 6, 7]
+    assert targets[1].nonzero().flatten().tolist() == [5, 8]
+
+
+def test_concept_loss_is_the_noisy_or_of_the_locations() -> None:
+    """p_w = 1 − Π_i (1 − σ(s_iw)), by hand on 2 locations; a map that lights one location for each present word
+    and none for absent words scores far better than one that lights every word everywhere."""
+    ignore = torch.tensor([0])
+    logits = torch.tensor([[[0.0, 1.0, -2.0], [0.0, -1.0, 0.5]]])  # (B=1, L=2, V=3)
+    targets = torch.tensor([[0.0, 1.0, 0.0]])
+    p1 = 1 - (1 - torch.sigmoid(torch.tensor(1.0))) * (1 - torch.sigmoid(torch.tensor(-1.0)))
+    p2 = 1 - (1 - torch.sigmoid(torch.tensor(-2.0))) * (1 - torch.sigmoid(torch.tensor(0.5)))
+    expected = -(torch.log(p1) + torch.log(1 - p2)) / 2  # word 0 is ignored
+    assert torch.allclose(concept_loss(logits, targets, ignore), expected, atol=1e-6)
+    right = torch.full((1, 4, 3), -8.0)
+    right[0, 2, 1] = 8.0  # word 1 at location 2 only
+    everywhere = torch.full((1, 4, 3), 8.0)
+    assert concept_loss(right, targets, ignore) < 0.01 < 5 < concept_loss(everywhere, targets, ignore)

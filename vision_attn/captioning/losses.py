@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -61,6 +62,35 @@ def reinforce_surrogate(
     location_log_likelihood = (location_log_probs * mask).sum(dim=1)  # Σ_t log p(s_t | a)
     entropy = (location_entropy * mask).sum(dim=1)
     return reinforce_weight * advantage * location_log_likelihood + entropy_weight * entropy
+
+
+def concept_targets(captions: Tensor, caption_images: Tensor | None, images: int, vocab_size: int,
+                    ignore: Tensor) -> Tensor:
+    """The words of each image's captions as a multi-hot (B, V): 1 where some caption of the image has the
+    word. ``captions`` (N, T) are ids, caption n of image ``caption_images[n]`` (default n); the ids in
+    ``ignore`` (<pad>, <start>, <end>) are never targets."""
+    rows = caption_images if caption_images is not None else torch.arange(len(captions), device=captions.device)
+    targets = captions.new_zeros(images, vocab_size, dtype=torch.float32)
+    targets[rows.unsqueeze(1).expand_as(captions), captions] = 1.0
+    targets[:, ignore] = 0.0
+    return targets
+
+
+def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Tensor:
+    """Multiple-instance learning of the caption words from the image's locations (Fang et al. 2015): with
+    s_iw the score of word w at location i, p_w = 1 − Π_i (1 − σ(s_iw)) (noisy-OR), and the loss is the binary
+    cross-entropy of p_w against whether some caption has w, averaged over the words and images.
+
+    ``location_logits`` is (B, L, V). Some location must light up for every word that is there, and none for
+    the words that are not, so the annotation vectors learn to say what is where.
+    """
+    none_total = F.softplus(location_logits).sum(dim=1)  # −log Π_i (1 − σ(s_iw)) = −log(1 − p_w)
+    log_absent = -none_total
+    log_present = torch.log(-torch.expm1(-none_total.clamp_min(1e-6)))  # log p_w
+    per_word = -(targets * log_present + (1 - targets) * log_absent)  # (B, V)
+    keep = torch.ones(per_word.shape[1], dtype=torch.bool, device=per_word.device)
+    keep[ignore] = False
+    return per_word[:, keep].mean()
 
 
 def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:

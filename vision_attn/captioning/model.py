@@ -102,7 +102,12 @@ class Captioner(nn.Module):
     def forward(self, images: Tensor, captions: Tensor, caption_images: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced outputs; caption n is of image ``caption_images[n]`` (default: of image n)."""
         annotations, _ = self.encoder(images)  # each image encoded once, however many captions it has
-        if caption_images is not None and not _adjacent_equal_groups(caption_images, len(images)):
+        return self.teacher_forced(annotations, captions, caption_images)
+
+    def teacher_forced(self, annotations: Tensor, captions: Tensor,
+                       caption_images: Tensor | None = None) -> DecoderOutput:
+        """``forward`` from the images' annotation vectors (B, L, D)."""
+        if caption_images is not None and not _adjacent_equal_groups(caption_images, len(annotations)):
             annotations = annotations[caption_images]  # uneven groups: a copy per caption, (B, L, D) -> (N, L, D)
         return self.decoder(annotations, captions)
 

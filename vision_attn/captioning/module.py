@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch import Tensor
+from torch import Tensor, nn
 
 from vision_attn.captioning.beam_search import sample_captions
 from vision_attn.captioning.decoder import AttentionMode
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, reference_reward, score_records
 from vision_attn.captioning.losses import (
     check_self_critical_options,
+    concept_loss,
+    concept_targets,
     doubly_stochastic_penalty,
     reinforce_surrogate,
     self_critical_loss,
@@ -59,7 +61,8 @@ class ShowAttendTell(BaseTask):
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
-        doubly_stochastic_weight: float = 0.0, hard_expectation_prob: float = 0.5, reinforce_weight: float = 1.0,
+        doubly_stochastic_weight: float = 0.0, concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
+        reinforce_weight: float = 1.0,
         entropy_weight: float = 0.01, baseline_decay: float = 0.9, self_critical_from_epoch: int | None = None,
         self_critical_from_time: float | None = None, self_critical_samples: int = 5, schedule_by_time: bool = False,
         lr: float = 4e-4, encoder_lr: float | None = None, weight_decay: float = 0.0,
@@ -70,6 +73,13 @@ class ShowAttendTell(BaseTask):
         check_self_critical_options(self_critical_from_epoch, self_critical_samples, self_critical_from_time)
         self.save_hyperparameters()
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
+        if concept_weight < 0:
+            raise ValueError(f"concept_weight must be 0 or more, got {concept_weight}")
+        # A training aid, not part of the captioner: scores of every word at every location (concept_loss)
+        self.concept_head = nn.Linear(self.model.encoder.annotation_dim, len(self.model.vocab)) \
+            if concept_weight > 0 else None
+        if self.concept_head is not None:  # σ(−5) per location: a noisy-OR over tens of locations starts near 0.2,
+            nn.init.constant_(self.concept_head.bias, -5.0)  # not near 1 for every word (which swamps the loss)
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._cider: CiderD | None = None  # the self-critical reward, built from the training references
         self._evaluation = EvaluationRecords()
@@ -80,9 +90,10 @@ class ShowAttendTell(BaseTask):
     def _likelihood_loss(self, images: Tensor, captions: Tensor, stage: str,
                          caption_images: Tensor | None = None) -> Tensor:
         captions = captions.long()
-        output = self.model(images, captions, caption_images)
+        annotations, _ = self.model.encoder(images)
+        output = self.model.teacher_forced(annotations, captions, caption_images)
         likelihood = token_likelihood(output.logits, captions)
-        loss = likelihood.loss
+        loss = likelihood.loss + self._concept_loss(annotations, captions, caption_images, stage)
         if self.hparams.doubly_stochastic_weight:
             penalty = doubly_stochastic_penalty(output.alphas, likelihood.mask).mean()
             loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)²
@@ -98,6 +109,17 @@ class ShowAttendTell(BaseTask):
             self.reward_baseline.mul_(decay).add_((1 - decay) * -likelihood.per_caption.detach().mean())
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
         return loss
+
+    def _concept_loss(self, annotations: Tensor, captions: Tensor, caption_images: Tensor | None,
+                      stage: str) -> Tensor | float:
+        """concept_weight × the multiple-instance loss of the captions' words over the locations (0 when off)."""
+        if self.concept_head is None:
+            return 0.0
+        ignore = torch.tensor([PAD_ID, START_ID, END_ID], device=captions.device)
+        targets = concept_targets(captions, caption_images, len(annotations), len(self.model.vocab), ignore)
+        loss = concept_loss(self.concept_head(annotations), targets, ignore)
+        self.log(f"{stage}/concept_loss", loss, batch_size=len(annotations), sync_dist=stage != "train")
+        return self.hparams.concept_weight * loss
 
     def training_loss(self, batch: CaptionBatch) -> Tensor:
         if self.self_critical:
@@ -147,6 +169,7 @@ class ShowAttendTell(BaseTask):
                                dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
         loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, samples_per_image).sum()
         loss = loss / sampled.mask.sum().clamp_min(1)
+        loss = loss + self._concept_loss(annotations, batch.captions.long(), batch.caption_images, "train")
         self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=len(candidates))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(candidates))
         return loss
