@@ -17,6 +17,7 @@ from vision_attn.captioning.losses import (
     concept_loss,
     concept_targets,
     doubly_stochastic_penalty,
+    excess_words,
     reinforce_surrogate,
     self_critical_loss,
 )
@@ -405,3 +406,11 @@ def test_concept_loss_is_the_noisy_or_of_the_locations() -> None:
     right[0, 2, 1] = 8.0  # word 1 at location 2 only
     everywhere = torch.full((1, 4, 3), 8.0)
     assert concept_loss(right, targets, ignore) < 0.01 < 5 < concept_loss(everywhere, targets, ignore)
+
+
+def test_excess_words_count_what_no_reference_repeats() -> None:
+    coat, bag, a, next_to, and_ = 5, 6, 7, 8, 9
+    references = [[a, coat, next_to, a, bag], [a, bag, next_to, a, coat]]
+    assert excess_words([a, coat, next_to, a, bag], references) == 0
+    assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references) == 2  # a 3rd "a" and a 2nd "bag"
+    assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references + [[a, a, a, bag]]) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -91,6 +93,17 @@ def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Te
     keep = torch.ones(per_word.shape[1], dtype=torch.bool, device=per_word.device)
     keep[ignore] = False
     return per_word[:, keep].mean()
+
+
+def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
+    """How often the candidate repeats a word more than any reference does: Σ_w max(0, c(w) − max(1, max_r
+    c_r(w))). A word used once never counts. "a coat next to a bag and a bag" against references with two "a"s
+    and one "bag" each counts 2 (the third "a" and the second "bag")."""
+    most: Counter = Counter()
+    for reference in references:
+        for word, count in Counter(reference).items():
+            most[word] = max(most[word], count)
+    return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
 
 
 def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:

@@ -24,6 +24,7 @@ from vision_attn.captioning.losses import (
     concept_loss,
     concept_targets,
     doubly_stochastic_penalty,
+    excess_words,
     reinforce_surrogate,
     self_critical_loss,
     token_likelihood,
@@ -47,7 +48,9 @@ class ShowAttendTell(BaseTask):
     ``max_time`` is spent (a fraction, so the switch comes at the same point of the budget on any machine),
     training is self-critical instead (Rennie et al. 2017): ``self_critical_samples`` captions are drawn per
     image from the decoder, each is rewarded by its CIDEr-D against the image's references, and REINFORCE
-    raises the ones that beat their siblings' mean. It needs grouped captions (``group_captions: true``). With
+    raises the ones that beat their siblings' mean; ``repeat_penalty`` is taken off the reward for every word a
+    sample uses more often than any of its references does (a repeated object). It needs grouped captions
+    (``group_captions: true``). With
     ``schedule_by_time`` the learning rate's cosine follows the ``max_time`` budget when that is further along
     than the steps. ``vocabulary`` (linked from the DataModule by the CLI),
     ``image_size``, ``mean`` and ``std`` are stored with the checkpoint, so ``caption`` needs nothing else.
@@ -64,7 +67,8 @@ class ShowAttendTell(BaseTask):
         doubly_stochastic_weight: float = 0.0, concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0,
         entropy_weight: float = 0.01, baseline_decay: float = 0.9, self_critical_from_epoch: int | None = None,
-        self_critical_from_time: float | None = None, self_critical_samples: int = 5, schedule_by_time: bool = False,
+        self_critical_from_time: float | None = None, self_critical_samples: int = 5, repeat_penalty: float = 0.0,
+        schedule_by_time: bool = False,
         lr: float = 4e-4, encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
@@ -73,8 +77,9 @@ class ShowAttendTell(BaseTask):
         check_self_critical_options(self_critical_from_epoch, self_critical_samples, self_critical_from_time)
         self.save_hyperparameters()
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
-        if concept_weight < 0:
-            raise ValueError(f"concept_weight must be 0 or more, got {concept_weight}")
+        for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty)):
+            if value < 0:
+                raise ValueError(f"{name} must be 0 or more, got {value}")
         # A training aid, not part of the captioner: scores of every word at every location (concept_loss)
         self.concept_head = nn.Linear(self.model.encoder.annotation_dim, len(self.model.vocab)) \
             if concept_weight > 0 else None
@@ -164,9 +169,12 @@ class ShowAttendTell(BaseTask):
                                   end_id=END_ID, pad_id=PAD_ID, max_length=self.hparams.max_decode_length)
         references = batch.word_ids_per_image()
         candidates = [word_ids(caption) for caption in sampled.tokens.tolist()]
-        rewards = torch.tensor(self._reward()(candidates, [references[n // samples_per_image]
-                                                           for n in range(len(candidates))]),
-                               dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
+        their_references = [references[n // samples_per_image] for n in range(len(candidates))]
+        scores = self._reward()(candidates, their_references)
+        if self.hparams.repeat_penalty:  # r = CIDEr-D − penalty × the words used more often than any reference does
+            scores = [score - self.hparams.repeat_penalty * excess_words(candidate, refs)
+                      for score, candidate, refs in zip(scores, candidates, their_references, strict=True)]
+        rewards = torch.tensor(scores, dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
         loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, samples_per_image).sum()
         loss = loss / sampled.mask.sum().clamp_min(1)
         loss = loss + self._concept_loss(annotations, batch.captions.long(), batch.caption_images, "train")
