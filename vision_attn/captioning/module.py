@@ -153,8 +153,8 @@ class ShowAttendTell(BaseTask):
                 raise ValueError("self-critical training needs the training references: use CocoCaptionsDataModule")
             references = [record.captions for record in self.trainer.datamodule.records("train")]
             self._cider = reference_reward(references, self.model.vocab, self.hparams.max_decode_length)
-            log.info("self-critical training from epoch %d: CIDEr-D reward over the references of %d training "
-                     "images", self.hparams.self_critical_from_epoch, len(references))
+            log.info("self-critical training from step %d (epoch %d): CIDEr-D reward over the references of %d "
+                     "training images", self.global_step, self.current_epoch, len(references))
         return self._cider
 
     def _self_critical_loss(self, batch: CaptionBatch) -> Tensor:
