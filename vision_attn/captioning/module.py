@@ -50,9 +50,9 @@ class ShowAttendTell(BaseTask):
     image from the decoder, each is rewarded by its CIDEr-D against the image's references, and REINFORCE
     raises the ones that beat their siblings' mean; ``repeat_penalty`` is taken off the reward for every word a
     sample uses more often than any of its references does (a repeated object). It needs grouped captions
-    (``group_captions: true``). With
-    ``schedule_by_time`` the learning rate's cosine follows the ``max_time`` budget when that is further along
-    than the steps. ``vocabulary`` (linked from the DataModule by the CLI),
+    (``group_captions: true``). With ``schedule_by_time`` the learning rate's cosine follows the ``max_time``
+    budget when that is further along than the steps. ``coverage`` and ``concept_weight`` are described in the
+    README ("Coverage and the concept loss"). ``vocabulary`` (linked from the DataModule by the CLI),
     ``image_size``, ``mean`` and ``std`` are stored with the checkpoint, so ``caption`` needs nothing else.
     ``test`` writes the SPEC §4 results to ``<log dir>/results_test.json``.
     """
@@ -65,11 +65,10 @@ class ShowAttendTell(BaseTask):
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
         doubly_stochastic_weight: float = 0.0, concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
-        reinforce_weight: float = 1.0,
-        entropy_weight: float = 0.01, baseline_decay: float = 0.9, self_critical_from_epoch: int | None = None,
-        self_critical_from_time: float | None = None, self_critical_samples: int = 5, repeat_penalty: float = 0.0,
-        schedule_by_time: bool = False,
-        lr: float = 4e-4, encoder_lr: float | None = None, weight_decay: float = 0.0,
+        reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
+        self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
+        self_critical_samples: int = 5, repeat_penalty: float = 0.0, schedule_by_time: bool = False, lr: float = 4e-4,
+        encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
     ) -> None:
@@ -139,12 +138,17 @@ class ShowAttendTell(BaseTask):
         start = self.hparams.self_critical_from_epoch
         if start is not None and self.current_epoch >= start:
             return True
-        if self._self_critical_from_step is None and self._budget_used is not None and \
-                self._budget_used() >= self.hparams.self_critical_from_time:
+        if self._self_critical_from_step is None and self._budget_used is not None and self._switch_is_due():
             self._self_critical_from_step = self.global_step
             log.info("%.0f%% of the time budget spent at step %d: training is self-critical from here",
                      100 * self.hparams.self_critical_from_time, self.global_step)
         return self._self_critical_from_step is not None and self.global_step >= self._self_critical_from_step
+
+    def _switch_is_due(self) -> bool:
+        """Whether ``self_critical_from_time`` of the budget is spent, as rank 0's clock says (every rank switches
+        at the same step, as Lightning's Timer stops them together)."""
+        due = self._budget_used() >= self.hparams.self_critical_from_time
+        return bool(self.trainer.strategy.broadcast(due, src=0)) if self.trainer.world_size > 1 else due
 
     def _reward(self) -> CiderD:
         """CIDEr-D with the document frequencies of every training image's references, built once."""
