@@ -232,7 +232,7 @@ def test_evaluate_names_image_ids_missing_from_the_annotations(trained_captioner
 
 def test_the_scenes_default_config_runs_on_a_tiny_time_budget(tmp_path) -> None:
     """configs/captioner/fashion_scenes.yaml as it is (styled training scenes, coverage, concept loss, the time-
-    budgeted schedule), on 24 scenes and a 15-second budget: both phases run, a best checkpoint is kept, and it
+    budgeted schedule), on 160 scenes and a 10-second budget: both phases run, a best checkpoint is kept, and it
     captions without the concept head (a training aid only)."""
     import csv
     import json
@@ -247,8 +247,8 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(tmp_path) -> None:
     config = Path(__file__).parents[1] / "configs" / "captioner" / "fashion_scenes.yaml"
     started = time.monotonic()
     main(["fit", "--config", str(config), "--data.init_args.root", str(tmp_path / "scenes"),
-          "--data.init_args.scenes_counts", '{"train": 24, "val": 8, "test": 8}', "--data.init_args.batch_size", "8",
-          "--trainer.max_time", "00:00:00:15", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+          "--data.init_args.scenes_counts", '{"train": 160, "val": 8, "test": 8}', "--data.init_args.batch_size", "8",
+          "--trainer.max_time", "00:00:00:10", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
           "--trainer.logger.save_dir", str(tmp_path / "run"), "--trainer.log_every_n_steps", "1",
           "--trainer.default_root_dir", str(tmp_path / "run"),
           "--trainer.callbacks.init_args.dirpath", str(tmp_path / "run" / "checkpoints")])
