@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,19 @@ def console_script() -> str:
 def run_script(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """``vision-attn ARGS`` as a user runs it, output captured."""
     return subprocess.run([console_script(), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``vision-attn ARGS`` in this process, output captured (a new process would spend seconds importing
+    Lightning again): the exit code of its SystemExit, or 0."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(list(args))
+        except SystemExit as exit_info:
+            code = exit_info.code if isinstance(exit_info.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="session")

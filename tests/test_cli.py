@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from tests.conftest import CONFIGS, REPO, run_script
+from tests.conftest import CONFIGS, REPO, run_in_process, run_script
 from vision_attn.data.fashion_mnist import CLASS_NAMES, find_fashion_mnist, load_fashion_mnist
 
 
@@ -19,7 +19,7 @@ def test_fast_dev_run_through_the_console_script(tmp_path) -> None:
 
 def test_shipped_configs_parse(tmp_path) -> None:
     for config in sorted((REPO / "configs" / "vit").glob("*.yaml")):
-        result = run_script("fit", "--config", str(config), "--print_config")
+        result = run_in_process("fit", "--config", str(config), "--print_config")
         assert result.returncode == 0, f"{config.name}: {result.stderr[-1500:]}"
         assert "vision_attn.vit.module.ViTClassifier" in result.stdout
 

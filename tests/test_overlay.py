@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_script
+from tests.conftest import run_in_process, run_script
 from vision_attn.overlay import heat_panel, panel_grid, upsample_heatmap, write_gallery
 from vision_attn.vit.model import VisionTransformer
 from vision_attn.vit.rollout import attention_rollout, class_map, discard_weakest, explain, fuse_heads
@@ -296,7 +296,7 @@ def test_overlay_cli_errors_are_one_line(vit_checkpoint, tmp_path) -> None:
         ([str(tmp_path / "nothing.json")], "nothing.json: no such file (a results JSON was expected)"),
     ]
     for arguments, message in cases:
-        result = run_script("overlay", *arguments, "--out", str(tmp_path / "out"))
+        result = run_in_process("overlay", *arguments, "--out", str(tmp_path / "out"))
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import struct
 import subprocess
 import zlib
@@ -11,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import console_script
-from vision_attn.cli import main
+from tests.conftest import console_script, run_in_process
 from vision_attn.data.images import MAX_PIXELS, open_image
 from vision_attn.errors import BadImageError
 
@@ -61,16 +58,7 @@ def test_a_100_megapixel_photo_is_within_the_limit_and_decodes_by_draft(tmp_path
     assert image.mode == "RGB" and max(image.size) < 11648 // 4  # JPEG draft decoded a fraction of the pixels
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    """``vision-attn ARGS`` in this process (a new process would spend seconds importing Lightning again)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main(list(args))
-        except SystemExit as exit_info:
-            code = exit_info.code if isinstance(exit_info.code, int) else 1
-    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
+run = run_in_process
 
 
 def one_line_error(result: subprocess.CompletedProcess, *parts: str, after_logs: bool = False) -> None:
