@@ -269,3 +269,21 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(tmp_path) -> None:
     image = next((tmp_path / "scenes" / "images" / "test").glob("*.png"))
     [record] = caption_files(captioner, [(1, image)])
     assert record["caption"] and len(record["alphas"]) == len(record["tokens"]) > 0
+
+
+def test_two_ddp_processes_switch_to_self_critical_training_by_the_time_budget(trained_captioner, tmp_path) -> None:
+    """With two processes the switch follows rank 0's clock (a broadcast each step until it comes): the fit
+    runs both phases and ends by its budget, with no rank left waiting."""
+    import csv
+
+    result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+                        str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
+                        "--model.init_args.self_critical_from_time", "0.3", "--trainer.max_time", "00:00:00:08",
+                        "--trainer.max_epochs", "1000", "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                        "--trainer.accelerator", "cpu", "--trainer.log_every_n_steps", "1",
+                        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                        "--trainer.logger.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for row in csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()) if row.get("train/loss")]
+    phases = [bool(row.get("train/reward")) for row in rows]
+    assert not phases[0] and phases[-1] and phases == sorted(phases)
