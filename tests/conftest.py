@@ -55,6 +55,18 @@ def vit_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pretrained_encoder(tmp_path_factory) -> Path:
+    """configs/captioner/fashion_scene_items.yaml for 6 steps: an encoder pretraining checkpoint (width 24)."""
+    run_dir = tmp_path_factory.mktemp("encoder_run")
+    main(["fit", "--config", str(CONFIGS.parents[1] / "configs" / "captioner" / "fashion_scene_items.yaml"),
+          "--trainer.limit_train_batches", "6", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "2",
+          "--data.init_args.eval_batch_size", "50",
+          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(run_dir),
+          "--trainer.default_root_dir", str(run_dir), "--trainer.callbacks.init_args.dirpath", str(run_dir / "ckpt")])
+    return run_dir / "ckpt" / "best.ckpt"
+
+
+@pytest.fixture(scope="session")
 def trained_captioner(tmp_path_factory) -> dict[str, Path]:
     """A tiny captioner fitted for a few steps on a tiny generated scenes set, through the in-process CLI."""
     work = tmp_path_factory.mktemp("captioner")

@@ -24,11 +24,12 @@ LAYERS = [
      "vision_attn.vit.pretrained"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.vit.inference", "vision_attn.gallery"},
-    {"vision_attn.task", "vision_attn.captioning.module", "vision_attn.vit.module"},
+    {"vision_attn.task", "vision_attn.captioning.module", "vision_attn.captioning.pretraining",
+     "vision_attn.vit.module"},
     {"vision_attn.trainer_cli", "vision_attn.cli"},
 ]
 LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.task", "vision_attn.captioning.module",
-                     "vision_attn.vit.module", "vision_attn.trainer_cli"}
+                     "vision_attn.captioning.pretraining", "vision_attn.vit.module", "vision_attn.trainer_cli"}
 
 
 def module_name(path: Path) -> str:

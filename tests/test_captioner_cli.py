@@ -230,10 +230,10 @@ def test_evaluate_names_image_ids_missing_from_the_annotations(trained_captioner
     assert not (tmp_path / "s.json").exists()
 
 
-def test_the_scenes_default_config_runs_on_a_tiny_time_budget(tmp_path) -> None:
-    """configs/captioner/fashion_scenes.yaml as it is (styled training scenes, coverage, concept loss, the time-
-    budgeted schedule), on 160 scenes and a 10-second budget: both phases run, a best checkpoint is kept, and it
-    captions without the concept head (a training aid only)."""
+def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder, tmp_path) -> None:
+    """configs/captioner/fashion_scenes.yaml as it is (an encoder pretrained by fashion_scene_items.yaml, styled
+    training scenes, coverage, concept loss, the time-budgeted schedule), on 160 scenes and a 10-second budget:
+    both phases run, a best checkpoint is kept, and it captions without the concept head (a training aid only)."""
     import csv
     import json
     import time
@@ -248,6 +248,7 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(tmp_path) -> None:
     started = time.monotonic()
     main(["fit", "--config", str(config), "--data.init_args.root", str(tmp_path / "scenes"),
           "--data.init_args.scenes_counts", '{"train": 160, "val": 8, "test": 8}', "--data.init_args.batch_size", "8",
+          "--model.init_args.pretrained_encoder", str(pretrained_encoder),
           "--trainer.max_time", "00:00:00:10", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
           "--trainer.logger.save_dir", str(tmp_path / "run"), "--trainer.log_every_n_steps", "1",
           "--trainer.default_root_dir", str(tmp_path / "run"),
@@ -287,3 +288,35 @@ def test_two_ddp_processes_switch_to_self_critical_training_by_the_time_budget(t
     rows = [row for row in csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()) if row.get("train/loss")]
     phases = [bool(row.get("train/reward")) for row in rows]
     assert not phases[0] and phases[-1] and phases == sorted(phases)
+
+
+def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pretrained_encoder, tmp_path) -> None:
+    """configs/captioner/fashion_scene_items.yaml logs class and colour accuracy and writes an encoder
+    checkpoint; a captioner loads its trunk exactly, and refuses it, in one line, under another normalisation
+    or encoder width, and names the pretraining config when the default's file is missing."""
+    import csv
+
+    import torch
+
+    from vision_attn.captioning.module import ITEMS_RUN, ShowAttendTell
+    from vision_attn.data.vocabulary import SPECIALS
+    from vision_attn.errors import CheckpointError
+
+    rows = list(csv.DictReader(next(pretrained_encoder.parents[1].rglob("metrics.csv")).open()))
+    [val] = [row for row in rows if row.get("val/acc")]
+    assert 0 <= float(val["val/acc"]) <= 1 and 0 <= float(val["val/colour_acc"]) <= 1
+    saved = torch.load(pretrained_encoder, map_location="cpu", weights_only=True)
+    assert saved["vision_attn_kind"] == "encoder"
+    options = {"vocabulary": [*SPECIALS, "a", "red", "top"], "encoder_width": 24, "image_size": 96}
+    captioner = ShowAttendTell(pretrained_encoder=str(pretrained_encoder), **options)
+    trunk = captioner.model.encoder.trunk.state_dict()
+    assert len(trunk) == 4 * 6  # 4 stages: conv, BN weight, bias, running mean, var and count
+    for name, tensor in trunk.items():
+        assert torch.equal(tensor, saved["state_dict"][f"model.encoder.trunk.{name}"]), name
+    with pytest.raises(CheckpointError, match=r"pretrained on images normalised with mean \[0.485"):
+        ShowAttendTell(pretrained_encoder=str(pretrained_encoder), mean=[0.5] * 3, std=[0.5] * 3, **options)
+    with pytest.raises(CheckpointError, match="shapes differ"):
+        ShowAttendTell(pretrained_encoder=str(pretrained_encoder), **{**options, "encoder_width": 16})
+    missing = f"{tmp_path}/{ITEMS_RUN}checkpoints/best.ckpt"
+    with pytest.raises(CheckpointError, match="pretrain the encoder first with `vision-attn fit --config configs/"):
+        ShowAttendTell(pretrained_encoder=missing, **options)

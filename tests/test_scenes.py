@@ -340,3 +340,43 @@ def _objects_any_layout(root: Path, split: str) -> dict[int, list[dict]]:
             "id": annotation["id"], "word": words[annotation["category_id"]], "colour": entry["colour"],
             "rgb": entry["rgb"], "bbox": annotation["bbox"], "cell": entry["cell"] and tuple(entry["cell"])})
     return objects
+
+
+# ------------------------------------------------------------- single items: the encoder's pretraining set
+def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
+    """Each item is a real Fashion-MNIST item, tinted in a shade of its named colour, at a size in the style's
+    range, inside the canvas; its targets are [label, colour]. Evaluation items are drawn the same way every
+    time; training items anew each time."""
+    import torch
+
+    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.scene_items import SceneItemDataset
+    from vision_attn.data.scenes import SceneStyle
+
+    images, labels = load_fashion_mnist(find_fashion_mnist("data", download=False), "test")
+    source = TensorImageDataset(images[:200, None], labels[:200])
+    style = SceneStyle(shade_jitter=1.0, scale_jitter=0.1)
+    fixed = SceneItemDataset(source, style=style, canvas_size=32, seed=5)
+    colours, sizes, places = set(), set(), set()
+    for index in range(200):
+        image, (label, colour) = fixed[index]
+        assert image.shape == (3, 32, 32) and image.dtype == torch.uint8 and int(label) == int(labels[index])
+        lit = image.permute(1, 2, 0).numpy().astype(np.float64)
+        mask = lit.max(axis=2) > 0
+        rows, cols = np.nonzero(mask)
+        height, width = rows.max() - rows.min() + 1, cols.max() - cols.min() + 1
+        assert max(height, width) <= 31  # 28 ± 10%: at most 31 pixels
+        crop = lit[mask]
+        bright = crop[crop.max(axis=1) >= np.quantile(crop.max(axis=1), 0.75)]
+        assert _named_colour(bright.mean(axis=0)) == list(COLOURS)[int(colour)]
+        colours.add(int(colour))
+        sizes.add(int(max(height, width)))
+        places.add((int(rows.min()), int(cols.min())))
+        assert torch.equal(fixed[index][0], image)  # drawn the same way every time
+    assert colours == set(range(len(COLOURS))) and len(sizes) >= 4 and len(places) > 30
+    fresh = SceneItemDataset(source, style=style, canvas_size=32)
+    assert sum(not torch.equal(fresh[i][0], fresh[i][0]) for i in range(20)) >= 18  # training: anew each time
+    with pytest.raises(ValueError, match="canvas_size 28 is smaller than the largest item"):
+        SceneItemDataset(source, style=SceneStyle(scale_jitter=0.2), canvas_size=28)
+    with pytest.raises(ValueError, match="shade_jitter must be between 0 and 1"):
+        SceneItemDataset(source, style=SceneStyle(shade_jitter=1.5))

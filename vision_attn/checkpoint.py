@@ -97,8 +97,9 @@ def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
 KIND_KEY = "vision_attn_kind"
 VERSION_KEY = "vision_attn_version"
 RNG_KEY = "vision_attn_rng"
-VIT, CAPTIONER = "vit", "captioner"
-KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner"}
+VIT, CAPTIONER, ENCODER = "vit", "captioner", "encoder"
+KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner",
+              ENCODER: "captioner-encoder pretraining"}
 
 
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:

@@ -19,7 +19,7 @@ from PIL import Image
 
 from vision_attn.captioning.evaluation import caption_files
 from vision_attn.captioning.model import Captioner
-from vision_attn.checkpoint import CAPTIONER, VIT, checkpoint_kind, load_file
+from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError
 from vision_attn.io import output_file, output_folder
@@ -153,7 +153,9 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
         loaded = load_file(checkpoint)
         kind = checkpoint_kind(loaded)
         if kind not in (VIT, CAPTIONER):
-            raise CheckpointError(f"{checkpoint}: not a checkpoint written by `vision-attn fit` (no model kind)")
+            what = f"a {KIND_NAMES[kind]} checkpoint has no attention to draw" if kind in KIND_NAMES \
+                else "not a checkpoint written by `vision-attn fit` (no model kind)"
+            raise CheckpointError(f"{checkpoint}: {what}")
     # the draw order: a ViT's images, then the records (results JSON first, then the captioner's images)
     sources = (image_paths if kind == VIT else []) + [path for _, path in records] \
         + (image_paths if kind == CAPTIONER else [])

@@ -118,13 +118,20 @@ class AnnotationEncoder(nn.Module):
         else:
             raise ValueError(f"unknown backbone '{backbone}': use small, vgg19, resnet50, resnet101 or timm:<name>")
         self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
+        self.pretrained_with: dict = {}
         if pretrained:
             self.load_trunk_weights(pretrained)
         self.set_trainable_stages(trainable_stages)
 
     def load_trunk_weights(self, path: str | os.PathLike) -> None:
-        """Load a torchvision/timm state dict (or our own trunk's) from a local file; classifier keys are skipped."""
-        state = extract_state_dict(load_file(path))
+        """Load a torchvision/timm state dict (or our own trunk's, or the trunk of a ``vision-attn fit`` encoder
+        pretraining or captioner checkpoint) from a local file; classifier keys are skipped. The file's
+        Lightning hyperparameters, if any, are kept as ``pretrained_with`` (the normalisation it learnt under)."""
+        loaded = load_file(path)
+        state = extract_state_dict(loaded)
+        if any(k.startswith("encoder.trunk.") for k in state):  # a vision-attn encoder pretraining or captioner
+            state = {k.removeprefix("encoder.trunk."): v for k, v in state.items() if k.startswith("encoder.trunk.")}
+        self.pretrained_with = dict(loaded.get("hyper_parameters") or {})
         own = self.trunk.state_dict()
         if self.backbone_name == "vgg19":  # torchvision names: features.N.*
             state = {k.removeprefix("features."): v for k, v in state.items()}
@@ -175,3 +182,21 @@ class AnnotationEncoder(nn.Module):
         _, grid = self(torch.zeros(1, 3, image_size, image_size, device=next(self.parameters()).device))
         self.train(was_training)
         return grid
+
+
+class EncoderClassifier(nn.Module):
+    """An ``AnnotationEncoder`` (B, 3, H, W) -> (B, L, D) with linear classifiers on the mean of the L vectors:
+    the class, and (``num_colours`` > 0) the colour, of the object in the image. How the encoder is pretrained
+    before captioning (``captioning.pretraining``), as the paper's VGG was on ImageNet:
+    p(class | image) = softmax(W · (1/L) Σ_i a_i + b)."""
+
+    def __init__(self, *, backbone: str = "small", encoder_width: int = 32, encoder_stride: int = 16,
+                 num_classes: int = 10, num_colours: int = 0) -> None:
+        super().__init__()
+        self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, small_stride=encoder_stride)
+        self.head = nn.Linear(self.encoder.annotation_dim, num_classes)
+        self.colour_head = nn.Linear(self.encoder.annotation_dim, num_colours) if num_colours else None
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        pooled = self.encoder(images)[0].mean(dim=1)
+        return self.head(pooled), self.colour_head(pooled) if self.colour_head is not None else None

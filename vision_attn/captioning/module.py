@@ -33,11 +33,27 @@ from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import CAPTIONER, constructor_args
 from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, word_ids
+from vision_attn.errors import CheckpointError
 from vision_attn.metrics import CiderD
 from vision_attn.results import write_results
 from vision_attn.task import BaseTask
 
 log = logging.getLogger(__name__)
+
+
+# The Fashion scenes default's encoder is pretrained by ITEMS_CONFIG, which writes under ITEMS_RUN
+ITEMS_CONFIG, ITEMS_RUN = "configs/captioner/fashion_scene_items.yaml", "runs/encoder_fashion_scene_items/"
+
+
+def check_pretraining_normalisation(model: Captioner, source: str | None) -> None:
+    """Refuse, in one line, an encoder pretrained on images normalised otherwise than this captioner's."""
+    learnt = model.encoder.pretrained_with
+    for name, ours in (("mean", model.mean), ("std", model.std)):
+        theirs = learnt.get(name)
+        if theirs is not None and not torch.allclose(torch.tensor(theirs, dtype=torch.float64),
+                                                     torch.tensor(ours, dtype=torch.float64)):
+            raise CheckpointError(f"{source}: the encoder was pretrained on images normalised with {name} "
+                                  f"{list(theirs)}, but this captioner's {name} is {list(ours)}")
 
 
 class ShowAttendTell(BaseTask):
@@ -75,7 +91,11 @@ class ShowAttendTell(BaseTask):
         super().__init__()
         check_self_critical_options(self_critical_from_epoch, self_critical_samples, self_critical_from_time)
         self.save_hyperparameters()
+        if pretrained_encoder and ITEMS_RUN in pretrained_encoder and not Path(pretrained_encoder).exists():
+            raise CheckpointError(f"{pretrained_encoder}: no such file; pretrain the encoder first with "
+                                  f"`vision-attn fit --config {ITEMS_CONFIG}`")
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
+        check_pretraining_normalisation(self.model, pretrained_encoder)
         for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty)):
             if value < 0:
                 raise ValueError(f"{name} must be 0 or more, got {value}")

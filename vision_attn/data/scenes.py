@@ -241,6 +241,13 @@ def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, gr
             "sources": sources, "orders": orders, "flags": flags}
 
 
+def draw_item(item: np.ndarray, tint: np.ndarray, size: int = ITEM_SIZE) -> np.ndarray:
+    """A 28×28 grey item as a scene draws it: resized to size×size, then tinted with ``tint`` (RGB) -> (size,
+    size, 3) uint8."""
+    resized = _resized(item, size)
+    return (resized[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)
+
+
 def _resized(item: np.ndarray, size: int) -> np.ndarray:
     """A 28×28 item resized to size×size (bilinear); the item itself when the size is unchanged."""
     if size == ITEM_SIZE:
@@ -309,8 +316,7 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
         for slot in range(n_objects):
             size = int(style_rng.integers(smallest, largest + 1)) if style.scale_jitter else ITEM_SIZE
             tint = style.tint(style_rng, colour_names[int(layout["colours"][index, slot])])
-            item = _resized(images[int(layout["sources"][index, slot])], size)
-            tinted = (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)  # (size, size, 3)
+            tinted = draw_item(images[int(layout["sources"][index, slot])], tint, size)
             items.append(tinted)
             sizes.append(size)
             tints.append(tint)

@@ -4,6 +4,12 @@ Configs pick them by class path, e.g. ``vision_attn.datamodules.FashionMNISTData
 """
 
 from vision_attn.datamodules.captions import CocoCaptionsDataModule
-from vision_attn.datamodules.classification import CIFAR10DataModule, FashionMNISTDataModule, ImageFolderDataModule
+from vision_attn.datamodules.classification import (
+    CIFAR10DataModule,
+    FashionMNISTDataModule,
+    FashionSceneItemsDataModule,
+    ImageFolderDataModule,
+)
 
-__all__ = ["CIFAR10DataModule", "CocoCaptionsDataModule", "FashionMNISTDataModule", "ImageFolderDataModule"]
+__all__ = ["CIFAR10DataModule", "CocoCaptionsDataModule", "FashionMNISTDataModule", "FashionSceneItemsDataModule",
+           "ImageFolderDataModule"]

@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from vision_attn.data import cifar10, fashion_mnist
+from vision_attn.data import cifar10, fashion_mnist, scenes
 from vision_attn.data.classification import (
     ImageFileDataset,
     TensorImageDataset,
@@ -28,6 +28,8 @@ from vision_attn.data.classification import (
     split_train_val,
 )
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
+from vision_attn.data.scene_items import SceneItemDataset, check_item_style
+from vision_attn.data.scenes import SceneStyle
 from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.errors import DatasetNotFoundError
 
@@ -141,6 +143,41 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
         images, labels = fashion_mnist.load_fashion_mnist(fashion_mnist.find_fashion_mnist(self.root, download=False),
                                                           split)
         return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
+
+
+class FashionSceneItemsDataModule(FashionMNISTDataModule):
+    """Fashion-MNIST items drawn one at a time as the Fashion scenes draw them (``data.scene_items``): RGB
+    ``canvas_size`` squares with one tinted item at a random place, labelled by its class. The set the scene
+    captioner's encoder is pretrained on (``configs/captioner/fashion_scene_items.yaml``).
+
+    ``style`` is a scene style (``{"shade_jitter": 1.0, "scale_jitter": 0.1}``; its layout does not apply).
+    Training items get a new colour, shade, size and place each epoch; validation and test items are drawn
+    the same way every time (from ``seed``). Normalised with ImageNet's mean and std, as the captioner's
+    images are. The other options are those of ``FashionMNISTDataModule``.
+    """
+
+    def __init__(self, root: str = "data/fashion_mnist", *, style: dict | None = None, canvas_size: int = 32,
+                 seed: int = 0, **options: Any) -> None:
+        super().__init__(root, **options)
+        self.style = SceneStyle.of(style)
+        if self.style.layout != "grid":
+            log.warning("scene items: the style's layout (%s) does not apply to single items", self.style.layout)
+        check_item_style(self.style, canvas_size)
+        self.canvas_size = canvas_size
+        self.seed = seed
+        self.class_names = list(scenes.CLASS_WORDS)
+        self.in_chans = 3
+        self.image_size = canvas_size
+        self.mean, self.std = list(IMAGENET_MEAN), list(IMAGENET_STD)
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        draw = {"style": self.style, "canvas_size": self.canvas_size}
+        if self.train_set is not None and not isinstance(self.train_set, SceneItemDataset):
+            self.train_set = SceneItemDataset(self.train_set, **draw)
+            self.val_set = SceneItemDataset(self.val_set, seed=self.seed, **draw)  # type: ignore[arg-type]
+        if self.test_set is not None and not isinstance(self.test_set, SceneItemDataset):
+            self.test_set = SceneItemDataset(self.test_set, seed=self.seed + 1, **draw)
 
 
 class CIFAR10DataModule(HeldOutValidationDataModule):

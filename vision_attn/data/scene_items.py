@@ -1,0 +1,74 @@
+"""Fashion-MNIST items drawn one at a time, as the Fashion scenes draw them: the classification set the scene
+captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
+
+Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
+resized by up to the style's ``scale_jitter``, and put at a random place on a black ``canvas_size`` square
+(the default 32 is one cell of a 96-pixel scene's 3×3 grid). The drawing is ``scenes.draw_item`` itself, so
+the encoder learns on exactly the pixels a scene holds. Layout options of the style do not apply to one item.
+Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
+object, as Anderson et al. (2018) pretrain on object classes and attributes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
+
+
+def check_item_style(style: SceneStyle, canvas_size: int) -> None:
+    """Refuse, in one line, a style out of range or a canvas too small for the largest item it draws."""
+    style.check(canvas_size=2**20, grid_size=1)  # the value ranges only: one item needs no grid or free room
+    largest = style.item_sizes()[1]
+    if canvas_size < largest:
+        raise ValueError(f"canvas_size {canvas_size} is smaller than the largest item ({largest} px at "
+                         f"scale_jitter {style.scale_jitter})")
+
+
+class SceneItemDataset(Dataset):
+    """Grey 28×28 items of ``source`` (a dataset of ``(uint8 (1, 28, 28), label)``) drawn as scenes draw them:
+    ``(uint8 (3, canvas_size, canvas_size), targets)``, where ``targets`` is ``[label, colour]`` and colour
+    indexes ``COLOURS`` (red, green, blue, yellow, white).
+
+    ``seed=None`` draws each item afresh every time it is read (training: a new colour, shade, size and place
+    each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
+    An int draws item ``i`` the same way every time, from ``(seed, i)`` (validation and test).
+    """
+
+    def __init__(self, source: Dataset, *, style: SceneStyle | None = None, canvas_size: int = 32,
+                 seed: int | None = None) -> None:
+        self.source = source
+        self.style = style or SceneStyle()
+        check_item_style(self.style, canvas_size)
+        self.smallest, self.largest = self.style.item_sizes()
+        self.canvas_size = canvas_size
+        self.seed = seed
+        self.colours = list(COLOURS)
+        self._stream: tuple[int, np.random.Generator] | None = None  # (process id, training draws)
+
+    def __len__(self) -> int:
+        return len(self.source)  # type: ignore[arg-type]
+
+    def _rng(self, index: int) -> np.random.Generator:
+        if self.seed is not None:
+            return np.random.default_rng([self.seed, index])
+        if self._stream is None or self._stream[0] != os.getpid():  # one stream per DataLoader worker process
+            self._stream = (os.getpid(), np.random.default_rng(int(torch.randint(0, 2**62, ()).item())))
+        return self._stream[1]
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        image, label = self.source[index]
+        rng = self._rng(index)
+        size = int(rng.integers(self.smallest, self.largest + 1)) if self.style.scale_jitter else ITEM_SIZE
+        colour = int(rng.integers(len(self.colours)))
+        tint = self.style.tint(rng, self.colours[colour])
+        item = draw_item(image.reshape(ITEM_SIZE, ITEM_SIZE).numpy(), tint, size)
+        top, left = (int(v) for v in rng.integers(0, self.canvas_size - size + 1, size=2))
+        canvas = np.zeros((self.canvas_size, self.canvas_size, 3), dtype=np.uint8)
+        canvas[top : top + size, left : left + size] = item
+        return torch.from_numpy(canvas).permute(2, 0, 1), torch.tensor([int(label), colour])  # stacked by collate
