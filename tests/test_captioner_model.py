@@ -16,6 +16,7 @@ from vision_attn.captioning.losses import (
     caption_nll,
     concept_loss,
     concept_targets,
+    consensus_recall,
     doubly_stochastic_penalty,
     excess_words,
     reinforce_surrogate,
@@ -406,6 +407,18 @@ def test_concept_loss_is_the_noisy_or_of_the_locations() -> None:
     right[0, 2, 1] = 8.0  # word 1 at location 2 only
     everywhere = torch.full((1, 4, 3), 8.0)
     assert concept_loss(right, targets, ignore) < 0.01 < 5 < concept_loss(everywhere, targets, ignore)
+
+
+def test_consensus_recall_is_the_share_of_the_words_every_reference_uses() -> None:
+    red, coat, white, bag, blue, top, a, next_to, left_of, there_is, and_ = range(5, 16)
+    references = [[a, red, coat, next_to, a, white, bag, and_, a, blue, top],
+                  [there_is, a, white, bag, left_of, a, red, coat, left_of, a, blue, top]]
+    # every reference uses a, red, coat, white, bag, blue, top: 7 consensus words
+    assert consensus_recall([a, red, coat, next_to, a, white, bag, and_, a, blue, top], references) == 1.0
+    assert consensus_recall([there_is, a, red, coat, and_, a, white, bag], references) == 5 / 7  # the top left out
+    assert consensus_recall([a, red, bag], references) == 3 / 7
+    assert consensus_recall([a, red, coat], [[next_to], [and_]]) == 1.0  # no word shared: nothing to credit
+    assert consensus_recall([a], []) == 1.0
 
 
 def test_excess_words_count_what_no_reference_repeats() -> None:

@@ -106,6 +106,16 @@ def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) 
     return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
 
 
+def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
+    """The fraction of the consensus words, those every reference uses, that the candidate uses: |C ∩ w| / |C|,
+    C = ∩_r set(r). On Fashion scenes C holds each object's colour and class word (every caption names them
+    all); on COCO, the words all five annotators chose. 1.0 when the references share no word."""
+    if not references:
+        return 1.0
+    consensus = set(references[0]).intersection(*map(set, references[1:]))
+    return len(consensus.intersection(candidate)) / len(consensus) if consensus else 1.0
+
+
 def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:
     """Self-critical sequence training (Rennie et al. 2017), per sampled caption (N,); its gradient is
     −(r(w^s) − b) ∇ log p(w^s | a), REINFORCE on the caption metric.

@@ -23,6 +23,7 @@ from vision_attn.captioning.losses import (
     check_self_critical_options,
     concept_loss,
     concept_targets,
+    consensus_recall,
     doubly_stochastic_penalty,
     excess_words,
     reinforce_surrogate,
@@ -65,7 +66,9 @@ class ShowAttendTell(BaseTask):
     training is self-critical instead (Rennie et al. 2017): ``self_critical_samples`` captions are drawn per
     image from the decoder, each is rewarded by its CIDEr-D against the image's references, and REINFORCE
     raises the ones that beat their siblings' mean; ``repeat_penalty`` is taken off the reward for every word a
-    sample uses more often than any of its references does (a repeated object). It needs grouped captions
+    sample uses more often than any of its references does (a repeated object), and ``recall_reward`` × the
+    fraction of the words every reference uses (on scenes, each object's colour and class) that the sample
+    uses is added to it (an object left out). It needs grouped captions
     (``group_captions: true``). With ``schedule_by_time`` the learning rate's cosine follows the ``max_time``
     budget when that is further along than the steps. ``coverage`` and ``concept_weight`` are described in the
     README ("Coverage and the concept loss"). ``vocabulary`` (linked from the DataModule by the CLI),
@@ -83,7 +86,8 @@ class ShowAttendTell(BaseTask):
         doubly_stochastic_weight: float = 0.0, concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
-        self_critical_samples: int = 5, repeat_penalty: float = 0.0, schedule_by_time: bool = False, lr: float = 4e-4,
+        self_critical_samples: int = 5, repeat_penalty: float = 0.0, recall_reward: float = 0.0,
+        schedule_by_time: bool = False, lr: float = 4e-4,
         encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
@@ -96,7 +100,8 @@ class ShowAttendTell(BaseTask):
                                   f"`vision-attn fit --config {ITEMS_CONFIG}`")
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
         check_pretraining_normalisation(self.model, pretrained_encoder)
-        for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty)):
+        for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty),
+                            ("recall_reward", recall_reward)):
             if value < 0:
                 raise ValueError(f"{name} must be 0 or more, got {value}")
         # A training aid, not part of the captioner: scores of every word at every location (concept_loss)
@@ -197,6 +202,9 @@ class ShowAttendTell(BaseTask):
         scores = self._reward()(candidates, their_references)
         if self.hparams.repeat_penalty:  # r = CIDEr-D − penalty × the words used more often than any reference does
             scores = [score - self.hparams.repeat_penalty * excess_words(candidate, refs)
+                      for score, candidate, refs in zip(scores, candidates, their_references, strict=True)]
+        if self.hparams.recall_reward:  # r += weight × the fraction of the words every reference uses that it uses
+            scores = [score + self.hparams.recall_reward * consensus_recall(candidate, refs)
                       for score, candidate, refs in zip(scores, candidates, their_references, strict=True)]
         rewards = torch.tensor(scores, dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
         loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, samples_per_image).sum()
