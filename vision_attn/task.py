@@ -14,8 +14,6 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
-import torch.nn.functional as F
-import torchmetrics
 from lightning.pytorch.callbacks import Timer
 from PIL import Image
 from torch import Tensor
@@ -148,51 +146,3 @@ class BaseTask(L.LightningModule):
             return elapsed / max(1e-9, elapsed + remaining)
 
         return used
-
-
-class ClassificationTask(BaseTask):
-    """A ``BaseTask`` whose ``self.model`` maps images to class logits: cross-entropy (with the hparam
-    ``label_smoothing``) in training, and top-1 accuracy and the mean loss logged as ``<stage>/acc`` and
-    ``<stage>/loss``. Subclasses build ``self.model`` and call ``setup_metrics(num_classes)`` in ``__init__``."""
-
-    def setup_metrics(self, num_classes: int) -> None:
-        # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
-        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
-        # ranks with fewer images too much)
-        self.val_loss = torchmetrics.MeanMetric()
-        self.test_loss = torchmetrics.MeanMetric()
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)
-
-    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        images, labels = batch
-        logits = self.model(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.get("label_smoothing", 0.0))
-        self.train_accuracy(logits, labels)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
-        return loss
-
-    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric,
-                  mean_loss: torchmetrics.Metric) -> None:
-        if batch is None:
-            return
-        images, labels = batch
-        logits = self.model(images)
-        accuracy(logits, labels)
-        mean_loss(F.cross_entropy(logits, labels, reduction="none"))
-        self.log(f"{stage}/loss", mean_loss)
-        self.log(f"{stage}/acc", accuracy, prog_bar=True)
-
-    def validation_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
-
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
-
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self.model(batch[0]).softmax(dim=-1)

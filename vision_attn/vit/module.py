@@ -9,19 +9,21 @@ import logging
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
+import torchmetrics
 from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import VIT
 from vision_attn.schedule import decay_groups
-from vision_attn.task import ClassificationTask
+from vision_attn.task import BaseTask
 from vision_attn.vit.inference import Classifier, validation_figures, vit_from_hparams
 from vision_attn.vit.pretrained import load_pretrained
 
 log = logging.getLogger(__name__)
 
 
-class ViTClassifier(ClassificationTask):
+class ViTClassifier(BaseTask):
     """Trains ``VisionTransformer`` with AdamW, warm-up + cosine, label smoothing; logs top-1 accuracy.
 
     ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
@@ -76,13 +78,52 @@ class ViTClassifier(ClassificationTask):
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)
             log.info("loaded %s (fresh: %s)", pretrained, ", ".join(fresh) or "nothing")
-        self.setup_metrics(num_classes)
+        # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
+        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
+        # ranks with fewer images too much)
+        self.val_loss = torchmetrics.MeanMetric()
+        self.test_loss = torchmetrics.MeanMetric()
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        images, labels = batch
+        logits = self.model(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.train_accuracy(logits, labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric,
+                  mean_loss: torchmetrics.Metric) -> None:
+        if batch is None:
+            return
+        images, labels = batch
+        logits = self.model(images)
+        accuracy(logits, labels)
+        mean_loss(F.cross_entropy(logits, labels, reduction="none"))
+        self.log(f"{stage}/loss", mean_loss)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
 
     def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
         classifier = Classifier.from_hparams(self.model, self.hparams)
         return validation_figures(classifier, batch[0][:count].detach(), batch[1][:count].detach())
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.model(batch[0]).softmax(dim=-1)
 
     def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
         groups = decay_groups(self.model, self.hparams.weight_decay, skip=self.model.no_weight_decay())
