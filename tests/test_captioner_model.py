@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -100,6 +101,29 @@ def test_doubly_stochastic_penalty_by_hand() -> None:
     mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third step is padding
     # Σ_t α_ti over real steps = [0.5, 1.0, 0.5] -> Σ_i (1 − ·)² = 0.25 + 0 + 0.25
     assert torch.allclose(doubly_stochastic_penalty(alphas, mask), torch.tensor([0.5]))
+
+
+def test_both_loss_normalisations_by_hand() -> None:
+    from vision_attn.captioning.losses import likelihood_objective, token_likelihood
+
+    # two captions, T = 3 steps, V = 4 words, L = 2 locations; the second caption has 2 real tokens
+    logits = torch.log(torch.tensor([[[0.25, 0.25, 0.0, 0.5], [0.25, 0.0, 0.25, 0.5], [0.1, 0.1, 0.4, 0.4]],
+                                     [[0.0, 0.5, 0.0, 0.5], [0.0, 0.25, 0.75, 0.0], [0.25, 0.25, 0.25, 0.25]]]) + 1e-30)
+    captions = torch.tensor([[START, 3, 3, 2], [START, 3, 2, PAD]])  # <start>, then the targets (2 = <end>)
+    alphas = torch.tensor([[[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]], [[0.25, 0.75], [0.75, 0.25], [0.5, 0.5]]])
+    likelihood = token_likelihood(logits, captions)
+    # −log p: caption 1 = ln 2 + ln 2 + ln 2.5; caption 2 = ln 2 + ln(4/3); padding left out
+    nll = torch.tensor([2 * math.log(2) + math.log(2.5), math.log(2) + math.log(4 / 3)])
+    # Σ_t α over real steps: caption 1 [1.5, 1.5] -> (1 − ·)² = [0.25, 0.25]; caption 2 [1.0, 1.0] -> [0, 0]
+    nll_paper, penalty_paper = likelihood_objective(likelihood, alphas, 1.0, "paper")
+    assert torch.isclose(nll_paper, nll.sum() / 2)  # summed over each caption, averaged over captions
+    assert torch.isclose(penalty_paper, torch.tensor((0.25 + 0.25) / 2 + 0.0))  # mean over L, sum over captions
+    nll_token, penalty_token = likelihood_objective(likelihood, alphas, 1.0, "token")
+    assert torch.isclose(nll_token, nll.sum() / 5)  # 5 real tokens
+    assert torch.isclose(penalty_token, torch.tensor((0.25 + 0.25 + 0.0) / 2))  # sum over L, mean over captions
+    assert likelihood_objective(likelihood, alphas, 0.0, "paper")[1] is None
+    with pytest.raises(ValueError, match="loss_normalisation must be one of paper, token"):
+        likelihood_objective(likelihood, alphas, 1.0, "sum")
 
 
 def test_padding_is_excluded_from_the_loss() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,44 @@ def caption_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
 
 def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
     """Σ_i (1 − Σ_t α_ti)², (B,): pushes every location to receive attention over the caption (eq. 14)."""
-    attention_per_location = (alphas * mask.unsqueeze(-1)).sum(dim=1)  # Σ_t α_ti over real steps, (B, L)
-    return ((1.0 - attention_per_location) ** 2).sum(dim=1)
+    return attention_shortfall(alphas, mask).sum(dim=1)
+
+
+def attention_shortfall(alphas: Tensor, mask: Tensor) -> Tensor:
+    """(1 − Σ_t α_ti)² per caption and location, (B, L), summing α over real steps only (``mask`` (B, T))."""
+    attention_per_location = (alphas * mask.unsqueeze(-1)).sum(dim=1)  # Σ_t α_ti, (B, L)
+    return (1.0 - attention_per_location) ** 2
+
+
+LossNormalisation = Literal["paper", "token"]
+LOSS_NORMALISATIONS = ("paper", "token")
+
+
+def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_stochastic_weight: float,
+                         normalisation: LossNormalisation = "paper") -> tuple[Tensor, Tensor | None]:
+    """The negative log-likelihood term and the doubly stochastic penalty (eq. 14, before λ; None when λ = 0).
+
+    ``paper``, the scale of the authors' code (arctic-captions, ``capgen.py``), where λ is ``alpha_c``::
+
+        cost = (masked_cost).sum(0)       # -log p(y_t) summed over each caption's steps
+        cost = cost.mean()                # ... and averaged over the captions of the batch
+        alpha_reg = alpha_c * ((1.-alphas.sum(0))**2).sum(0).mean()   # alphas: (T, B, L)
+
+    i.e. NLL = (1/B) Σ_b Σ_t −log p(y_bt) and penalty = (1/L) Σ_i Σ_b (1 − Σ_t α_bti)²: summed over the
+    batch's captions and averaged over the L locations, so λ weighs it as much per caption at any L (and, as
+    there, in proportion to the per-device batch). ``token``, this project's first normalisation: NLL averaged
+    over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 and ~12 words is ~170 per
+    caption against an NLL of ~2.5 per token.
+    """
+    if normalisation not in LOSS_NORMALISATIONS:
+        raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, got {normalisation!r}")
+    paper = normalisation == "paper"
+    nll = likelihood.per_caption.mean() if paper else likelihood.loss
+    if not doubly_stochastic_weight:
+        return nll, None
+    shortfall = attention_shortfall(alphas, likelihood.mask)  # (B, L)
+    penalty = shortfall.mean(dim=1).sum() if paper else shortfall.sum(dim=1).mean()
+    return nll, penalty
 
 
 def reinforce_surrogate(

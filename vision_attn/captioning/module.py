@@ -20,12 +20,14 @@ from vision_attn.captioning.beam_search import sample_captions
 from vision_attn.captioning.decoder import AttentionMode
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, reference_reward, score_records
 from vision_attn.captioning.losses import (
+    LOSS_NORMALISATIONS,
+    LossNormalisation,
     check_self_critical_options,
     concept_loss,
     concept_targets,
     consensus_recall,
-    doubly_stochastic_penalty,
     excess_words,
+    likelihood_objective,
     reinforce_surrogate,
     self_critical_loss,
     token_likelihood,
@@ -68,11 +70,14 @@ class ShowAttendTell(BaseTask):
     raises the ones that beat their siblings' mean; ``repeat_penalty`` is taken off the reward for every word a
     sample uses more often than any of its references does (a repeated object), and ``recall_reward`` × the
     fraction of the words every reference uses (on scenes, each object's colour and class) that the sample
-    uses is added to it (an object left out). It needs grouped captions
-    (``group_captions: true``). With ``schedule_by_time`` the learning rate's cosine follows the ``max_time``
-    budget when that is further along than the steps. ``coverage`` and ``concept_weight`` are described in the
-    README ("Coverage and the concept loss"). ``vocabulary`` (linked from the DataModule by the CLI),
-    ``image_size``, ``mean`` and ``std`` are stored with the checkpoint, so ``caption`` needs nothing else.
+    uses is added to it (an object left out). ``loss_normalisation`` scales the likelihood and the doubly
+    stochastic term λ·Σ_i (1 − Σ_t α_ti)²: ``paper`` as the authors' code does (NLL summed over each caption,
+    penalty averaged over locations; see ``losses.likelihood_objective``), ``token`` per token and per caption.
+    Self-critical training needs grouped captions (``group_captions: true``). With ``schedule_by_time`` the
+    learning rate's cosine follows the ``max_time`` budget when that is further along than the steps.
+    ``coverage`` and ``concept_weight`` are described in the README ("Coverage and the concept loss").
+    ``vocabulary`` (linked from the DataModule by the CLI), ``image_size``, ``mean`` and ``std`` are stored
+    with the checkpoint, so ``caption`` needs nothing else.
     ``test`` writes the SPEC §4 results to ``<log dir>/results_test.json``.
     """
 
@@ -83,7 +88,8 @@ class ShowAttendTell(BaseTask):
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
-        doubly_stochastic_weight: float = 0.0, concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
+        doubly_stochastic_weight: float = 0.0, loss_normalisation: LossNormalisation = "paper",
+        concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
         self_critical_samples: int = 5, repeat_penalty: float = 0.0, recall_reward: float = 0.0,
@@ -100,6 +106,9 @@ class ShowAttendTell(BaseTask):
                                   f"`vision-attn fit --config {ITEMS_CONFIG}`")
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
         check_pretraining_normalisation(self.model, pretrained_encoder)
+        if loss_normalisation not in LOSS_NORMALISATIONS:
+            raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, "
+                             f"got {loss_normalisation!r}")
         for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty),
                             ("recall_reward", recall_reward)):
             if value < 0:
@@ -122,10 +131,11 @@ class ShowAttendTell(BaseTask):
         annotations, _ = self.model.encoder(images)
         output = self.model.teacher_forced(annotations, captions, caption_images)
         likelihood = token_likelihood(output.logits, captions)
-        loss = likelihood.loss + self._concept_loss(annotations, captions, caption_images, stage)
-        if self.hparams.doubly_stochastic_weight:
-            penalty = doubly_stochastic_penalty(output.alphas, likelihood.mask).mean()
-            loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)²
+        nll, penalty = likelihood_objective(likelihood, output.alphas, self.hparams.doubly_stochastic_weight,
+                                            self.hparams.loss_normalisation)
+        loss = nll + self._concept_loss(annotations, captions, caption_images, stage)
+        if penalty is not None:
+            loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)², normalised
             self.log(f"{stage}/ds_penalty", penalty, batch_size=len(captions))
         if output.location_log_probs is not None:
             surrogate = reinforce_surrogate(
@@ -133,7 +143,8 @@ class ShowAttendTell(BaseTask):
                 baseline=float(self.reward_baseline), reinforce_weight=self.hparams.reinforce_weight,
                 entropy_weight=self.hparams.entropy_weight,
             )
-            loss = loss - surrogate.sum() / likelihood.tokens
+            per = len(captions) if self.hparams.loss_normalisation == "paper" else likelihood.tokens  # as the NLL
+            loss = loss - surrogate.sum() / per
             decay = self.hparams.baseline_decay  # b ← decay·b + (1 − decay)·log p(y | s, a)
             self.reward_baseline.mul_(decay).add_((1 - decay) * -likelihood.per_caption.detach().mean())
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
