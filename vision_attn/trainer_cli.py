@@ -14,8 +14,10 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
 
 from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind
 from vision_attn.io import replace_atomically
@@ -32,6 +34,28 @@ LINKED_FROM_DATA = {
     "vocab_tokens": "vocabulary",
 }
 NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 arithmetic
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def bf16_warning(precision: str, on_cpu: bool, flags: set[str]) -> str | None:
+    """What to tell a user who trains in bf16 on a CPU without bf16 arithmetic (None when it does not apply).
+    There every bf16 convolution and matmul is emulated: VGG-19 at 224 px ran 80× slower than in fp32 on an
+    AVX2 machine (114.7 s against 1.43 s for 4 images)."""
+    if not on_cpu or "bf16" not in str(precision) or not flags or flags & set(NATIVE_BF16_FLAGS):
+        return None
+    return (f"precision {precision} on a CPU without bf16 arithmetic (none of {', '.join(NATIVE_BF16_FLAGS)} in "
+            "its flags): bf16 convolutions and matmuls are emulated here and can run tens of times slower than "
+            "fp32 (VGG-19 at 224 px: 80× slower on an AVX2 CPU); use --trainer.precision 32-true")
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -116,7 +140,11 @@ class VisionAttnCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        warning = bf16_warning(trainer.precision, isinstance(trainer.accelerator, CPUAccelerator), cpu_flags())
+        if warning:
+            rank_zero_warn(warning)
+        return trainer
 
 
 def run_lightning(args: Sequence[str] | None) -> None:

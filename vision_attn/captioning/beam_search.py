@@ -70,7 +70,7 @@ def beam_search(
     history_betas = torch.zeros(batch, k, 0, device=device)
     for t in range(max_length + 1):  # up to max_length words, then <end>
         logits, alpha, beta, new_state, _ = decoder.step(words, image, state)
-        log_probs = logits.log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V)
+        log_probs = logits.float().log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V); fp32 under autocast too
         vocab = log_probs.shape[-1]
         log_probs[..., start_id] = float("-inf")
         log_probs[..., pad_id] = float("-inf")
@@ -162,7 +162,7 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
         if t == max_length:  # the last step can only end the caption
             logits = torch.full_like(logits, float("-inf"))
             logits[:, end_id] = 0.0
-        step_log_probs = logits.index_fill(1, never, float("-inf")).log_softmax(dim=-1)  # the policy drawn from
+        step_log_probs = logits.float().index_fill(1, never, float("-inf")).log_softmax(dim=-1)  # the policy drawn from
         drawn = torch.multinomial(step_log_probs.detach().exp(), 1).squeeze(1)
         words = drawn.masked_fill(finished, pad_id)
         masks.append(~finished)

@@ -122,7 +122,8 @@ def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Te
     ``location_logits`` is (B, L, V). Some location must light up for every word that is there, and none for
     the words that are not, so the annotation vectors learn to say what is where.
     """
-    none_total = F.softplus(location_logits).sum(dim=1)  # −log Π_i (1 − σ(s_iw)) = −log(1 − p_w)
+    # −log Π_i (1 − σ(s_iw)) = −log(1 − p_w), in fp32 under autocast too (a sum of L terms, then log(1 − e^−x))
+    none_total = F.softplus(location_logits.float()).sum(dim=1)
     log_absent = -none_total
     log_present = torch.log(-torch.expm1(-none_total.clamp_min(1e-6)))  # log p_w
     per_word = -(targets * log_present + (1 - targets) * log_absent)  # (B, V)
