@@ -260,6 +260,102 @@ def captioner_step_time(*, annotation_dim: int, locations: int, length: int, bat
     return median_seconds(step, repeats=repeats, warmup=1)
 
 
+def write_photos(folder: Path, count: int, *, width: int = 640, height: int = 480, seed: int = 0) -> list[Path]:
+    """``count`` JPEG photos of smooth noise (photo-like for the codec), landscape and portrait alternating."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    paths = []
+    for index in range(count):
+        w, h = (width, height) if index % 2 == 0 else (height, width)
+        noise = torch.randint(0, 256, (h // 8, w // 8, 3), generator=generator, dtype=torch.uint8)
+        paths.append(folder / f"{index}.jpg")
+        Image.fromarray(noise.numpy()).resize((w, h), Image.Resampling.BILINEAR).save(paths[-1], quality=90)
+    return paths
+
+
+def feature_cache_speed(*, batch: int = 64, image_size: int = 224, length: int = 20, vocab_size: int = 10000,
+                        width: int = 512, repeats: int = 3, gpu_tflops: float = 100.0) -> dict[str, Any]:
+    """The paper's setting (VGG-19 to conv5_4, frozen; D=512, L=196; T=20 words, 10k words, batch 64): a train
+    step from JPEG files (decode, resize, encoder, decoder) against one from the feature cache, same process,
+    in turns; the cache's size per image on disk; FLOPs per image counted by torch; a COCO epoch projected."""
+    import tempfile
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vision_attn.captioning.encoder import AnnotationEncoder
+    from vision_attn.data.coco import load_caption_image
+    from vision_attn.data.feature_cache import FeatureCache
+    from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, normalize
+
+    generator = torch.Generator().manual_seed(0)
+    encoder = AnnotationEncoder(backbone="vgg19", trainable_stages=0).eval()
+    frozen = encoder.frozen_part()
+    decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=encoder.annotation_dim, embed_dim=width,
+                               hidden_dim=width, attention_dim=width)
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
+    captions, _ = random_captions(batch, length, vocab_size, generator)
+
+    def pixels(paths: list[Path]) -> Tensor:
+        return normalize(torch.stack([load_caption_image(p, image_size) for p in paths]), IMAGENET_MEAN, IMAGENET_STD)
+
+    with tempfile.TemporaryDirectory() as folder:
+        paths = write_photos(Path(folder), batch)
+        with torch.no_grad():
+            shape = tuple(frozen(torch.zeros(1, 3, image_size, image_size)).shape[1:])
+        cache = FeatureCache(Path(folder) / "cache", {"benchmark": True}, batch, shape, shard_size=batch)
+        start = time.perf_counter()
+        with torch.no_grad():
+            cache.fill(lambda i: load_caption_image(paths[i], image_size),
+                       lambda images: frozen(normalize(images, IMAGENET_MEAN, IMAGENET_STD)), batch_size=batch)
+        fill_seconds = time.perf_counter() - start
+        disk_bytes = sum(path.stat().st_size for path in cache.folder.glob("shard_*"))
+
+        def uncached() -> None:
+            with torch.no_grad():
+                annotations, _ = encoder(pixels(paths))
+            decoder_train_step(decoder, optimizer, annotations, captions)
+
+        def cached() -> None:
+            features = torch.stack([cache[i] for i in range(batch)])  # memory-mapped fp16 shards
+            encoder.cached_input = True
+            annotations, _ = encoder(features)
+            encoder.cached_input = False
+            decoder_train_step(decoder, optimizer, annotations, captions)
+
+        times = paired_median_seconds({"uncached": uncached, "cached": cached}, repeats=repeats, warmup=1)
+        with FlopCounterMode(display=False) as counter:
+            with torch.no_grad():
+                encoder(pixels(paths[:1]))
+        encoder_flops = counter.get_total_flops()
+        encoder.cached_input = True
+        one_image, _ = encoder(torch.stack([cache[0]]))  # (1, L, D)
+        encoder.cached_input = False
+        with FlopCounterMode(display=False) as counter:
+            decoder_train_step(decoder, optimizer, one_image, captions[:1])
+        decoder_flops = counter.get_total_flops()
+    coco_images, coco_captions = 113_287, 566_747  # Karpathy train + restval
+    steps = coco_captions / batch
+    return {
+        "batch": batch, "image_size": image_size, "T": length, "vocab": vocab_size, "shape": list(shape),
+        "uncached_s_per_step": times["uncached"], "cached_s_per_step": times["cached"],
+        "uncached_images_per_s": batch / times["uncached"], "cached_images_per_s": batch / times["cached"],
+        "speedup": times["uncached"] / times["cached"], "fill_images_per_s": batch / fill_seconds,
+        "disk_bytes_per_image": disk_bytes / batch,
+        "encoder_gflops_per_image": encoder_flops / 1e9, "decoder_train_gflops_per_caption": decoder_flops / 1e9,
+        "coco_epoch_hours_uncached": steps * times["uncached"] / 3600,
+        "coco_epoch_hours_cached": steps * times["cached"] / 3600,
+        "coco_cache_fill_hours": coco_images / (batch / fill_seconds) / 3600,
+        # group_captions without a cache: each image decoded and encoded once per epoch, every caption decoded
+        "coco_epoch_hours_grouped_uncached": (coco_images * fill_seconds / batch + steps * times["cached"]) / 3600,
+        "coco_cache_gb": coco_images * disk_bytes / batch / 1e9,
+        "gpu_tflops": gpu_tflops,
+        "gpu_epoch_minutes_uncached": (coco_captions * (encoder_flops + decoder_flops)) / (gpu_tflops * 1e12) / 60,
+        "gpu_epoch_minutes_cached": (coco_captions * decoder_flops + coco_images * encoder_flops)
+        / (gpu_tflops * 1e12) / 60,
+    }
+
+
 def growth(times: dict[int, float]) -> str:
     """How time grows with a size: the exponent of the log-log fit between the smallest and largest size."""
     import math
@@ -334,6 +430,36 @@ def markdown_table(rows: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def feature_cache_rows(options: argparse.Namespace, results: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:
+    """The feature cache at the paper's setting: its rows and results."""
+    quick = options.quick
+    if quick:
+        cache = feature_cache_speed(batch=4, image_size=64, length=5, vocab_size=1000, width=64, repeats=1,
+                                    gpu_tflops=options.gpu_tflops)
+    else:
+        cache = feature_cache_speed(repeats=3, gpu_tflops=options.gpu_tflops)
+    results["feature_cache"] = cache
+    setting = (f"VGG-19 conv5_4 frozen, {cache['image_size']} px, batch {cache['batch']}, D=512, "
+               f"L={cache['shape'][-1] * cache['shape'][-2]}, T={cache['T']}, {cache['vocab']} words")
+    rows.append((f"captioner train step from JPEGs vs from the feature cache ({setting})",
+                 f"{cache['uncached_images_per_s']:.1f} vs {cache['cached_images_per_s']:.1f} img/s "
+                 f"({cache['speedup']:.1f}×)", "≥ 5×"))
+    rows.append(("feature cache on disk per image (fp16 shards)", f"{cache['disk_bytes_per_image'] / 1000:.1f} KB",
+                 "≤ 210 KB"))
+    rows.append(("FLOPs per image (torch's FlopCounterMode): encoder forward / decoder train step per caption",
+                 f"{cache['encoder_gflops_per_image']:.1f} / {cache['decoder_train_gflops_per_caption']:.2f} GFLOP",
+                 "report"))
+    rows.append(("projection, one COCO epoch (566,747 captions in batches of the size above) on this CPU: "
+                 "uncached / uncached with group_captions / cached (+ filling the cache once)",
+                 f"{cache['coco_epoch_hours_uncached']:.0f} h / {cache['coco_epoch_hours_grouped_uncached']:.0f} h / "
+                 f"{cache['coco_epoch_hours_cached']:.0f} h (+ {cache['coco_cache_fill_hours']:.0f} h, "
+                 f"{cache['coco_cache_gb']:.1f} GB)", "projection"))
+    rows.append((f"projection, one COCO epoch on a GPU sustaining {cache['gpu_tflops']:.0f} TFLOP/s: uncached / "
+                 "cached (FLOPs only, no input pipeline)",
+                 f"{cache['gpu_epoch_minutes_uncached']:.0f} min / {cache['gpu_epoch_minutes_cached']:.0f} min",
+                 "projection"))
+
+
 def run(options: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(options.threads or torch.get_num_threads())
     quick = options.quick
@@ -341,6 +467,10 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
                                            "threads": torch.get_num_threads(), "torch": torch.__version__,
                                            "date": time.strftime("%Y-%m-%d")}}
     rows: list[tuple[str, str, str]] = []
+    if options.only == "feature-cache":
+        feature_cache_rows(options, results, rows)
+        results["table"] = markdown_table(rows)
+        return results
     repeats = 2 if quick else 7  # ratios of equal work wander by several % on a shared machine: take more turns
 
     # 1. ViT against timm, same config and weights
@@ -438,7 +568,9 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         rows.append(("Fashion scenes generation (2000/200/200, files written)",
                      f"{scenes['scenes_per_s']:.0f} scenes/s", "report"))
 
-    # 6. time to quality (minutes each: only on request)
+    feature_cache_rows(options, results, rows)
+
+    # 7. time to quality (minutes each: only on request)
     if options.vit_quality:
         quality = time_to_quality("vit")
         results["vit_quality"] = quality
@@ -460,6 +592,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not measured")
     parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default 0: all cores)")
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON (default benchmark.json)")
+    parser.add_argument("--gpu-tflops", type=float, default=100.0,
+                        help="the sustained TFLOP/s of the GPU the COCO epoch projection assumes (default 100)")
+    parser.add_argument("--only", choices=["feature-cache"], default=None,
+                        help="run one section only (feature-cache: the cached vs uncached COCO-shape step)")
     parser.add_argument("--vit-quality", action="store_true",
                         help="also run the ViT Fashion-MNIST fit + test (10 minutes) and report test accuracy")
     parser.add_argument("--captioner-quality", action="store_true",

@@ -17,7 +17,7 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> N
     assert printed.startswith("| what | figure | goal |")
     results = json.loads(out.read_text())
     sections = {"vit_vs_timm", "utilisation", "captioner_train_step", "captioner_growth", "captioner_resnet50_step",
-                "beam_search", "vocabulary", "image_decode", "machine", "table"}
+                "beam_search", "vocabulary", "image_decode", "feature_cache", "machine", "table"}
     assert sections <= set(results)
     assert results["vocabulary"]["captions"] == 20000 and results["vocabulary"]["total_s"] > 0
     assert all(row["speedup"] > 0 for row in results["captioner_train_step"])
@@ -25,7 +25,11 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> N
         assert figures["train_ratio"] > 0 and figures["attention_maps_time_ratio"] > 0
     assert 0 < results["utilisation"]["fraction"] and "FLOPs =" in results["utilisation"]["formula"]
     assert set(results["beam_search"]) == {"1", "3"}
-    assert printed.count("\n| ") >= 12  # one row per measurement
+    cache = results["feature_cache"]
+    assert cache["speedup"] > 0 and cache["encoder_gflops_per_image"] > 0
+    stored = 2 * cache["shape"][0] * cache["shape"][1] * cache["shape"][2]  # fp16 values per image
+    assert stored <= cache["disk_bytes_per_image"] < stored + 100  # the rest: .npy headers and the valid flag
+    assert printed.count("\n| ") >= 17  # one row per measurement
 
 
 def test_vit_flops_formula_matches_a_count_by_hand() -> None:

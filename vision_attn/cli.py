@@ -169,6 +169,13 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
           f"  item's area (a blind map)     {scores.mask_area_share:.3f}")
 
 
+@tool("cache-features", "fill a frozen encoder's feature cache ahead of fit (--config C, as fit takes it)")
+def cache_features_command(argv: Sequence[str]) -> None:
+    from vision_attn.trainer_cli import cache_features
+
+    cache_features(argv)
+
+
 @tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
 def benchmark_command(argv: Sequence[str]) -> None:
     checkout = Path(__file__).resolve().parents[1]  # the benchmark reads benchmarks/ and configs/ there

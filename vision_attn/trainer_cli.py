@@ -162,3 +162,32 @@ def run_lightning(args: Sequence[str] | None) -> None:
         )
     except MisconfigurationException as error:
         raise ValueError(f"Lightning refused a setting: {error}") from None
+
+
+def cache_features(args: Sequence[str]) -> None:
+    """``vision-attn cache-features --config C [overrides]``: fill the feature cache of every split ahead of
+    ``fit``, as ``fit`` would (the model's ``feature_cache`` folder, its frozen encoder part), printing the disk
+    size first and a progress bar per split. One process; ``fit`` under DDP fills in parallel instead."""
+    cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                        subclass_mode_data=True, args=list(args), run=False, auto_configure_optimizers=False,
+                        save_config_callback=None)
+    model, datamodule = cli.model, cli.datamodule
+    root = getattr(model, "hparams", {}).get("feature_cache")
+    if not root:
+        raise ValueError("cache-features: the config sets no model.init_args.feature_cache folder (and a "
+                         "frozen encoder, trainable_stages); nothing to cache")
+    from vision_attn.captioning.module import feature_cache_for, fill_feature_caches
+
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    roles = ("train", "val", "test")
+    caches = [feature_cache_for(model.model, datamodule, role, root) for role in roles]
+    total = sum(cache.total_bytes for cache in caches)
+    print(f"feature cache: {sum(c.count for c in caches)} images x {caches[0].bytes_per_image / 1000:.1f} KB = "
+          f"{total / 1e6:.1f} MB under {root} ({sum(len(c.missing()) for c in caches)} of "
+          f"{sum(c.num_shards for c in caches)} shards to fill)", flush=True)
+    device = cli.trainer.strategy.root_device
+    model.to(device)
+    fill_feature_caches(model.model, datamodule, roles, root, device=device)
+    for role, cache in zip(roles, caches, strict=True):
+        print(f"{role}: {cache.count} images in {cache.folder}")

@@ -169,10 +169,35 @@ class AnnotationEncoder(nn.Module):
             child.eval()
         return self
 
+    def _stages(self) -> list[nn.Module]:
+        return list(self.trunk.children()) if not isinstance(self.trunk, _TimmFeatures) else [self.trunk]
+
+    def frozen_part(self) -> nn.Module | None:
+        """What of the encoder gives the same output all through training, so that it can be cached: the frozen
+        first stages of the trunk, or, when every stage is frozen, the trunk with its grid pooling. None when
+        nothing is frozen. Frozen stages run in eval mode (BatchNorm keeps its statistics), without gradient."""
+        stages, frozen = self._stages(), len(self.frozen_stages)
+        if not frozen:
+            return None
+        return nn.Sequential(self.trunk, self.pool) if frozen == len(stages) else nn.Sequential(*stages[:frozen])
+
     def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        features = self.pool(self.trunk(images))  # (B, D, Gh, Gw)
+        """Images (B, 3, H, W) -> annotation vectors (B, L, D) and the grid; with ``cached_input`` set, the input
+        is what ``frozen_part`` made of the images (a feature cache), and only the rest of the encoder runs."""
+        if getattr(self, "cached_input", False):
+            stages, frozen = self._stages(), len(self.frozen_stages)
+            features = images.to(self.pool_dtype())
+            if frozen < len(stages):
+                for stage in stages[frozen:]:
+                    features = stage(features)
+                features = self.pool(features)
+        else:
+            features = self.pool(self.trunk(images))  # (B, D, Gh, Gw)
         grid = (features.shape[-2], features.shape[-1])
         return features.flatten(2).transpose(1, 2), grid  # (B, D, Gh·Gw) -> (B, L, D)
+
+    def pool_dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
 
     @torch.no_grad()
     def grid_for(self, image_size: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,9 @@ from vision_attn.captioning.losses import (
 )
 from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import CAPTIONER, constructor_args
-from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
+from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch, load_caption_image
+from vision_attn.data.feature_cache import FeatureCache, images_digest, tensors_digest
+from vision_attn.data.images import load_or_skip
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, word_ids
 from vision_attn.errors import CheckpointError
 from vision_attn.metrics import CiderD
@@ -93,7 +95,7 @@ class ShowAttendTell(BaseTask):
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
         self_critical_samples: int = 5, repeat_penalty: float = 0.0, recall_reward: float = 0.0,
-        schedule_by_time: bool = False, lr: float = 4e-4,
+        schedule_by_time: bool = False, feature_cache: str | None = None, lr: float = 4e-4,
         encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
@@ -106,6 +108,9 @@ class ShowAttendTell(BaseTask):
                                   f"`vision-attn fit --config {ITEMS_CONFIG}`")
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
         check_pretraining_normalisation(self.model, pretrained_encoder)
+        if feature_cache and self.model.encoder.frozen_part() is None:
+            raise ValueError("feature_cache needs a frozen encoder, whose output never changes: set "
+                             "trainable_stages to 0 (all frozen) or to fewer stages than the trunk has")
         if loss_normalisation not in LOSS_NORMALISATIONS:
             raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, "
                              f"got {loss_normalisation!r}")
@@ -259,7 +264,31 @@ class ShowAttendTell(BaseTask):
 
     def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
                         count: int) -> list[tuple[str, Image.Image]]:
+        if self.model.encoder.cached_input:  # the batch holds cached features, not pixels to draw on
+            if not getattr(self, "_said_no_overlays", False):
+                log.info("attention overlays are not logged while validation reads cached features")
+                self._said_no_overlays = True
+            return []
         return caption_figures(batch.images[:count], outputs[:count], self.model.mean, self.model.std)
+
+    # ----------------------------------------------------------------------------------- feature cache
+    def setup(self, stage: str) -> None:
+        """With ``feature_cache``, fill the cache of each split this stage reads (train and val for fit), on
+        every rank its share, and have the DataModule serve the cached features instead of the images."""
+        if not self.hparams.feature_cache:
+            return
+        roles = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        datamodule = self.trainer.datamodule
+        caches = fill_feature_caches(self.model, datamodule, roles, self.hparams.feature_cache,
+                                     rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+                                     device=self.device, barrier=self.trainer.strategy.barrier,
+                                     progress=self.trainer.is_global_zero)
+        for role, cache in caches.items():
+            datamodule.use_feature_cache(role, cache)
+        self.model.encoder.cached_input = bool(caches)
+
+    def teardown(self, stage: str) -> None:
+        self.model.encoder.cached_input = False  # the model reads images again (caption, overlay)
 
     # ----------------------------------------------------------------------------------- plumbing
     def on_fit_start(self) -> None:
@@ -289,3 +318,64 @@ class ShowAttendTell(BaseTask):
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
                                   by_time=self.hparams.schedule_by_time)
+
+
+def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | Path) -> FeatureCache:
+    """The feature cache of the ``role`` split's images under ``model``'s frozen encoder part: keyed by that
+    part's weights, the image size, normalisation, grid pooling, resizing and the image files themselves."""
+    part = model.encoder.frozen_part()
+    if part is None:
+        raise ValueError("feature_cache needs a frozen encoder: set trainable_stages")
+    records = datamodule.records(role)
+    paths = [record.path for record in records]
+    device = next(model.parameters()).device
+    was_training = part.training
+    part.eval()
+    with torch.no_grad():
+        shape = tuple(part(torch.zeros(1, 3, datamodule.image_size, datamodule.image_size, device=device)).shape[1:])
+    part.train(was_training)
+    key = {
+        "backbone": model.encoder.backbone_name, "frozen_stages": len(model.encoder.frozen_stages),
+        "weights": tensors_digest(sorted(part.state_dict().items())), "image_size": datamodule.image_size,
+        "resize": "squashed to the square, bicubic", "mean": list(datamodule.mean), "std": list(datamodule.std),
+        "pooled_to": list(shape[-2:]), "images": images_digest(paths),
+    }
+    return FeatureCache(root, key, len(paths), shape)
+
+
+def fill_feature_caches(model: Captioner, datamodule: Any, roles: Sequence[str], root: str | Path, *,
+                        rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
+                        barrier: Callable[[], None] | None = None, progress: bool = True) -> dict[str, FeatureCache]:
+    """Fill (this rank's share of) the cache of each split in ``roles`` and return them, all complete."""
+    from tqdm.auto import tqdm
+
+    part = model.encoder.frozen_part()
+    caches = {role: feature_cache_for(model, datamodule, role, root) for role in roles}
+    for role, cache in caches.items():
+        todo = cache.missing(rank, world_size)
+        if todo and progress:
+            log.info("feature cache of the %s split (%d images, %.1f MB in all, %d KB per image): %s", role,
+                     cache.count, cache.total_bytes / 1e6, cache.bytes_per_image // 1000, cache.folder)
+        records = datamodule.records(role)
+        policy = getattr(datamodule, "bad_image_options", {}).get("on_bad_image", "skip")
+
+        def load(index: int, records: list = records, policy: str = policy) -> Tensor | None:
+            path = records[index].path
+            return load_or_skip(lambda: load_caption_image(path, datamodule.image_size), policy, None)
+
+        def encode(images: Tensor) -> Tensor:
+            return part(datamodule.normalize(images.to(device)))
+
+        bar = tqdm(total=sum(len(cache.shard_rows(shard)) for shard in todo), desc=f"caching {role} features",
+                   disable=not (todo and progress), unit="img")
+        part.eval()
+        with torch.no_grad():
+            cache.fill(load, encode, batch_size=getattr(datamodule, "eval_batch_size", 64), rank=rank,
+                       world_size=world_size, progress=bar.update)
+        bar.close()
+        if barrier is not None:
+            barrier()  # every rank's shards are in place
+        if not cache.complete:
+            raise RuntimeError(f"{cache.folder}: shards {cache.missing()[:5]} are still missing after the fill")
+    model.encoder.train(model.encoder.training)  # frozen stages back to eval, the rest as they were
+    return caches

@@ -24,6 +24,7 @@ from pycocotools.coco import COCO
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from vision_attn.data.feature_cache import FeatureCache
 from vision_attn.data.images import BadImageCounter, OnBadImage, load_or_skip, open_image, to_tensor
 from vision_attn.data.vocabulary import Vocabulary, has_words, word_ids
 from vision_attn.errors import DatasetNotFoundError
@@ -72,7 +73,8 @@ class EvalCaptionItem(NamedTuple):
 
 
 class CaptionBatch(NamedTuple):
-    """A training batch: images (B, 3, H, W), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,)
+    """A training batch: images (B, 3, H, W) (or, read from a feature cache, what the frozen encoder made of
+    them, fp16), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,)
     counting <start> and <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to
     image n (N = B)."""
 
@@ -253,7 +255,12 @@ class CaptionTrainDataset(Dataset):
     def __len__(self) -> int:
         return len(self.paths) if self.group_captions else len(self.lengths)
 
+    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
+
     def _image(self, image_index: int) -> Tensor | None:
+        """The image, uint8 (3, S, S); or, with a feature cache, its cached features (fp16)."""
+        if self.features is not None:
+            return self.features[image_index]
         path = self.paths[image_index]
         return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
 
@@ -280,8 +287,14 @@ class CaptionEvalDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
+
     def __getitem__(self, index: int) -> EvalCaptionItem | None:
         record = self.records[index]
+        if self.features is not None:
+            features = self.features[index]
+            return None if features is None else EvalCaptionItem(features, record.image_id, record.captions,
+                                                                 record.objects)
         image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
                              self.bad_images)
         return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.data.coco import (
@@ -28,6 +29,7 @@ from vision_attn.data.coco import (
     read_karpathy,
     read_objects,
 )
+from vision_attn.data.feature_cache import FeatureCache
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
@@ -219,4 +221,16 @@ class CocoCaptionsDataModule(SplitDataModule):
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
         self.count_train_batch()
+        if batch.images.dtype != torch.uint8:  # features from a feature cache, not pixels
+            return batch
         return batch._replace(images=self.normalize(batch.images))
+
+    def use_feature_cache(self, role: Literal["train", "val", "test"], cache: FeatureCache | None) -> None:
+        """Serve the ``role`` split's cached encoder features instead of its images (None: images again).
+        The datasets must exist (``setup``); the cache must hold every image of the split, in ``records`` order."""
+        dataset = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[role]
+        if dataset is None:
+            raise ValueError(f"the {role} split is not set up: call setup() first")
+        if cache is not None and cache.count != len(self.records(role)):
+            raise ValueError(f"a feature cache of {cache.count} images for the {len(self.records(role))} of {role}")
+        dataset.features = cache

@@ -1,0 +1,181 @@
+"""A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding
+the image and running the encoder again.
+
+The paper keeps its encoder fixed ("we use the 14×14×512 feature map of the fourth convolutional layer before
+max pooling" of a VGG net pretrained on ImageNet, Xu et al. 2015 §4.3): its output for an image never changes,
+yet VGG-19 to conv5_4 at 224 px costs ~20 GMAC per image, far more than the decoder. Here it is computed once.
+
+Layout, under ``root/<key digest>/``:
+
+- ``key.json``: everything the features depend on (the frozen modules' tensors, image size, normalisation,
+  grid pooling, the list of images with their sizes and modification times, the stored shape and dtype). The
+  folder name is a digest of it, so a changed setting or a changed image gets a new folder: a stale cache is
+  never read, it is rebuilt beside.
+- ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and ``shard_NNNNN.valid.npy``
+  (which of them could be read). Each is written to a temporary name and renamed into place, the valid flags
+  first: a shard exists only whole, so a killed fill resumes at the first missing shard and never reads a
+  half-written one. Under DDP rank r fills the shards i with i % world_size == r: nothing is written twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+FORMAT = 1
+DTYPE = np.float16
+
+
+def tensors_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
+    """SHA-256 of named tensors (names, shapes, dtypes and bytes): the identity of a set of weights."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def images_digest(paths: Sequence[Path]) -> str:
+    """SHA-256 of the image files' paths, sizes and modification times, in order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            stat = Path(path).stat()
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{path}\0missing\n".encode())
+    return digest.hexdigest()
+
+
+class FeatureCache:
+    """The cached features (``shape`` per image, fp16) of ``count`` images, identified by ``key``."""
+
+    def __init__(self, root: str | os.PathLike, key: dict[str, Any], count: int, shape: Sequence[int], *,
+                 shard_size: int = 256) -> None:
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be at least 1, got {shard_size}")
+        self.key = {"format": FORMAT, "dtype": np.dtype(DTYPE).name, "count": count, "shape": list(shape),
+                    "shard_size": shard_size, **key}
+        text = json.dumps(self.key, sort_keys=True)
+        self.folder = Path(root) / hashlib.sha256(text.encode()).hexdigest()[:20]
+        self.count, self.shape, self.shard_size = count, tuple(shape), shard_size
+        self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------------------------- layout
+    @property
+    def num_shards(self) -> int:
+        return -(-self.count // self.shard_size)
+
+    def shard_rows(self, shard: int) -> range:
+        return range(shard * self.shard_size, min(self.count, (shard + 1) * self.shard_size))
+
+    def _paths(self, shard: int) -> tuple[Path, Path]:
+        return self.folder / f"shard_{shard:05d}.npy", self.folder / f"shard_{shard:05d}.valid.npy"
+
+    @property
+    def bytes_per_image(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(DTYPE).itemsize + 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_image * self.count
+
+    def is_done(self, shard: int) -> bool:
+        """Whether the shard is in place whole (its features file exists with the expected header)."""
+        features, valid = self._paths(shard)
+        if not (features.is_file() and valid.is_file()):
+            return False
+        try:
+            stored = np.load(features, mmap_mode="r")
+        except (OSError, ValueError):
+            return False
+        return stored.shape == (len(self.shard_rows(shard)), *self.shape) and stored.dtype == DTYPE
+
+    def missing(self, rank: int = 0, world_size: int = 1) -> list[int]:
+        """The shards rank ``rank`` of ``world_size`` has to fill (those not yet in place)."""
+        return [shard for shard in range(rank, self.num_shards, world_size) if not self.is_done(shard)]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing()
+
+    # ------------------------------------------------------------------------------------- writing
+    def prepare(self) -> None:
+        """Create the folder and its ``key.json``; a folder whose key.json says otherwise is emptied first."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key_file = self.folder / "key.json"
+        text = json.dumps(self.key, sort_keys=True, indent=1)
+        if key_file.is_file() and key_file.read_text(encoding="utf-8") != text:
+            for stale in self.folder.glob("shard_*"):
+                stale.unlink()
+        if not key_file.is_file() or key_file.read_text(encoding="utf-8") != text:
+            _write_atomically(key_file, lambda handle: handle.write(text.encode()))
+
+    def write_shard(self, shard: int, features: np.ndarray, valid: np.ndarray) -> None:
+        rows = len(self.shard_rows(shard))
+        if features.shape != (rows, *self.shape) or valid.shape != (rows,):
+            raise ValueError(f"shard {shard}: got features {features.shape} and flags {valid.shape}, expected "
+                             f"{(rows, *self.shape)} and {(rows,)}")
+        features_path, valid_path = self._paths(shard)
+        _write_atomically(valid_path, lambda handle: np.save(handle, valid.astype(bool)))
+        _write_atomically(features_path, lambda handle: np.save(handle, features.astype(DTYPE, copy=False)))
+
+    def fill(self, load: Callable[[int], Tensor | None], encode: Callable[[Tensor], Tensor], *, batch_size: int,
+             rank: int = 0, world_size: int = 1, progress: Callable[[int], None] | None = None) -> int:
+        """Fill this rank's missing shards: ``load(i)`` gives image i ready for ``encode`` (None if unreadable),
+        ``encode`` a batch of them -> features (B, *shape). ``progress(n)`` is told of every n images done.
+        Returns the number of images encoded."""
+        self.prepare()
+        done = 0
+        for shard in self.missing(rank, world_size):
+            rows = self.shard_rows(shard)
+            features = np.zeros((len(rows), *self.shape), dtype=DTYPE)
+            valid = np.zeros(len(rows), dtype=bool)
+            for start in range(0, len(rows), batch_size):
+                indices = list(range(start, min(len(rows), start + batch_size)))
+                loaded = [(i, load(rows[i])) for i in indices]
+                readable = [(i, image) for i, image in loaded if image is not None]
+                if readable:
+                    encoded = encode(torch.stack([image for _, image in readable]))
+                    for (i, _), vector in zip(readable, encoded.float().cpu().numpy(), strict=True):
+                        features[i], valid[i] = vector, True
+                if progress is not None:
+                    progress(len(indices))
+                done += len(indices)
+            self.write_shard(shard, features, valid)
+        return done
+
+    # ------------------------------------------------------------------------------------- reading
+    def __getitem__(self, index: int) -> Tensor | None:
+        """Image ``index``'s features as an fp16 tensor, or None for an image that could not be read."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"image {index} of a cache of {self.count}")
+        shard, row = divmod(index, self.shard_size)
+        if shard not in self._open:
+            features_path, valid_path = self._paths(shard)
+            self._open[shard] = (np.load(features_path, mmap_mode="r"), np.load(valid_path))
+        features, valid = self._open[shard]
+        return torch.from_numpy(np.array(features[row])) if valid[row] else None
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers open their own memory maps
+        return {**self.__dict__, "_open": {}}
+
+
+def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
