@@ -1,0 +1,116 @@
+"""A COCO rehearsal: the real COCO configs, end to end through the console script, on a small Karpathy-format
+COCO of real-size JPEGs (landscape and portrait, EXIF-rotated, greyscale), with train/restval/val/test splits.
+Only the accelerator, precision, sizes, limits and paths are overridden. The path is the README's: fit (filling
+the feature cache), test, the results JSON scored by pycocoevalcap (`evaluate`), then `caption` and `overlay` on
+the checkpoint (these three for coco_vgg19.yaml; coco_resnet101.yaml fits and tests, in bf16-mixed). Images
+stay at the configs' 224 px, so each step runs at the real size."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import REPO, run_script
+
+SPLITS = {"train": 8, "restval": 4, "val": 4, "test": 4}
+COLOURS = {"red": (200, 40, 40), "blue": (40, 60, 200), "green": (40, 160, 60), "yellow": (220, 200, 40)}
+THINGS = ["bus", "cat", "dog", "kite"]
+
+
+def photo(rng: random.Random, size: tuple[int, int], colour: tuple[int, int, int]) -> Image.Image:
+    """A photo-sized image: textured background, one coloured block (the thing its captions name)."""
+    noise = torch.randint(60, 200, (size[1] // 16, size[0] // 16, 3), generator=torch.Generator().manual_seed(
+        rng.randrange(10**6)), dtype=torch.uint8)
+    image = Image.fromarray(noise.numpy()).resize(size, Image.Resampling.BILINEAR)
+    left, top = rng.randrange(size[0] // 2), rng.randrange(size[1] // 2)
+    image.paste(colour, (left, top, left + size[0] // 3, top + size[1] // 3))
+    return image
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("coco")
+    rng = random.Random(0)
+    entries, ground_truth = [], {"images": [], "annotations": [], "info": {}, "licenses": [], "type": "captions"}
+    index = 0
+    for split, count in SPLITS.items():
+        folder = "train2014" if split in ("train", "restval") else "val2014"
+        (root / folder).mkdir(exist_ok=True)
+        for _ in range(count):
+            index += 1
+            colour, thing = rng.choice(list(COLOURS)), rng.choice(THINGS)
+            size = (640, 480) if index % 2 else (480, 640)
+            image = photo(rng, size, COLOURS[colour])
+            name = f"COCO_{folder}_{index:012d}.jpg"
+            if index % 5 == 0:  # greyscale
+                image.convert("L").save(root / folder / name, quality=90)
+            elif index % 5 == 1:  # stored sideways, upright by its EXIF orientation (6: rotate 90° clockwise)
+                exif = Image.Exif()
+                exif[0x0112] = 6
+                image.transpose(Image.Transpose.ROTATE_90).save(root / folder / name, quality=90, exif=exif)
+            else:
+                image.save(root / folder / name, quality=90)
+            sentences = [f"a {colour} {thing} in the picture", f"there is a {colour} {thing}",
+                         f"a photo of a {colour} {thing}", f"the {thing} is {colour}", f"a {thing} that is {colour}"]
+            entries.append({"filepath": folder, "filename": name, "split": split, "cocoid": index, "imgid": index,
+                            "sentences": [{"raw": s, "tokens": s.split()} for s in sentences]})
+            if split == "test":
+                ground_truth["images"].append({"id": index, "file_name": name, "width": size[0], "height": size[1]})
+                ground_truth["annotations"] += [{"id": index * 10 + n, "image_id": index, "caption": s}
+                                                for n, s in enumerate(sentences)]
+    (root / "dataset_coco.json").write_text(json.dumps({"images": entries, "dataset": "coco"}))
+    (root / "captions_test.json").write_text(json.dumps(ground_truth))
+    return root
+
+
+@pytest.mark.parametrize("config, precision", [("coco_vgg19", "32-true"), ("coco_resnet101", "bf16-mixed")])
+def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, config, precision) -> None:
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    common = [
+        "--config", str(REPO / "configs" / "captioner" / f"{config}.yaml"),
+        "--trainer.accelerator", "cpu", "--trainer.precision", precision,
+        "--data.init_args.root", str(coco), "--data.init_args.karpathy_file", str(coco / "dataset_coco.json"),
+        "--data.init_args.karpathy_image_root", str(coco), "--data.init_args.num_workers", "0",
+        "--data.init_args.batch_size", "4", "--data.init_args.eval_batch_size", "4",
+        "--model.init_args.feature_cache", str(cache),
+    ]
+    fit = run_script("fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+                     "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(run),
+                     "--trainer.logger.init_args.save_dir", str(run))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    keys = [json.loads(key.read_text()) for key in cache.glob("*/key.json")]
+    assert sorted(key["count"] for key in keys) == [SPLITS["val"], SPLITS["train"] + SPLITS["restval"]]  # by fit
+    key = max(keys, key=lambda key: key["count"])  # train, restval joined to it
+    assert key["image_size"] == 224
+    shape = (512, 14, 14) if config == "coco_vgg19" else (1024, 14, 14)  # conv5_4, or resnet's layer3 (layer4 trains)
+    assert tuple(key["shape"]) == shape
+
+    checkpoint = next(run.rglob("best.ckpt"))
+    tested = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
+                        str(tmp_path / "test"), "--trainer.logger", "false")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    results = next((tmp_path / "test").rglob("results_test.json"))
+    records = json.loads(results.read_text())
+    assert sorted(r["image_id"] for r in records) == list(range(17, 21))  # the 4 test images, by cocoid
+    assert all(r["grid"] == [14, 14] for r in records) and all(len(row) == 196 for r in records for row in r["alphas"])
+    if config != "coco_vgg19":
+        return  # the rest reads only the checkpoint: once, with the paper's config, keeps the suite short
+    scores = tmp_path / "scores.json"
+    evaluated = run_script("evaluate", str(results), "--annotations", str(coco / "captions_test.json"),
+                           "--out", str(scores))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert {"BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"} <= set(json.loads(scores.read_text()))
+
+    images = sorted((coco / "val2014").glob("*.jpg"))[-3:]  # among them one EXIF-rotated and one greyscale
+    out = tmp_path / "captions.json"
+    captioned = run_script("caption", "--ckpt", str(checkpoint), *map(str, images), "--out", str(out))
+    assert captioned.returncode == 0, captioned.stderr[-3000:]
+    assert len(json.loads(out.read_text())) == 3
+    overlaid = run_script("overlay", "--ckpt", str(checkpoint), *map(str, images), "--out", str(tmp_path / "ov"))
+    assert overlaid.returncode == 0, overlaid.stderr[-3000:]
+    assert len(list((tmp_path / "ov").glob("*.png"))) == 3
