@@ -119,6 +119,7 @@ class AnnotationEncoder(nn.Module):
             raise ValueError(f"unknown backbone '{backbone}': use small, vgg19, resnet50, resnet101 or timm:<name>")
         self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
         self.pretrained_with: dict = {}
+        self.cached_input = False  # True: forward reads what ``frozen_part`` made of the images (a feature cache)
         if pretrained:
             self.load_trunk_weights(pretrained)
         self.set_trainable_stages(trainable_stages)
@@ -184,7 +185,7 @@ class AnnotationEncoder(nn.Module):
     def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, 3, H, W) -> annotation vectors (B, L, D) and the grid; with ``cached_input`` set, the input
         is what ``frozen_part`` made of the images (a feature cache), and only the rest of the encoder runs."""
-        if getattr(self, "cached_input", False):
+        if self.cached_input:
             stages, frozen = self._stages(), len(self.frozen_stages)
             features = images.to(self.pool_dtype())
             if frozen < len(stages):
