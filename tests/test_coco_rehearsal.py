@@ -1,6 +1,7 @@
 """A COCO rehearsal: the real COCO configs, end to end through the console script, on a small Karpathy-format
 COCO of real-size JPEGs (landscape and portrait, EXIF-rotated, greyscale), with train/restval/val/test splits.
-Only the accelerator, precision, sizes, limits and paths are overridden. The path is the README's: fit (filling
+Only the accelerator, precision, sizes, limits and paths are overridden; the configs' ImageNet weights come
+from a torch.hub cache the test fills (offline). The path is the README's: fit (filling
 the feature cache), test, the results JSON scored by pycocoevalcap (`evaluate`), then `caption` and `overlay` on
 the checkpoint (these three for coco_vgg19.yaml; coco_resnet101.yaml fits and tests, in bf16-mixed). Images
 stay at the configs' 224 px, so each step runs at the real size."""
@@ -68,9 +69,30 @@ def coco(tmp_path_factory) -> Path:
     return root
 
 
+def fill_torch_hub_cache(torch_home: Path, backbone: str) -> dict[str, torch.Tensor]:
+    """Put freshly initialised weights of ``backbone``'s trunk where torch.hub keeps torchvision's ImageNet file
+    for ``pretrained_encoder: imagenet`` (no network here); returns them."""
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(backbone).DEFAULT
+    # zero_init_residual: each ResNet block starts as the identity, as trained ones nearly are; left random, the
+    # 30 blocks up to layer3 grow its output beyond fp16's range, which the cache refuses
+    options = {"zero_init_residual": True} if backbone.startswith("resnet") else {}
+    model = getattr(torchvision.models, backbone)(weights=None, **options)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(("classifier.", "fc."))}  # trunk only
+    folder = torch_home / "hub" / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(state, folder / Path(weights.url).name)
+    return state
+
+
 @pytest.mark.parametrize("config, precision", [("coco_vgg19", "32-true"), ("coco_resnet101", "bf16-mixed")])
-def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, config, precision) -> None:
+def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, monkeypatch, config,
+                                                            precision) -> None:
     run, cache = tmp_path / "run", tmp_path / "cache"
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # the configs' `pretrained_encoder: imagenet`
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # ... comes from that cache, never from the network
+    imagenet = fill_torch_hub_cache(tmp_path / "torch_home", config.removeprefix("coco_"))
     common = [
         "--config", str(REPO / "configs" / "captioner" / f"{config}.yaml"),
         "--trainer.accelerator", "cpu", "--trainer.precision", precision,
@@ -91,6 +113,10 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, con
     assert tuple(key["shape"]) == shape
 
     checkpoint = next(run.rglob("best.ckpt"))
+    trunk = {k: v for k, v in torch.load(checkpoint, weights_only=True)["state_dict"].items() if ".trunk." in k}
+    conv = "features.0.weight" if config == "coco_vgg19" else "conv1.weight"
+    assert torch.equal(next(v for k, v in trunk.items() if k.endswith("trunk.0.weight") or
+                            k.endswith("trunk.0.0.weight")), imagenet[conv])  # the cached weights, frozen
     tested = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
                         str(tmp_path / "test"), "--trainer.logger", "false")
     assert tested.returncode == 0, tested.stderr[-3000:]

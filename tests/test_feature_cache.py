@@ -162,3 +162,12 @@ def test_a_feature_cache_needs_a_frozen_encoder(tmp_path) -> None:
         "error: feature_cache needs a frozen encoder, whose output never changes: set trainable_stages to 0 "
         "(all frozen) or to fewer stages than the trunk has")
     assert not (tmp_path / "cache").exists()
+
+
+def test_features_beyond_fp16s_range_are_refused_before_a_shard_is_written(tmp_path) -> None:
+    cache = FeatureCache(tmp_path, {"what": "overflow"}, count=4, shape=(2,), shard_size=2)
+    with pytest.raises(ValueError, match=r"reaches 1.05e\+05 on image 2.., beyond fp16's range \(±65504\)"):
+        cache.fill(lambda i: torch.tensor([float(i), 0.0]),
+                   lambda batch: batch * (1.0 if batch[0, 0] < 2 else 35000.0), batch_size=2)
+    assert cache.missing() == [1]  # the first shard is whole; nothing of the second was written
+    assert not list(cache.folder.glob("shard_00001*")) and not list(cache.folder.glob(".*.tmp"))

@@ -3,7 +3,8 @@
 A CNN trunk turns an image into a grid of conv features; each of the L = Gh·Gw cells is an annotation
 vector a_i ∈ R^D. The paper uses VGG-19's conv5_4 (14×14×512 at 224 px). Also here: ResNet-50/101
 (layer4, optionally pooled to a chosen grid), any timm backbone through ``features_only``, and a small CNN
-that learns on a CPU in minutes. Pretrained weights come from a local file; nothing is downloaded.
+that learns on a CPU in minutes. Pretrained weights are a local file, or a name (``imagenet``, a torchvision enum
+member, a timm tag) that torchvision or timm resolve in their own caches (``vision_attn.weights``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from torch import Tensor, nn
 
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.errors import CheckpointError
+from vision_attn.weights import (
+    TORCHVISION_BACKBONES,
+    create_timm_model,
+    is_weights_name,
+    no_named_weights,
+    timm_pretrained_name,
+    torchvision_weights,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +78,36 @@ def _resnet_layer4(depth: int) -> tuple[nn.Sequential, int]:
 
 
 class _TimmFeatures(nn.Module):
-    """The last feature map of a timm backbone built with ``features_only``."""
+    """The last feature map of a timm backbone built with ``features_only``; with ``weights``
+    (``<architecture>.<tag>``), loaded by timm from its cache."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, weights: str | None = None) -> None:
         super().__init__()
         import timm
 
-        try:
-            self.body = timm.create_model(name, pretrained=False, features_only=True, out_indices=(-1,))
-        except RuntimeError as error:
-            raise ValueError(f"timm backbone '{name}': {error}") from None
+        if weights:
+            self.body = create_timm_model(weights, features_only=True, out_indices=(-1,))
+        else:
+            try:
+                self.body = timm.create_model(name, pretrained=False, features_only=True, out_indices=(-1,))
+            except RuntimeError as error:
+                raise ValueError(f"timm backbone '{name}': {error}") from None
         self.out_channels = self.body.feature_info.channels()[-1]
 
     def forward(self, images: Tensor) -> Tensor:
         return self.body(images)[-1]
+
+
+def _timm_trunk_names(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A timm model's (or our timm trunk's) state dict under the names of our ``features_only`` trunk. timm's
+    feature wrappers rename: FeatureListNet flattens ``stages.0`` to ``stages_0``, FeatureGetterNet nests the
+    model under ``model.``; a key keeps its name when no trunk key matches it up to those changes."""
+
+    def plain(key: str) -> str:
+        return key.removeprefix("body.").replace(".", "_")
+
+    trunk_names = {plain(k.removeprefix("body.model.")): k for k in own} | {plain(k): k for k in own}
+    return {trunk_names.get(plain(k), k if k.startswith("body.") else f"body.{k}"): v for k, v in state.items()}
 
 
 class AnnotationEncoder(nn.Module):
@@ -91,6 +116,10 @@ class AnnotationEncoder(nn.Module):
     ``backbone`` is "small", "vgg19", "resnet50", "resnet101" or "timm:<model name>". ``grid_size`` pools the
     feature map to a fixed grid (None keeps the trunk's own). ``trainable_stages`` fine-tunes only the last N
     top-level stages of the trunk (-1: all, 0: frozen). ``small_stride`` (8 or 16) sets the small CNN's grid.
+    ``pretrained`` is a local weights file, or a weights name: ``imagenet`` (torchvision's DEFAULT, i.e.
+    VGG19_Weights.IMAGENET1K_V1 and ResNet50/101_Weights.IMAGENET1K_V2; for timm, what ``pretrained=True``
+    loads), a member of the torchvision enum (``IMAGENET1K_V1``) or a timm tag (``a1_in1k``). Names are found in
+    torch.hub's and the Hugging Face caches (``vision_attn.weights``); the small CNN has none.
     """
 
     def __init__(
@@ -105,6 +134,7 @@ class AnnotationEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.backbone_name = backbone
+        named = is_weights_name(pretrained)
         if backbone == "small":
             self.trunk: nn.Module = SmallCNN(width, stride=small_stride)
             self.annotation_dim = self.trunk.out_channels
@@ -113,14 +143,18 @@ class AnnotationEncoder(nn.Module):
         elif backbone in ("resnet50", "resnet101"):
             self.trunk, self.annotation_dim = _resnet_layer4(int(backbone.removeprefix("resnet")))
         elif backbone.startswith("timm:"):
-            self.trunk = _TimmFeatures(backbone.removeprefix("timm:"))
+            model_name = backbone.removeprefix("timm:")
+            weights = timm_pretrained_name(model_name, str(pretrained)) if named else None
+            self.trunk = _TimmFeatures(model_name, weights=weights)
             self.annotation_dim = self.trunk.out_channels
         else:
             raise ValueError(f"unknown backbone '{backbone}': use small, vgg19, resnet50, resnet101 or timm:<name>")
         self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
         self.pretrained_with: dict = {}
         self.cached_input = False  # True: forward reads what ``frozen_part`` made of the images (a feature cache)
-        if pretrained:
+        if named:
+            self.use_named_weights(str(pretrained))
+        elif pretrained:
             self.load_trunk_weights(pretrained)
         self.set_trainable_stages(trainable_stages)
 
@@ -133,6 +167,25 @@ class AnnotationEncoder(nn.Module):
         if any(k.startswith("encoder.trunk.") for k in state):  # a vision-attn encoder pretraining or captioner
             state = {k.removeprefix("encoder.trunk."): v for k, v in state.items() if k.startswith("encoder.trunk.")}
         self.pretrained_with = dict(loaded.get("hyper_parameters") or {})
+        self._load_trunk_state(state, path)
+
+    def use_named_weights(self, name: str) -> None:
+        """Load the weights called ``name`` through torchvision (its cache: ``$TORCH_HOME/hub/checkpoints``), or,
+        for a timm trunk, keep what timm loaded when building it; ``pretrained_with`` becomes the normalisation
+        they were trained under."""
+        if self.backbone_name in TORCHVISION_BACKBONES:
+            weights = torchvision_weights(self.backbone_name, name)
+            self._load_trunk_state(weights.state_dict, weights.source)
+            mean, std = weights.mean, weights.std
+        elif isinstance(self.trunk, _TimmFeatures):
+            config = self.trunk.body.pretrained_cfg
+            mean, std = list(config["mean"]), list(config["std"])
+        else:
+            raise no_named_weights(self.backbone_name, name)
+        self.pretrained_with = {"mean": mean, "std": std}
+
+    def _load_trunk_state(self, state: dict[str, Tensor], source: str | os.PathLike) -> None:
+        """Load a torchvision/timm/own trunk state dict into the trunk, refusing one that does not fit it."""
         own = self.trunk.state_dict()
         if self.backbone_name == "vgg19":  # torchvision names: features.N.*
             state = {k.removeprefix("features."): v for k, v in state.items()}
@@ -143,18 +196,18 @@ class AnnotationEncoder(nn.Module):
                 for k, v in state.items() if k.split(".", 1)[0] in renamed
             }
         elif self.backbone_name.startswith("timm:"):
-            state = {k if k.startswith("body.") else f"body.{k}": v for k, v in state.items()}
+            state = _timm_trunk_names(state, own)
         usable = {k: v for k, v in state.items() if k in own}
         if not usable:
-            raise CheckpointError(f"{path}: no weights match the {self.backbone_name} trunk")
+            raise CheckpointError(f"{source}: no weights match the {self.backbone_name} trunk")
         wrong = [k for k, v in usable.items() if v.shape != own[k].shape]
         if wrong:
-            raise CheckpointError(f"{path}: shapes differ for {', '.join(wrong[:3])}; is it a {self.backbone_name}?")
+            raise CheckpointError(f"{source}: shapes differ for {', '.join(wrong[:3])}; is it a {self.backbone_name}?")
         missing = [k for k in own if k not in usable and not k.endswith("num_batches_tracked")]
         if missing:
-            raise CheckpointError(f"{path}: {len(missing)} trunk weights missing, e.g. {missing[0]}")
+            raise CheckpointError(f"{source}: {len(missing)} trunk weights missing, e.g. {missing[0]}")
         self.trunk.load_state_dict(usable, strict=False)
-        log.info("loaded %d trunk tensors from %s", len(usable), path)
+        log.info("loaded %d trunk tensors from %s", len(usable), source)
 
     def set_trainable_stages(self, stages: int) -> None:
         """Fine-tune the last ``stages`` top-level children of the trunk (-1: all); freeze the rest."""

@@ -32,6 +32,7 @@ from torch import Tensor
 
 FORMAT = 1
 DTYPE = np.float16
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 
 
 def tensors_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
@@ -144,8 +145,14 @@ class FeatureCache:
                 loaded = [(i, load(rows[i])) for i in indices]
                 readable = [(i, image) for i, image in loaded if image is not None]
                 if readable:
-                    encoded = encode(torch.stack([image for _, image in readable]))
-                    for (i, _), vector in zip(readable, encoded.float().cpu().numpy(), strict=True):
+                    encoded = encode(torch.stack([image for _, image in readable])).float().cpu()
+                    largest = float(encoded.abs().max()) if encoded.numel() else 0.0
+                    if not largest <= FP16_MAX:  # also NaN
+                        raise ValueError(f"the encoder's output reaches {largest:.3g} on image {rows[indices[0]]}.., "
+                                         f"beyond fp16's range (±{FP16_MAX:.0f}) that the feature cache stores; "
+                                         "are these the encoder's trained weights? (train without feature_cache "
+                                         "to keep fp32)")
+                    for (i, _), vector in zip(readable, encoded.numpy(), strict=True):
                         features[i], valid[i] = vector, True
                 if progress is not None:
                     progress(len(indices))

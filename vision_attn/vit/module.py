@@ -31,7 +31,9 @@ class ViTClassifier(BaseTask):
     After each validation epoch (not the sanity check), rank 0 logs rollout overlays of the first
     ``log_overlays`` validation images (0: none). With ``schedule_by_time`` and a ``trainer.max_time``, the
     cosine decay runs over the time budget as well as the steps (whichever is further along), so a run capped
-    by time always finishes its schedule; ``max_epochs`` is then an upper bound.
+    by time always finishes its schedule; ``max_epochs`` is then an upper bound. ``pretrained`` is a local
+    weights file or ``timm:<model name>[.<tag>]`` (timm's weights from the Hugging Face cache), adapted to this
+    ViT (``vit/pretrained.py``).
     """
 
     kind = VIT

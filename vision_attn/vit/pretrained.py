@@ -1,4 +1,8 @@
-"""Load ViT weights from a local file (timm or our own), adapting them to the model at hand.
+"""Load ViT weights from a local file (timm or our own) or from timm by name, adapting them to the model at hand.
+
+``timm:<model name>[.<tag>]`` (e.g. ``timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k``; without a tag, timm's
+default) is built by timm with ``pretrained=True``, which reads the Hugging Face cache (``vision_attn.weights``);
+its state dict then goes through the same adaptation as a file's.
 
 Three adaptations, as users of timm expect them:
 - a different input-channel count: the patch-embedding kernel is summed (1 channel) or tiled and rescaled;
@@ -19,6 +23,9 @@ from torch import Tensor
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.errors import CheckpointError
 from vision_attn.vit.model import VisionTransformer
+from vision_attn.weights import is_weights_name, timm_pretrained_name, timm_weights
+
+TIMM_PREFIX = "timm:"
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +65,14 @@ def resize_patch_kernel(weight: Tensor, patch_size: int) -> Tensor:
 
 
 def load_pretrained(model: VisionTransformer, path: str | os.PathLike) -> list[str]:
-    """Load a local weights file into ``model``; returns the keys left at their initial values."""
-    state = extract_state_dict(load_file(path))
+    """Load a local weights file, or ``timm:<model name>[.<tag>]`` through timm, into ``model``; returns the keys
+    left at their initial values."""
+    if str(path).startswith(TIMM_PREFIX):
+        state = timm_weights(timm_pretrained_name(str(path).removeprefix(TIMM_PREFIX))).state_dict
+    elif is_weights_name(path) and _is_timm_model(str(path)):
+        raise CheckpointError(f"{path}: no such file; for timm's weights of that model write {TIMM_PREFIX}{path}")
+    else:
+        state = extract_state_dict(load_file(path))
     own = model.state_dict()
     patch_key = "patch_embed.proj.weight"
     if patch_key in state:
@@ -83,3 +96,9 @@ def load_pretrained(model: VisionTransformer, path: str | os.PathLike) -> list[s
     if [k for k in missing if not k.startswith("head.")]:
         raise CheckpointError(f"{path}: weights missing for {', '.join(missing[:5])}; is this a ViT checkpoint?")
     return list(missing)
+
+
+def _is_timm_model(name: str) -> bool:
+    import timm
+
+    return timm.is_model(name.partition(".")[0])

@@ -1,0 +1,238 @@
+"""Pretrained weights by name, found where torchvision and timm keep them: the one home of name resolution,
+cache look-up and the one-line errors of a missing file.
+
+Where each kind of weights is looked for (the libraries' own caches, read through the libraries):
+
+- torchvision backbones (``vgg19``, ``resnet50``, ``resnet101``): ``imagenet`` is torchvision's ``DEFAULT``
+  (VGG19_Weights.IMAGENET1K_V1; ResNet50/101_Weights.IMAGENET1K_V2), or a member of the backbone's weights enum
+  (``IMAGENET1K_V1``, ``ResNet50_Weights.IMAGENET1K_V1``). The file is torch.hub's:
+  ``$TORCH_HOME/hub/checkpoints/<file name of the URL>`` (``torch.hub.get_dir()``, ``~/.cache/torch`` by default).
+- timm models: ``imagenet`` is what ``timm.create_model(name, pretrained=True)`` loads (the tag in the model name,
+  else timm's default tag), or a pretrained tag of the architecture (``a1_in1k``). timm reads the Hugging Face
+  hub cache (``$HF_HUB_CACHE``, by default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``):
+  ``models--timm--<name>.<tag>/snapshots/<commit in refs/main>/model.safetensors``; the few timm weights not on
+  the Hub are torch.hub files, as above.
+- Anything that is not a name (a path, or any value naming an existing file) is a local file, loaded by
+  ``checkpoint.load_file``.
+
+A cached file loads without the network. ``HF_HUB_OFFLINE=1`` (the switch timm and huggingface_hub honour)
+forbids downloads of both kinds. Without the file, offline or when a download fails, the error is one line
+naming the file looked for and where to get it; a dead network is found in one request, not after retries.
+Every load is weights-only: safetensors from the Hub, ``torch.load(weights_only=True)`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import socket
+import urllib.error
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from torch import Tensor, nn
+
+from vision_attn.errors import CheckpointError
+
+IMAGENET = "imagenet"
+TORCHVISION_BACKBONES = ("vgg19", "resnet50", "resnet101")
+NETWORK_TIMEOUT = 10.0  # seconds a connection or a read may stall before a download counts as failed
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm asks the Hub for, in its order
+_FILE_SUFFIXES = {".pth", ".pt", ".ckpt", ".bin", ".safetensors", ".tar", ".pkl", ".npz", ".h5"}
+
+# torchvision, timm and huggingface_hub are imported by the functions that need them: the captioner with the
+# small CNN, and every inference tool, start without them.
+
+
+class NamedWeights(NamedTuple):
+    """Weights a library resolved from a name: the tensors, what they are (for messages and logs), and the
+    normalisation they were trained under."""
+
+    state_dict: dict[str, Tensor]
+    source: str
+    mean: list[float]
+    std: list[float]
+
+
+def is_weights_name(value: str | os.PathLike | None) -> bool:
+    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``); False for a local file: a value
+    with a folder, a weights-file suffix (.pth, .safetensors, ...) or naming a file that exists."""
+    if value is None or isinstance(value, os.PathLike):
+        return False
+    text = str(value)
+    return (re.fullmatch(r"[A-Za-z][\w.\-]*", text) is not None
+            and Path(text).suffix.lower() not in _FILE_SUFFIXES and not Path(text).exists())
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to 1/true/yes/on, read now."""
+    return any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def no_named_weights(backbone: str, name: str) -> CheckpointError:
+    """The error for a weights name given to a backbone without named weights (the small CNN)."""
+    return CheckpointError(f"the {backbone} backbone has no named weights such as '{name}': pass a local file "
+                           "(e.g. an encoder pretrained with configs/captioner/fashion_scene_items.yaml)")
+
+
+# --- torchvision -----------------------------------------------------------------------------------------
+
+
+def torchvision_weights(backbone: str, name: str) -> NamedWeights:
+    """The state dict of ``backbone``'s torchvision weights called ``name``, through torchvision's weights API
+    (``Weights.get_state_dict``: torch.hub's cache, downloaded there if missing and allowed)."""
+    import torchvision
+
+    enum = torchvision.models.get_model_weights(backbone)
+    members = [member for member in enum.__members__ if member != "DEFAULT"]
+    wanted = name.removeprefix(f"{enum.__name__}.").upper()
+    if name.lower() == IMAGENET or wanted == "DEFAULT":
+        weights = enum.DEFAULT
+    elif wanted in members:
+        weights = enum[wanted]
+    else:
+        raise CheckpointError(f"unknown weights '{name}' for {backbone}: use {IMAGENET} (= {enum.DEFAULT.name}), "
+                              f"{', '.join(members)}, or a local weights file")
+    what = f"torchvision {enum.__name__}.{weights.name}"
+    with torch_hub_download(weights.url, what):
+        state = weights.get_state_dict(progress=True, check_hash=True, weights_only=True)
+    transform = weights.transforms()
+    return NamedWeights(state, what, list(transform.mean), list(transform.std))
+
+
+def torch_hub_file(url: str) -> Path:
+    """Where torch.hub keeps the file of ``url``: ``<torch.hub.get_dir()>/checkpoints/<its file name>``."""
+    import torch.hub
+
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urllib.parse.urlparse(url).path)
+
+
+@contextmanager
+def torch_hub_download(url: str, what: str) -> Iterator[Path]:
+    """Around a torch.hub load of ``url``: refuse in one line when the file is not cached and downloads are off;
+    otherwise let a download stall at most ``NETWORK_TIMEOUT`` per connect or read, and turn its failure into
+    one line. Yields the cache path."""
+    cached = torch_hub_file(url)
+    fetch = f"on a machine with network download {url} and put it there, or pass the file as a local path"
+    if cached.exists():
+        try:
+            yield cached
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+            raise CheckpointError(f"{cached}: cannot be read as {what} ({_first_line(error)}); delete it and put "
+                                  f"the file from {url} there") from None
+        return
+    if offline():
+        raise CheckpointError(f"{what} is not in torch.hub's cache: no file {cached}, and HF_HUB_OFFLINE is set; "
+                              f"{fetch}")
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(NETWORK_TIMEOUT)  # torch.hub's urlopen has no timeout of its own
+    try:
+        yield cached
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        raise CheckpointError(f"{what}: no file {cached}, and downloading it failed ({_first_line(error)}); "
+                              f"{fetch}") from None
+    except RuntimeError as error:
+        if "hash" not in str(error):
+            raise
+        raise CheckpointError(f"{what}: the download from {url} is damaged ({_first_line(error)}); "
+                              f"{fetch}") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+# --- timm ------------------------------------------------------------------------------------------------
+
+
+def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
+    """``<architecture>.<tag>`` of the timm weights ``name`` for the model ``model_name`` (which may carry a tag):
+    ``imagenet`` is the model name's tag or timm's default, any other name is a pretrained tag."""
+    import timm
+
+    architecture, _, tag = model_name.partition(".")
+    if not timm.is_model(architecture):
+        raise CheckpointError(f"timm has no model '{architecture}'")
+    tags = [found.partition(".")[2] for found in timm.list_pretrained(f"{architecture}.*")]
+    if not tags:
+        raise CheckpointError(f"timm has no pretrained weights for {architecture}; pass a local weights file")
+    default = timm.models.get_pretrained_cfg(architecture).tag
+    wanted = (tag or default) if name.lower() == IMAGENET else name
+    if wanted not in tags:
+        raise CheckpointError(f"unknown weights '{wanted}' for timm:{architecture}: its pretrained tags are "
+                              f"{', '.join(tags)} ({IMAGENET} or no tag: timm's default, {default}); or pass a local "
+                              "weights file")
+    if tag and wanted != tag:
+        raise CheckpointError(f"timm:{model_name} names the weights {tag}, but '{name}' was asked for: use "
+                              f"{IMAGENET}, or name the weights once")
+    return f"{architecture}.{wanted}"
+
+
+def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(pretrained_name, pretrained=True, **kwargs)``: timm's own loading from the Hugging
+    Face cache (or torch.hub's), checked first so that a missing file is one line, fast."""
+    import timm
+
+    pretrained_cfg = timm.models.get_pretrained_cfg(pretrained_name)
+    what = f"timm {pretrained_name}"
+    if pretrained_cfg.hf_hub_id:
+        _check_hub_files(pretrained_cfg.hf_hub_id, what)
+        return _create(pretrained_name, what, **kwargs)
+    with torch_hub_download(pretrained_cfg.url, what):
+        return _create(pretrained_name, what, **kwargs)
+
+
+def timm_weights(pretrained_name: str) -> NamedWeights:
+    """The state dict of a timm model with the pretrained weights ``<architecture>.<tag>``, as timm loads them
+    (its checkpoint filter applied)."""
+    model = create_timm_model(pretrained_name)
+    config = model.pretrained_cfg
+    return NamedWeights(model.state_dict(), f"timm {pretrained_name}", list(config["mean"]), list(config["std"]))
+
+
+def _create(pretrained_name: str, what: str, **kwargs: Any) -> nn.Module:
+    import timm
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        return timm.create_model(pretrained_name, pretrained=True, **kwargs)
+    except (EntryNotFoundError, HfHubHTTPError) as error:
+        raise CheckpointError(f"{what}: the Hugging Face Hub did not give its weights ({_first_line(error)})") \
+            from None
+    except RuntimeError as error:
+        raise CheckpointError(f"{what}: timm could not build it with its weights ({_first_line(error)})") from None
+
+
+def _check_hub_files(hub_id: str, what: str) -> None:
+    """Return when a weights file of ``hub_id`` is in the Hugging Face cache, or the Hub answers; else raise the
+    one-line error. One request without retries: huggingface_hub itself retries a dead network for ~45 s."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo_id, _, revision = hub_id.partition("@")
+    revision = revision or "main"
+    if any(isinstance(try_to_load_from_cache(repo_id, file, revision=revision), str) for file in HUB_FILES):
+        return
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    looked_for = folder / "snapshots" / f"<commit in refs/{revision}>" / HUB_FILES[0]
+    url = hf_hub_url(repo_id, HUB_FILES[0], revision=revision)
+    fetch = (f"on a machine with network run `hf download {repo_id} {HUB_FILES[0]}` and copy its {folder.name} "
+             f"folder into {folder.parent}, or download {url} and pass the file as a local path")
+    if offline() or constants.HF_HUB_OFFLINE:
+        raise CheckpointError(f"{what} is not in the Hugging Face cache: no file {looked_for}, and HF_HUB_OFFLINE "
+                              f"is set; {fetch}")
+    try:
+        get_hf_file_metadata(url, timeout=min(NETWORK_TIMEOUT, constants.HF_HUB_ETAG_TIMEOUT))
+    except EntryNotFoundError:
+        return  # the Hub answered; timm asks it for its other file names
+    except Exception as error:  # whatever stops the request (network, proxy, TLS, access) stops the load
+        raise CheckpointError(f"{what}: no file {looked_for}, and the Hugging Face Hub cannot be reached "
+                              f"({type(error).__name__}: {_first_line(error)}); {fetch}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
