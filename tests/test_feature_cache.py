@@ -4,13 +4,14 @@ from a stale cache, and fit/test/cache-features use it through the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, run_in_process
+from tests.conftest import CONFIGS, run_in_process, run_script
 from vision_attn.captioning.module import ShowAttendTell, feature_cache_for, fill_feature_caches
 from vision_attn.data.coco import load_caption_image
 from vision_attn.data.feature_cache import FeatureCache
@@ -171,3 +172,26 @@ def test_features_beyond_fp16s_range_are_refused_before_a_shard_is_written(tmp_p
                    lambda batch: batch * (1.0 if batch[0, 0] < 2 else 35000.0), batch_size=2)
     assert cache.missing() == [1]  # the first shard is whole; nothing of the second was written
     assert not list(cache.folder.glob("shard_00001*")) and not list(cache.folder.glob(".*.tmp"))
+
+
+def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes, tmp_path) -> None:
+    checkpoint_run = tmp_path / "run"
+    common = ["--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+              "--model.init_args.trainable_stages", "0", "--model.init_args.feature_cache", str(tmp_path / "cache"),
+              "--model.init_args.feature_cache_shard_size", "2", "--data.init_args.eval_batch_size", "1"]
+    fitted = run_in_process("fit", *common, "--trainer.default_root_dir", str(checkpoint_run),
+                            "--trainer.limit_val_batches", "0")
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
+    checkpoint = next(checkpoint_run.rglob("last.ckpt"))
+    two = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.strategy", "ddp",
+                     "--trainer.devices", "2", "--trainer.default_root_dir", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    # 6 test images in shards of 2: rank 0 fills shards 0 and 2, rank 1 shard 1; none is written twice
+    assert "rank 0 of 2 filled 2 shards (4 images) of the test feature cache" in two.stderr
+    assert "rank 1 of 2 filled 1 shards (2 images) of the test feature cache" in two.stderr
+    one = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
+                     str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "filled" not in one.stderr  # the cache the two ranks filled is whole: read, not refilled
+    results = [json.loads((tmp_path / run / "results_test.json").read_text()) for run in ("one", "two")]
+    assert results[0] == results[1] and len(results[0]) == 6

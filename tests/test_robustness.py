@@ -115,7 +115,9 @@ def test_ctrl_c_during_caption_keeps_the_finished_captions(tmp_path: Path, train
     out = tmp_path / "results.json"
     process = subprocess.Popen([console_script(), "caption", "--ckpt", str(trained_captioner["ckpt"]), str(photos),
                                 "--batch-size", "1", "--out", str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               # as from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit it
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     printed = [process.stdout.readline() for _ in range(5)]  # five captions made: interrupt
     process.send_signal(signal.SIGINT)
     rest, stderr = process.communicate(timeout=120)

@@ -181,13 +181,14 @@ def cache_features(args: Sequence[str]) -> None:
     datamodule.setup("fit")
     datamodule.setup("test")
     roles = ("train", "val", "test")
-    caches = [feature_cache_for(model.model, datamodule, role, root) for role in roles]
+    shard_size = model.hparams.get("feature_cache_shard_size", 256)
+    caches = [feature_cache_for(model.model, datamodule, role, root, shard_size=shard_size) for role in roles]
     total = sum(cache.total_bytes for cache in caches)
     print(f"feature cache: {sum(c.count for c in caches)} images x {caches[0].bytes_per_image / 1000:.1f} KB = "
           f"{total / 1e6:.1f} MB under {root} ({sum(len(c.missing()) for c in caches)} of "
           f"{sum(c.num_shards for c in caches)} shards to fill)", flush=True)
     device = cli.trainer.strategy.root_device
     model.to(device)
-    fill_feature_caches(model.model, datamodule, roles, root, device=device)
+    fill_feature_caches(model.model, datamodule, roles, root, device=device, shard_size=shard_size)
     for role, cache in zip(roles, caches, strict=True):
         print(f"{role}: {cache.count} images in {cache.folder}")

@@ -95,7 +95,8 @@ class ShowAttendTell(BaseTask):
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
         self_critical_samples: int = 5, repeat_penalty: float = 0.0, recall_reward: float = 0.0,
-        schedule_by_time: bool = False, feature_cache: str | None = None, lr: float = 4e-4,
+        schedule_by_time: bool = False, feature_cache: str | None = None,
+        feature_cache_shard_size: int = 256, lr: float = 4e-4,
         encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
@@ -280,6 +281,7 @@ class ShowAttendTell(BaseTask):
         roles = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
         datamodule = self.trainer.datamodule
         caches = fill_feature_caches(self.model, datamodule, roles, self.hparams.feature_cache,
+                                     shard_size=self.hparams.feature_cache_shard_size,
                                      rank=self.trainer.global_rank, world_size=self.trainer.world_size,
                                      device=self.device, barrier=self.trainer.strategy.barrier,
                                      progress=self.trainer.is_global_zero)
@@ -320,7 +322,8 @@ class ShowAttendTell(BaseTask):
                                   by_time=self.hparams.schedule_by_time)
 
 
-def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | Path) -> FeatureCache:
+def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | Path, *,
+                      shard_size: int = 256) -> FeatureCache:
     """The feature cache of the ``role`` split's images under ``model``'s frozen encoder part: keyed by that
     part's weights, the image size, normalisation, grid pooling, resizing and the image files themselves."""
     part = model.encoder.frozen_part()
@@ -340,17 +343,18 @@ def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | 
         "resize": "squashed to the square, bicubic", "mean": list(datamodule.mean), "std": list(datamodule.std),
         "pooled_to": list(shape[-2:]), "images": images_digest(paths),
     }
-    return FeatureCache(root, key, len(paths), shape)
+    return FeatureCache(root, key, len(paths), shape, shard_size=shard_size)
 
 
 def fill_feature_caches(model: Captioner, datamodule: Any, roles: Sequence[str], root: str | Path, *,
                         rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
-                        barrier: Callable[[], None] | None = None, progress: bool = True) -> dict[str, FeatureCache]:
+                        barrier: Callable[[], None] | None = None, progress: bool = True,
+                        shard_size: int = 256) -> dict[str, FeatureCache]:
     """Fill (this rank's share of) the cache of each split in ``roles`` and return them, all complete."""
     from tqdm.auto import tqdm
 
     part = model.encoder.frozen_part()
-    caches = {role: feature_cache_for(model, datamodule, role, root) for role in roles}
+    caches = {role: feature_cache_for(model, datamodule, role, root, shard_size=shard_size) for role in roles}
     for role, cache in caches.items():
         todo = cache.missing(rank, world_size)
         if todo and progress:
@@ -370,9 +374,12 @@ def fill_feature_caches(model: Captioner, datamodule: Any, roles: Sequence[str],
                    disable=not (todo and progress), unit="img")
         part.eval()
         with torch.no_grad():
-            cache.fill(load, encode, batch_size=getattr(datamodule, "eval_batch_size", 64), rank=rank,
-                       world_size=world_size, progress=bar.update)
+            encoded = cache.fill(load, encode, batch_size=getattr(datamodule, "eval_batch_size", 64), rank=rank,
+                                 world_size=world_size, progress=bar.update)
         bar.close()
+        if todo:
+            log.info("rank %d of %d filled %d shards (%d images) of the %s feature cache", rank, world_size,
+                     len(todo), encoded, role)
         if barrier is not None:
             barrier()  # every rank's shards are in place
         if not cache.complete:
