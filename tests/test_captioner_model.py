@@ -115,13 +115,14 @@ def test_both_loss_normalisations_by_hand() -> None:
     # −log p: caption 1 = ln 2 + ln 2 + ln 2.5; caption 2 = ln 2 + ln(4/3); padding left out
     nll = torch.tensor([2 * math.log(2) + math.log(2.5), math.log(2) + math.log(4 / 3)])
     # Σ_t α over real steps: caption 1 [1.5, 1.5] -> (1 − ·)² = [0.25, 0.25]; caption 2 [1.0, 1.0] -> [0, 0]
-    nll_paper, penalty_paper = likelihood_objective(likelihood, alphas, 1.0, "paper")
+    nll_paper, penalty_paper, scale_paper = likelihood_objective(likelihood, alphas, 1.0, "paper")
     assert torch.isclose(nll_paper, nll.sum() / 2)  # summed over each caption, averaged over captions
     assert torch.isclose(penalty_paper, torch.tensor((0.25 + 0.25) / 2 + 0.0))  # mean over L, sum over captions
-    nll_token, penalty_token = likelihood_objective(likelihood, alphas, 1.0, "token")
+    nll_token, penalty_token, scale_token = likelihood_objective(likelihood, alphas, 1.0, "token")
     assert torch.isclose(nll_token, nll.sum() / 5)  # 5 real tokens
     assert torch.isclose(penalty_token, torch.tensor((0.25 + 0.25 + 0.0) / 2))  # sum over L, mean over captions
-    assert likelihood_objective(likelihood, alphas, 0.0, "paper")[1] is None
+    assert scale_paper == 2 and scale_token == 5  # what the hard-attention surrogate's caption sum is divided by
+    assert likelihood_objective(likelihood, alphas, 0.0, "paper").penalty is None
     with pytest.raises(ValueError, match="loss_normalisation must be one of paper, token"):
         likelihood_objective(likelihood, alphas, 1.0, "sum")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import CONFIGS, run_in_process, run_script
-from vision_attn.captioning.module import ShowAttendTell, feature_cache_for, fill_feature_caches
+from vision_attn.captioning.module import ShowAttendTell, feature_caches, fill_feature_caches
 from vision_attn.data.coco import load_caption_image
 from vision_attn.data.feature_cache import FeatureCache
 from vision_attn.datamodules import CocoCaptionsDataModule
@@ -39,7 +39,8 @@ def data_and_model(scenes: Path, cache: Path, trainable_stages: int, **data) -> 
 def test_cached_features_are_what_the_frozen_encoder_computes(scenes, tmp_path, trainable_stages) -> None:
     datamodule, module = data_and_model(scenes, tmp_path / "cache", trainable_stages)
     encoder = module.model.encoder.eval()
-    [cache] = fill_feature_caches(module.model, datamodule, ["train"], tmp_path / "cache", progress=False).values()
+    caches = feature_caches(module.model, datamodule, ["train"], tmp_path / "cache")
+    [cache] = fill_feature_caches(module.model, datamodule, caches, progress=False).values()
     records = datamodule.records("train")
     images = datamodule.normalize(torch.stack([load_caption_image(r.path, 96) for r in records]))
     with torch.no_grad():
@@ -107,22 +108,22 @@ def test_ranks_fill_disjoint_shards_and_together_complete_the_cache(tmp_path) ->
 
 def test_a_changed_setting_or_image_never_reads_the_old_cache(scenes, tmp_path) -> None:
     datamodule, module = data_and_model(scenes, tmp_path, 0)
-    first = feature_cache_for(module.model, datamodule, "val", tmp_path)
+    first = feature_caches(module.model, datamodule, ["val"], tmp_path)["val"]
     other_size, _ = data_and_model(scenes, tmp_path, 0, image_size=64)
     other_std, _ = data_and_model(scenes, tmp_path, 0, std=[0.5, 0.5, 0.5])
-    assert feature_cache_for(module.model, other_size, "val", tmp_path).folder != first.folder
-    assert feature_cache_for(module.model, other_std, "val", tmp_path).folder != first.folder
+    assert feature_caches(module.model, other_size, ["val"], tmp_path)["val"].folder != first.folder
+    assert feature_caches(module.model, other_std, ["val"], tmp_path)["val"].folder != first.folder
     with torch.no_grad():
         module.model.encoder.trunk[0][0].weight[0, 0, 0, 0] += 1e-3  # other weights
-    assert feature_cache_for(module.model, datamodule, "val", tmp_path).folder != first.folder
+    assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder != first.folder
     with torch.no_grad():
         module.model.encoder.trunk[0][0].weight[0, 0, 0, 0] -= 1e-3
-    assert feature_cache_for(module.model, datamodule, "val", tmp_path).folder == first.folder
+    assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder == first.folder
     image = datamodule.records("val")[0].path
     stat = image.stat()
     os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # an image rewritten since
     try:
-        assert feature_cache_for(module.model, datamodule, "val", tmp_path).folder != first.folder
+        assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder != first.folder
     finally:
         os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     # a folder whose key.json disagrees with its name (edited, or another format) is emptied, not read
@@ -195,3 +196,20 @@ def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes
     assert "filled" not in one.stderr  # the cache the two ranks filled is whole: read, not refilled
     results = [json.loads((tmp_path / run / "results_test.json").read_text()) for run in ("one", "two")]
     assert results[0] == results[1] and len(results[0]) == 6
+
+
+@pytest.mark.parametrize("bad", ["a_file", "under_a_file", "shard_size_0"])
+def test_a_bad_cache_folder_or_shard_size_is_one_line_before_any_work(scenes, tmp_path, bad) -> None:
+    (tmp_path / "a_file").write_text("x")
+    folder = {"a_file": tmp_path / "a_file", "under_a_file": tmp_path / "a_file" / "cache",
+              "shard_size_0": tmp_path / "cache"}[bad]
+    result = run_in_process("cache-features", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+                            "--data.init_args.root", str(scenes), "--model.init_args.trainable_stages", "0",
+                            "--model.init_args.feature_cache", str(folder),
+                            "--model.init_args.feature_cache_shard_size", "0" if bad == "shard_size_0" else "4")
+    assert result.returncode == 2
+    expected = {"a_file": f"error: {folder}: is a file, not a folder to write into",
+                "under_a_file": f"error: {folder}: cannot be written, {tmp_path / 'a_file'} is a file, not a folder",
+                "shard_size_0": "error: feature_cache_shard_size must be at least 1, got 0"}[bad]
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert (tmp_path / "a_file").read_text() == "x" and not (tmp_path / "cache").exists()

@@ -176,19 +176,17 @@ def cache_features(args: Sequence[str]) -> None:
     if not root:
         raise ValueError("cache-features: the config sets no model.init_args.feature_cache folder (and a "
                          "frozen encoder, trainable_stages); nothing to cache")
-    from vision_attn.captioning.module import feature_cache_for, fill_feature_caches
+    from vision_attn.captioning.module import feature_caches, fill_feature_caches
 
-    datamodule.setup("fit")
-    datamodule.setup("test")
-    roles = ("train", "val", "test")
-    shard_size = model.hparams.get("feature_cache_shard_size", 256)
-    caches = [feature_cache_for(model.model, datamodule, role, root, shard_size=shard_size) for role in roles]
-    total = sum(cache.total_bytes for cache in caches)
-    print(f"feature cache: {sum(c.count for c in caches)} images x {caches[0].bytes_per_image / 1000:.1f} KB = "
-          f"{total / 1e6:.1f} MB under {root} ({sum(len(c.missing()) for c in caches)} of "
-          f"{sum(c.num_shards for c in caches)} shards to fill)", flush=True)
+    caches = feature_caches(model.model, datamodule, ("train", "val", "test"), root,
+                            shard_size=model.hparams.get("feature_cache_shard_size", 256))
+    total = sum(cache.total_bytes for cache in caches.values())
+    first = next(iter(caches.values()))
+    print(f"feature cache: {sum(c.count for c in caches.values())} images x {first.bytes_per_image / 1000:.1f} KB = "
+          f"{total / 1e6:.1f} MB under {root} ({sum(len(c.missing()) for c in caches.values())} of "
+          f"{sum(c.num_shards for c in caches.values())} shards to fill)", flush=True)
     device = cli.trainer.strategy.root_device
     model.to(device)
-    fill_feature_caches(model.model, datamodule, roles, root, device=device, shard_size=shard_size)
-    for role, cache in zip(roles, caches, strict=True):
+    fill_feature_caches(model.model, datamodule, caches, device=device)
+    for role, cache in caches.items():
         print(f"{role}: {cache.count} images in {cache.folder}")

@@ -240,7 +240,7 @@ class AnnotationEncoder(nn.Module):
         is what ``frozen_part`` made of the images (a feature cache), and only the rest of the encoder runs."""
         if self.cached_input:
             stages, frozen = self._stages(), len(self.frozen_stages)
-            features = images.to(self.pool_dtype())
+            features = images.to(next(self.parameters()).dtype)  # fp16 from the cache -> the weights' dtype
             if frozen < len(stages):
                 for stage in stages[frozen:]:
                     features = stage(features)
@@ -249,9 +249,6 @@ class AnnotationEncoder(nn.Module):
             features = self.pool(self.trunk(images))  # (B, D, Gh, Gw)
         grid = (features.shape[-2], features.shape[-1])
         return features.flatten(2).transpose(1, 2), grid  # (B, D, Gh·Gw) -> (B, L, D)
-
-    def pool_dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
 
     @torch.no_grad()
     def grid_for(self, image_size: int) -> tuple[int, int]:

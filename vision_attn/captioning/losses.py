@@ -54,8 +54,22 @@ LossNormalisation = Literal["paper", "token"]
 LOSS_NORMALISATIONS = ("paper", "token")
 
 
+class LikelihoodObjective(NamedTuple):
+    """The likelihood term, the doubly stochastic penalty (before λ; None when λ = 0), and ``caption_scale``, what
+    a sum over the batch's captions is divided by at this normalisation (the captions, or the tokens)."""
+
+    nll: Tensor
+    penalty: Tensor | None
+    caption_scale: Tensor | int
+
+
+def check_loss_normalisation(normalisation: str) -> None:
+    if normalisation not in LOSS_NORMALISATIONS:
+        raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, got {normalisation!r}")
+
+
 def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_stochastic_weight: float,
-                         normalisation: LossNormalisation = "paper") -> tuple[Tensor, Tensor | None]:
+                         normalisation: LossNormalisation = "paper") -> LikelihoodObjective:
     """The negative log-likelihood term and the doubly stochastic penalty (eq. 14, before λ; None when λ = 0).
 
     ``paper``, the scale of the authors' code (arctic-captions, ``capgen.py``), where λ is ``alpha_c``::
@@ -70,15 +84,15 @@ def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_sto
     over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 and ~12 words is ~170 per
     caption against an NLL of ~2.5 per token.
     """
-    if normalisation not in LOSS_NORMALISATIONS:
-        raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, got {normalisation!r}")
+    check_loss_normalisation(normalisation)
     paper = normalisation == "paper"
+    scale = len(likelihood.per_caption) if paper else likelihood.tokens
     nll = likelihood.per_caption.mean() if paper else likelihood.loss
     if not doubly_stochastic_weight:
-        return nll, None
+        return LikelihoodObjective(nll, None, scale)
     shortfall = attention_shortfall(alphas, likelihood.mask)  # (B, L)
     penalty = shortfall.mean(dim=1).sum() if paper else shortfall.sum(dim=1).mean()
-    return nll, penalty
+    return LikelihoodObjective(nll, penalty, scale)
 
 
 def reinforce_surrogate(

@@ -20,8 +20,8 @@ from vision_attn.captioning.beam_search import sample_captions
 from vision_attn.captioning.decoder import AttentionMode
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, reference_reward, score_records
 from vision_attn.captioning.losses import (
-    LOSS_NORMALISATIONS,
     LossNormalisation,
+    check_loss_normalisation,
     check_self_critical_options,
     concept_loss,
     concept_targets,
@@ -39,6 +39,7 @@ from vision_attn.data.feature_cache import FeatureCache, images_digest, tensors_
 from vision_attn.data.images import load_or_skip
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, word_ids
 from vision_attn.errors import CheckpointError
+from vision_attn.io import output_folder
 from vision_attn.metrics import CiderD
 from vision_attn.results import write_results
 from vision_attn.task import BaseTask
@@ -112,9 +113,11 @@ class ShowAttendTell(BaseTask):
         if feature_cache and self.model.encoder.frozen_part() is None:
             raise ValueError("feature_cache needs a frozen encoder, whose output never changes: set "
                              "trainable_stages to 0 (all frozen) or to fewer stages than the trunk has")
-        if loss_normalisation not in LOSS_NORMALISATIONS:
-            raise ValueError(f"loss_normalisation must be one of {', '.join(LOSS_NORMALISATIONS)}, "
-                             f"got {loss_normalisation!r}")
+        if feature_cache:
+            output_folder(feature_cache)  # not a file, not under one: refused here, before any work
+        if feature_cache_shard_size < 1:
+            raise ValueError(f"feature_cache_shard_size must be at least 1, got {feature_cache_shard_size}")
+        check_loss_normalisation(loss_normalisation)
         for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty),
                             ("recall_reward", recall_reward)):
             if value < 0:
@@ -137,20 +140,19 @@ class ShowAttendTell(BaseTask):
         annotations, _ = self.model.encoder(images)
         output = self.model.teacher_forced(annotations, captions, caption_images)
         likelihood = token_likelihood(output.logits, captions)
-        nll, penalty = likelihood_objective(likelihood, output.alphas, self.hparams.doubly_stochastic_weight,
-                                            self.hparams.loss_normalisation)
-        loss = nll + self._concept_loss(annotations, captions, caption_images, stage)
-        if penalty is not None:
-            loss = loss + self.hparams.doubly_stochastic_weight * penalty  # + λ Σ_i (1 − Σ_t α_ti)², normalised
-            self.log(f"{stage}/ds_penalty", penalty, batch_size=len(captions))
+        objective = likelihood_objective(likelihood, output.alphas, self.hparams.doubly_stochastic_weight,
+                                         self.hparams.loss_normalisation)
+        loss = objective.nll + self._concept_loss(annotations, captions, caption_images, stage)
+        if objective.penalty is not None:  # + λ Σ_i (1 − Σ_t α_ti)², normalised
+            loss = loss + self.hparams.doubly_stochastic_weight * objective.penalty
+            self.log(f"{stage}/ds_penalty", objective.penalty, batch_size=len(captions))
         if output.location_log_probs is not None:
             surrogate = reinforce_surrogate(
                 -likelihood.per_caption, output.location_log_probs, output.location_entropy, likelihood.mask,
                 baseline=float(self.reward_baseline), reinforce_weight=self.hparams.reinforce_weight,
                 entropy_weight=self.hparams.entropy_weight,
             )
-            per = len(captions) if self.hparams.loss_normalisation == "paper" else likelihood.tokens  # as the NLL
-            loss = loss - surrogate.sum() / per
+            loss = loss - surrogate.sum() / objective.caption_scale  # summed over captions, scaled as the NLL
             decay = self.hparams.baseline_decay  # b ← decay·b + (1 − decay)·log p(y | s, a)
             self.reward_baseline.mul_(decay).add_((1 - decay) * -likelihood.per_caption.detach().mean())
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
@@ -280,11 +282,11 @@ class ShowAttendTell(BaseTask):
             return
         roles = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
         datamodule = self.trainer.datamodule
-        caches = fill_feature_caches(self.model, datamodule, roles, self.hparams.feature_cache,
-                                     shard_size=self.hparams.feature_cache_shard_size,
-                                     rank=self.trainer.global_rank, world_size=self.trainer.world_size,
-                                     device=self.device, barrier=self.trainer.strategy.barrier,
-                                     progress=self.trainer.is_global_zero)
+        caches = feature_caches(self.model, datamodule, roles, self.hparams.feature_cache,
+                                shard_size=self.hparams.feature_cache_shard_size)
+        fill_feature_caches(self.model, datamodule, caches, rank=self.trainer.global_rank,
+                            world_size=self.trainer.world_size, device=self.device,
+                            barrier=self.trainer.strategy.barrier, progress=self.trainer.is_global_zero)
         for role, cache in caches.items():
             datamodule.use_feature_cache(role, cache)
         self.model.encoder.cached_input = bool(caches)
@@ -322,15 +324,14 @@ class ShowAttendTell(BaseTask):
                                   by_time=self.hparams.schedule_by_time)
 
 
-def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | Path, *,
-                      shard_size: int = 256) -> FeatureCache:
-    """The feature cache of the ``role`` split's images under ``model``'s frozen encoder part: keyed by that
-    part's weights, the image size, normalisation, grid pooling, resizing and the image files themselves."""
+def feature_caches(model: Captioner, datamodule: Any, roles: Sequence[str], root: str | Path, *,
+                   shard_size: int = 256) -> dict[str, FeatureCache]:
+    """The feature cache of each ``role`` split's images under ``model``'s frozen encoder part: keyed by that
+    part's weights, the image size, normalisation, grid pooling, resizing and the image files themselves. The
+    part's output shape and weights digest are computed once for all the splits."""
     part = model.encoder.frozen_part()
     if part is None:
         raise ValueError("feature_cache needs a frozen encoder: set trainable_stages")
-    records = datamodule.records(role)
-    paths = [record.path for record in records]
     device = next(model.parameters()).device
     was_training = part.training
     part.eval()
@@ -341,20 +342,24 @@ def feature_cache_for(model: Captioner, datamodule: Any, role: str, root: str | 
         "backbone": model.encoder.backbone_name, "frozen_stages": len(model.encoder.frozen_stages),
         "weights": tensors_digest(sorted(part.state_dict().items())), "image_size": datamodule.image_size,
         "resize": "squashed to the square, bicubic", "mean": list(datamodule.mean), "std": list(datamodule.std),
-        "pooled_to": list(shape[-2:]), "images": images_digest(paths),
+        "pooled_to": list(shape[-2:]),
     }
-    return FeatureCache(root, key, len(paths), shape, shard_size=shard_size)
+    caches = {}
+    for role in roles:
+        paths = [record.path for record in datamodule.records(role)]
+        caches[role] = FeatureCache(root, {**key, "images": images_digest(paths)}, len(paths), shape,
+                                    shard_size=shard_size)
+    return caches
 
 
-def fill_feature_caches(model: Captioner, datamodule: Any, roles: Sequence[str], root: str | Path, *,
-                        rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
-                        barrier: Callable[[], None] | None = None, progress: bool = True,
-                        shard_size: int = 256) -> dict[str, FeatureCache]:
-    """Fill (this rank's share of) the cache of each split in ``roles`` and return them, all complete."""
+def fill_feature_caches(model: Captioner, datamodule: Any, caches: dict[str, FeatureCache], *, rank: int = 0,
+                        world_size: int = 1, device: torch.device | str = "cpu",
+                        barrier: Callable[[], None] | None = None, progress: bool = True) -> dict[str, FeatureCache]:
+    """Fill (this rank's share of) each split's cache in ``caches`` (``feature_caches``) and return them, all
+    complete."""
     from tqdm.auto import tqdm
 
     part = model.encoder.frozen_part()
-    caches = {role: feature_cache_for(model, datamodule, role, root, shard_size=shard_size) for role in roles}
     for role, cache in caches.items():
         todo = cache.missing(rank, world_size)
         if todo and progress:

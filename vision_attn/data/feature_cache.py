@@ -114,11 +114,13 @@ class FeatureCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         key_file = self.folder / "key.json"
         text = json.dumps(self.key, sort_keys=True, indent=1)
-        if key_file.is_file() and key_file.read_text(encoding="utf-8") != text:
+        found = key_file.read_text(encoding="utf-8") if key_file.is_file() else None
+        if found == text:
+            return
+        if found is not None:
             for stale in self.folder.glob("shard_*"):
                 stale.unlink()
-        if not key_file.is_file() or key_file.read_text(encoding="utf-8") != text:
-            _write_atomically(key_file, lambda handle: handle.write(text.encode()))
+        _write_atomically(key_file, lambda handle: handle.write(text.encode()))
 
     def write_shard(self, shard: int, features: np.ndarray, valid: np.ndarray) -> None:
         rows = len(self.shard_rows(shard))
