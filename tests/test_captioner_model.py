@@ -29,10 +29,15 @@ PAD, START, END = 0, 1, 2
 
 
 def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft",
-                 coverage: bool = False) -> AttentionDecoder:
+                 coverage: bool = False, attend_with_word: bool = False) -> AttentionDecoder:
     torch.manual_seed(0)
     return AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
-                            attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage)
+                            attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage,
+                            attend_with_word=attend_with_word)
+
+
+# the attention's inputs: h_{t-1} alone (the paper), with its coverage, and with coverage and the last word
+QUERIES = [(False, False), (True, False), (True, True)]
 
 
 def captions_batch() -> torch.Tensor:
@@ -64,9 +69,9 @@ def test_initial_state_is_tanh_of_the_mean_annotation() -> None:
     assert torch.allclose(state.hidden, expected)
 
 
-@pytest.mark.parametrize("coverage", [False, True])
-def test_teacher_forcing_equals_step_by_step_decoding(coverage: bool) -> None:
-    decoder = tiny_decoder(coverage=coverage).eval()
+@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
+def test_teacher_forcing_equals_step_by_step_decoding(coverage: bool, with_word: bool) -> None:
+    decoder = tiny_decoder(coverage=coverage, attend_with_word=with_word).eval()
     annotations, captions = torch.randn(2, 9, 8), captions_batch()
     output = decoder(annotations, captions)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
@@ -94,6 +99,27 @@ def test_coverage_changes_where_the_decoder_looks_and_is_trained() -> None:
     assert decoder.attention.coverage_proj.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="pass c_t"):
         decoder.attention(image.projected, state.hidden)
+
+
+def test_attention_reads_the_last_word_when_asked_and_learns_from_it() -> None:
+    """e_ti = w·tanh(W_a a_i + W_h h + W_y E y_{t-1}): the same state attends differently after different words,
+    W_y receives a gradient, and an attention built to read the word refuses to run without it."""
+    decoder = tiny_decoder(coverage=True, attend_with_word=True)
+    nn.init.normal_(decoder.attention.word_proj.weight, std=3.0)
+    annotations = torch.randn(1, 9, 8)
+    image, state = decoder.encode(annotations), decoder.initial_state(annotations)
+    after = [decoder.context(image, state, word=decoder.embedding(torch.tensor([w]))).alpha for w in (5, 6)]
+    assert not torch.allclose(after[0], after[1])
+    x = image.projected.unsqueeze(1) + (decoder.attention.query_proj(state.hidden)
+                                        + decoder.attention.word_proj(decoder.embedding(torch.tensor([5])))
+                                        ).view(1, 1, 1, -1)  # coverage is 0 at the first step
+    expected = decoder.attention.score(torch.tanh(x)).squeeze(-1).view(1, 9).softmax(-1)
+    torch.testing.assert_close(after[0], expected, atol=1e-6, rtol=1e-5)
+    decoder(annotations, captions_batch()[:1]).logits.sum().backward()
+    assert decoder.attention.word_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="E y_"):
+        decoder.context(image, state)
+    assert tiny_decoder().attention.word_proj is None  # the paper's attention reads h_{t-1} only
 
 
 def test_doubly_stochastic_penalty_by_hand() -> None:
@@ -146,11 +172,12 @@ def _sequence_log_prob(decoder: AttentionDecoder, annotations: torch.Tensor, wor
     return float(logits[torch.arange(len(words) + 1), captions[0, 1:]].sum())
 
 
-@pytest.mark.parametrize("coverage", [False, True])
-def test_beam_search_equals_exhaustive_search_on_a_tiny_model(coverage: bool) -> None:
-    """With coverage too: the beams' coverage must be reordered with their hidden states."""
+@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
+def test_beam_search_equals_exhaustive_search_on_a_tiny_model(coverage: bool, with_word: bool) -> None:
+    """With coverage too: the beams' coverage must be reordered with their hidden states; with the last word,
+    each beam's own word must reach its attention."""
     vocab_size, max_length = 6, 3  # words 3, 4, 5 (3 plays <unk>); <pad> <start> are never emitted
-    decoder = tiny_decoder(vocab_size=vocab_size, coverage=coverage).eval()
+    decoder = tiny_decoder(vocab_size=vocab_size, coverage=coverage, attend_with_word=with_word).eval()
     if coverage:
         nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
     annotations = torch.randn(2, 9, 8)
@@ -182,9 +209,9 @@ def test_beam_returns_alpha_and_beta_per_emitted_word_and_respects_max_length() 
                 assert torch.allclose(h.alphas.sum(-1), torch.ones(len(h.tokens)), atol=1e-5)
 
 
-@pytest.mark.parametrize("coverage", [False, True])
-def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(coverage: bool) -> None:
-    decoder = tiny_decoder(coverage=coverage).eval()
+@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
+def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(coverage: bool, with_word: bool) -> None:
+    decoder = tiny_decoder(coverage=coverage, attend_with_word=with_word).eval()
     annotations = torch.randn(4, 9, 8)
     greedy = greedy_decode(decoder, annotations, start_id=START, end_id=END, max_length=6)
     batched = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6)

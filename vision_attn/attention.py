@@ -78,14 +78,20 @@ class AdditiveAttention(nn.Module):
     With ``coverage`` the score also reads how much attention each location has had so far,
     e_ti = w·tanh(W_a a_i + W_h h + w_c c_ti) with c_t = Σ_{s<t} α_s (Tu et al. 2016, See et al. 2017), so the
     decoder can tell the objects it has described from the ones it has not.
+
+    With ``word_dim`` the query also reads the word just emitted, e_ti = w·tanh(W_a a_i + W_h h + W_y E y_{t-1}):
+    the attention then knows what the decoder has just said of the object it is describing (as the attention
+    of Anderson et al. 2018 is queried by an LSTM that has read the previous word).
     """
 
-    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, coverage: bool = False) -> None:
+    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, coverage: bool = False,
+                 word_dim: int = 0) -> None:
         super().__init__()
         self.annotation_proj = nn.Linear(annotation_dim, attention_dim)  # W_a
         self.query_proj = nn.Linear(query_dim, attention_dim)  # W_h
         self.score = nn.Linear(attention_dim, 1)  # w
         self.coverage_proj = nn.Linear(1, attention_dim, bias=False) if coverage else None  # w_c
+        self.word_proj = nn.Linear(word_dim, attention_dim, bias=False) if word_dim else None  # W_y
 
     def project_annotations(self, annotations: Tensor) -> Tensor:
         """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
@@ -109,17 +115,24 @@ class AdditiveAttention(nn.Module):
         weight, bias = self.score.weight, self.score.bias  # w (1, A), b (1,)
         return F.linear(x, 2.0 * weight, bias - weight.sum()).squeeze(-1)
 
-    def forward(self, projected_annotations: Tensor, query: Tensor, coverage: Tensor | None = None) -> Tensor:
+    def forward(self, projected_annotations: Tensor, query: Tensor, coverage: Tensor | None = None,
+                word: Tensor | None = None) -> Tensor:
         """α over the L locations, (B·r, L), for r queries per image (B·r, Q), e.g. the r beams of a search.
 
         ``projected_annotations`` is (B, L, A) and is shared by the r queries of each image, never copied;
-        query row n belongs to image n // r. ``coverage`` (B·r, L) is c_t, needed when built with coverage.
+        query row n belongs to image n // r. ``coverage`` (B·r, L) is c_t, needed when built with coverage;
+        ``word`` (B·r, E) is E y_{t-1}, needed when built with ``word_dim``.
         """
         batch, locations, width = projected_annotations.shape
         if query.shape[0] % batch:
             raise ValueError(f"{query.shape[0]} queries for {batch} images: expected a multiple")
         per_image = query.shape[0] // batch
-        projected_query = self.query_proj(query).view(batch, per_image, 1, width)  # W_h h, (B, r, 1, A)
+        projected_query = self.query_proj(query)  # W_h h, (B·r, A)
+        if self.word_proj is not None:
+            if word is None:
+                raise ValueError("this attention reads the word just emitted: pass E y_{t-1}")
+            projected_query = projected_query + self.word_proj(word)  # W_h h + W_y E y_{t-1}
+        projected_query = projected_query.view(batch, per_image, 1, width)  # (B·r, A) -> (B, r, 1, A)
         projected_annotations = projected_annotations.unsqueeze(1)  # W_a a, (B, 1, L, A)
         if self.coverage_proj is not None:
             if coverage is None:

@@ -32,6 +32,8 @@ LINKED_FROM_DATA = {
     "std": "std",
     "image_size": "image_size",
     "vocab_tokens": "vocabulary",
+    "object_classes": "object_classes",
+    "object_colours": "object_colours",
 }
 NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 arithmetic

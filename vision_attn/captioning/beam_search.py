@@ -135,6 +135,7 @@ class SampledCaptions:
     tokens: Tensor  # (N, T) word ids, <end> included, <pad> after it
     log_probs: Tensor  # (N, T) log p(y_t | y_<t, a) of each drawn word; differentiable
     mask: Tensor  # (N, T) 1 for the words and <end>, 0 for the padding after <end>
+    alphas: Tensor | None = None  # (N, T, L) α_t of each drawn word; differentiable
 
 
 def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image: int, start_id: int, end_id: int,
@@ -155,7 +156,7 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
     rows = annotations.shape[0] * per_image
     words = torch.full((rows,), start_id, dtype=torch.long, device=annotations.device)
     finished = torch.zeros(rows, dtype=torch.bool, device=annotations.device)
-    tokens, log_probs, masks = [], [], []
+    tokens, log_probs, masks, alphas = [], [], [], []
     never = torch.tensor([start_id, pad_id], device=annotations.device)
     for t in range(max_length + 1):
         logits, alpha, _, state, location = decoder.step(words, image, state, sample=hard)
@@ -171,8 +172,9 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
         if location is not None:  # + log p(s_t | a)
             step_log_prob = step_log_prob + alpha.gather(1, location.unsqueeze(1)).squeeze(1).clamp_min(1e-12).log()
         log_probs.append(step_log_prob)
+        alphas.append(alpha)
         finished = finished | (drawn == end_id)
         if finished.all():
             break
     mask = torch.stack(masks, 1).to(annotations.dtype)
-    return SampledCaptions(torch.stack(tokens, 1), torch.stack(log_probs, 1) * mask, mask)
+    return SampledCaptions(torch.stack(tokens, 1), torch.stack(log_probs, 1) * mask, mask, torch.stack(alphas, 1))

@@ -94,6 +94,7 @@ class AttentionDecoder(nn.Module):
         hard_expectation_prob: float = 0.5,
         initial_gate: float = 0.5,
         coverage: bool = False,
+        attend_with_word: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < initial_gate < 1.0:
@@ -103,7 +104,8 @@ class AttentionDecoder(nn.Module):
         self.attention_mode = attention_mode
         self.hard_expectation_prob = hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
-        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim, coverage=coverage)
+        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim, coverage=coverage,
+                                           word_dim=embed_dim if attend_with_word else 0)
         self.gate = nn.Linear(hidden_dim, 1)  # w_β
         # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
         nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(initial_gate)).item())
@@ -131,14 +133,16 @@ class AttentionDecoder(nn.Module):
             coverage = annotations.new_zeros(hidden.shape[0], annotations.shape[1])
         return DecoderState(hidden, cell, coverage)
 
-    def context(self, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> AttendedContext:
+    def context(self, image: EncodedImage, state: DecoderState, *, sample: bool = False,
+                word: Tensor | None = None) -> AttendedContext:
         """The gated context vector z_t (B', D) with its attention, and s_t when hard attention samples.
 
         The state may hold r rows per image (B' = B·r, rows of one image adjacent, as the beams of a
-        search): all r attend the image's one copy of the annotations.
+        search): all r attend the image's one copy of the annotations. ``word`` is E y_{t-1} (B', m), which
+        the attention reads when built with ``attend_with_word``.
         """
-        # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1} [+ w_c c_ti]))
-        alpha = self.attention(image.projected, state.hidden, state.coverage)
+        # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1} [+ w_c c_ti] [+ W_y E y_{t-1}]))
+        alpha = self.attention(image.projected, state.hidden, state.coverage, word)
         beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
         location = None
         if self.attention_mode == "hard" and sample:
@@ -167,7 +171,7 @@ class AttentionDecoder(nn.Module):
     def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:
         """One decoding step from the previous words (B,); ``sample``: hard attention draws s_t ~ α_t."""
         embedded = self.embedding(word)
-        attended = self.context(image, state, sample=sample)
+        attended = self.context(image, state, sample=sample, word=embedded)
         state = self.recur(embedded, attended.context, state, attended.alpha)
         return DecoderStep(self.deep_output(embedded, state.hidden, attended.context), attended.alpha, attended.beta,
                            state, attended.location)
@@ -190,7 +194,7 @@ class AttentionDecoder(nn.Module):
             sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
         hiddens, contexts, alphas, betas, locations = [], [], [], [], []
         for t in range(inputs.shape[1]):
-            attended = self.context(image, state, sample=sample)
+            attended = self.context(image, state, sample=sample, word=embedded[:, t])
             state = self.recur(embedded[:, t], attended.context, state, attended.alpha)
             hiddens.append(state.hidden)
             contexts.append(attended.context)

@@ -146,6 +146,94 @@ def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Te
     return per_word[:, keep].mean()
 
 
+def box_cell_weights(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
+    """The share of each box's area that falls in each cell of a Gh×Gw grid laid over the image: boxes (..., 4) as
+    [x0, y0, x1, y1] fractions of the image's width and height -> (..., Gh·Gw), each row summing to 1 (a box
+    with no area gets the cell of its corner)."""
+    grid_h, grid_w = grid
+    edges_x = torch.linspace(0, 1, grid_w + 1, device=boxes.device, dtype=boxes.dtype)
+    edges_y = torch.linspace(0, 1, grid_h + 1, device=boxes.device, dtype=boxes.dtype)
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    # overlap of [x0, x1] with each column [e_j, e_j+1], (..., Gw); of [y0, y1] with each row, (..., Gh)
+    across = (torch.minimum(edges_x[1:], x1.unsqueeze(-1)) - torch.maximum(edges_x[:-1], x0.unsqueeze(-1)))
+    down = (torch.minimum(edges_y[1:], y1.unsqueeze(-1)) - torch.maximum(edges_y[:-1], y0.unsqueeze(-1)))
+    cells = (down.clamp_min(0).unsqueeze(-1) * across.clamp_min(0).unsqueeze(-2)).flatten(-2)  # (..., Gh·Gw)
+    total = cells.sum(-1, keepdim=True)
+    corner = (y0.clamp(0, 1 - 1e-6) * grid_h).long() * grid_w + (x0.clamp(0, 1 - 1e-6) * grid_w).long()
+    empty = F.one_hot(corner, grid_h * grid_w).to(cells.dtype)
+    return torch.where(total > 0, cells / total.clamp_min(1e-12), empty)
+
+
+class ObjectLoss(NamedTuple):
+    """The object loss (its class term plus its colour term) and the class accuracy, over the batch's objects."""
+
+    loss: Tensor
+    accuracy: Tensor
+    objects: int
+
+
+def object_loss(annotations: Tensor, grid: tuple[int, int], objects: Tensor, class_head: torch.nn.Module,
+                colour_head: torch.nn.Module | None = None) -> ObjectLoss:
+    """Each object's class (and colour) from the annotation vectors under its box: with w_ki the share of object
+    k's box in cell i, a_k = Σ_i w_ki a_i, and the loss is the cross-entropy of softmax(W a_k + b) against its
+    class, plus that of its colour where it has one (as an object detector's region features are trained,
+    Anderson et al. 2018, on the boxes the training split holds).
+
+    ``annotations`` (B, L, D) over ``grid``; ``objects`` (B, K, 6) rows [class, colour, x0, y0, x1, y1] with
+    class −1 for padding and colour −1 where unknown (``data.coco.ObjectTargets``)."""
+    classes, colours = objects[..., 0].long(), objects[..., 1].long()  # (B, K)
+    present = classes >= 0
+    if not present.any():
+        zero = annotations.sum() * 0.0
+        return ObjectLoss(zero, zero.detach(), 0)
+    weights = box_cell_weights(objects[..., 2:].to(annotations.dtype), grid)  # (B, K, L)
+    pooled = torch.bmm(weights, annotations)[present]  # a_k = Σ_i w_ki a_i, (B, K, D) -> (N, D)
+    class_logits = class_head(pooled)
+    loss = F.cross_entropy(class_logits.float(), classes[present])
+    accuracy = (class_logits.argmax(-1) == classes[present]).float().mean()
+    coloured = colours[present] >= 0
+    if colour_head is not None and coloured.any():
+        loss = loss + F.cross_entropy(colour_head(pooled[coloured]).float(), colours[present][coloured])
+    return ObjectLoss(loss, accuracy, int(present.sum()))
+
+
+def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], class_word_ids: Tensor,
+                      colour_word_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Where each word that names an object should look: its object's box as cell weights. A word names object k
+    when it is k's class word, or k's colour word just before that class word ("a *red* *sneaker*").
+
+    ``tokens`` (N, T) are the words emitted at each step (``captions[:, 1:]`` in teacher forcing); ``objects``
+    (N, K, 6) the object rows of each caption's image (``data.coco.ObjectTargets``, class −1 for padding);
+    ``class_word_ids`` (C,) the vocabulary id of each object class's word (−1: not one word of the vocabulary);
+    ``colour_word_ids`` likewise per colour. Returns the target weights (N, T, L) and the mask of the words that
+    name an object (N, T)."""
+    classes, colours = objects[..., 0].long(), objects[..., 1].long()  # (N, K)
+    present = classes >= 0
+    object_words = torch.where(present, class_word_ids[classes.clamp_min(0)], -1)  # (N, K); −1 never matches
+    named = (tokens.unsqueeze(-1) == object_words.unsqueeze(1)) & (object_words.unsqueeze(1) >= 0)  # (N, T, K)
+    if colour_word_ids is not None and len(colour_word_ids):
+        colour_words = torch.where(present & (colours >= 0), colour_word_ids[colours.clamp_min(0)], -1)  # (N, K)
+        before = torch.zeros_like(named)
+        before[:, :-1] = named[:, 1:]  # the step before a class word of object k ...
+        said = (tokens.unsqueeze(-1) == colour_words.unsqueeze(1)) & (colour_words.unsqueeze(1) >= 0)
+        named = named | (before & said)  # ... that says k's colour
+    weights = box_cell_weights(objects[..., 2:], grid) * present.unsqueeze(-1)  # (N, K, L)
+    target = torch.bmm(named.to(weights.dtype), weights)  # (N, T, L)
+    mask = named.any(-1)
+    return target / target.sum(-1, keepdim=True).clamp_min(1e-12), mask
+
+
+def grounding_loss(alphas: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """Supervised attention (Liu et al. 2017, "Attention correctness"): at each step whose word names an object,
+    the cross-entropy −Σ_i w_ti log α_ti of α_t against that object's box weights w_t, averaged over those steps.
+    The attention then covers the object it names, so the context z_t reads the whole object."""
+    steps = mask.sum()
+    if not steps:
+        return alphas.sum() * 0.0
+    cross_entropy = -(target * alphas.float().clamp_min(1e-12).log()).sum(-1)  # (N, T)
+    return (cross_entropy * mask).sum() / steps
+
+
 def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
     """How often the candidate repeats a word more than any reference does: Σ_w max(0, c(w) − max(1, max_r
     c_r(w))). A word used once never counts. "a coat next to a bag and a bag" against references with two "a"s

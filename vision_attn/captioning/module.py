@@ -27,7 +27,10 @@ from vision_attn.captioning.losses import (
     concept_targets,
     consensus_recall,
     excess_words,
+    grounding_loss,
+    grounding_targets,
     likelihood_objective,
+    object_loss,
     reinforce_surrogate,
     self_critical_loss,
     token_likelihood,
@@ -91,8 +94,11 @@ class ShowAttendTell(BaseTask):
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
+        attend_with_word: bool = False,
         doubly_stochastic_weight: float = 0.0, loss_normalisation: LossNormalisation = "paper",
-        concept_weight: float = 0.0, hard_expectation_prob: float = 0.5,
+        concept_weight: float = 0.0, object_weight: float = 0.0, grounding_weight: float = 0.0,
+        object_classes: list[str] | None = None,
+        object_colours: list[str] | None = None, hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
         self_critical_samples: int = 5, repeat_penalty: float = 0.0, recall_reward: float = 0.0,
@@ -119,14 +125,32 @@ class ShowAttendTell(BaseTask):
             raise ValueError(f"feature_cache_shard_size must be at least 1, got {feature_cache_shard_size}")
         check_loss_normalisation(loss_normalisation)
         for name, value in (("concept_weight", concept_weight), ("repeat_penalty", repeat_penalty),
-                            ("recall_reward", recall_reward)):
+                            ("recall_reward", recall_reward), ("object_weight", object_weight),
+                            ("grounding_weight", grounding_weight)):
             if value < 0:
                 raise ValueError(f"{name} must be 0 or more, got {value}")
+        for name, value in (("object_weight", object_weight), ("grounding_weight", grounding_weight)):
+            if value > 0 and not object_classes:
+                raise ValueError(f"{name} needs the training images' objects: set the DataModule's "
+                                 "object_targets: true (it reads the train split's instances file)")
         # A training aid, not part of the captioner: scores of every word at every location (concept_loss)
         self.concept_head = nn.Linear(self.model.encoder.annotation_dim, len(self.model.vocab)) \
             if concept_weight > 0 else None
         if self.concept_head is not None:  # σ(−5) per location: a noisy-OR over tens of locations starts near 0.2,
             nn.init.constant_(self.concept_head.bias, -5.0)  # not near 1 for every word (which swamps the loss)
+        # Training aids too: each object's class and colour from the annotation vectors under its box (object_loss)
+        dim = self.model.encoder.annotation_dim
+        self.object_head = nn.Linear(dim, len(object_classes)) if object_weight > 0 else None
+        self.object_colour_head = nn.Linear(dim, len(object_colours)) if object_weight > 0 and object_colours \
+            else None
+        # the vocabulary ids of the object classes' and colours' words (−1: not a word of the vocabulary)
+        vocab = self.model.vocab
+        self.register_buffer("class_word_ids", torch.tensor(
+            [vocab.id(name) if name in vocab else -1 for name in object_classes or []], dtype=torch.long),
+            persistent=False)
+        self.register_buffer("colour_word_ids", torch.tensor(
+            [vocab.id(name) if name in vocab else -1 for name in object_colours or []], dtype=torch.long),
+            persistent=False)
         self.register_buffer("reward_baseline", torch.zeros(()))  # b, the moving average of log p(y | s, a)
         self._cider: CiderD | None = None  # the self-critical reward, built from the training references
         self._evaluation = EvaluationRecords()
@@ -135,14 +159,16 @@ class ShowAttendTell(BaseTask):
 
     # ----------------------------------------------------------------------------------------- training
     def _likelihood_loss(self, images: Tensor, captions: Tensor, stage: str,
-                         caption_images: Tensor | None = None) -> Tensor:
+                         caption_images: Tensor | None = None, objects: Tensor | None = None) -> Tensor:
         captions = captions.long()
-        annotations, _ = self.model.encoder(images)
+        annotations, grid = self.model.encoder(images)
         output = self.model.teacher_forced(annotations, captions, caption_images)
         likelihood = token_likelihood(output.logits, captions)
         objective = likelihood_objective(likelihood, output.alphas, self.hparams.doubly_stochastic_weight,
                                          self.hparams.loss_normalisation)
-        loss = objective.nll + self._concept_loss(annotations, captions, caption_images, stage)
+        loss = objective.nll + self._concept_loss(annotations, captions, caption_images, stage) \
+            + self._object_loss(annotations, grid, objects, stage) \
+            + self._grounding_loss(captions[:, 1:], output.alphas, objects, caption_images, grid, stage)
         if objective.penalty is not None:  # + λ Σ_i (1 − Σ_t α_ti)², normalised
             loss = loss + self.hparams.doubly_stochastic_weight * objective.penalty
             self.log(f"{stage}/ds_penalty", objective.penalty, batch_size=len(captions))
@@ -169,10 +195,34 @@ class ShowAttendTell(BaseTask):
         self.log(f"{stage}/concept_loss", loss, batch_size=len(annotations), sync_dist=stage != "train")
         return self.hparams.concept_weight * loss
 
+    def _object_loss(self, annotations: Tensor, grid: tuple[int, int], objects: Tensor | None,
+                     stage: str) -> Tensor | float:
+        """object_weight × the loss of each object's class and colour from the vectors under its box (0 when off,
+        or when the batch carries no objects, as in validation)."""
+        if self.object_head is None or objects is None:
+            return 0.0
+        result = object_loss(annotations, grid, objects, self.object_head, self.object_colour_head)
+        if result.objects:
+            self.log(f"{stage}/object_loss", result.loss, batch_size=result.objects)
+            self.log(f"{stage}/object_acc", result.accuracy, batch_size=result.objects)
+        return self.hparams.object_weight * result.loss
+
+    def _grounding_loss(self, tokens: Tensor, alphas: Tensor, objects: Tensor | None, caption_images: Tensor | None,
+                        grid: tuple[int, int], stage: str) -> Tensor | float:
+        """grounding_weight × the cross-entropy of α against the box of the object each word names (0 when off,
+        or when the batch carries no objects)."""
+        if not self.hparams.grounding_weight or objects is None:
+            return 0.0
+        per_caption = objects if caption_images is None else objects[caption_images]  # (B, K, 6) -> (N, K, 6)
+        target, mask = grounding_targets(tokens, per_caption, grid, self.class_word_ids, self.colour_word_ids)
+        loss = grounding_loss(alphas, target, mask)
+        self.log(f"{stage}/grounding_loss", loss, batch_size=len(tokens))
+        return self.hparams.grounding_weight * loss
+
     def training_loss(self, batch: CaptionBatch) -> Tensor:
         if self.self_critical:
             return self._self_critical_loss(batch)
-        return self._likelihood_loss(batch.images, batch.captions, "train", batch.caption_images)
+        return self._likelihood_loss(batch.images, batch.captions, "train", batch.caption_images, batch.objects)
 
     @property
     def self_critical(self) -> bool:
@@ -212,7 +262,7 @@ class ShowAttendTell(BaseTask):
             raise ValueError("self-critical training needs every reference of an image in its batch: set the "
                              "DataModule's group_captions: true")
         samples_per_image = self.hparams.self_critical_samples
-        annotations, _ = self.model.encoder(batch.images)
+        annotations, grid = self.model.encoder(batch.images)
         sampled = sample_captions(self.model.decoder, annotations, per_image=samples_per_image, start_id=START_ID,
                                   end_id=END_ID, pad_id=PAD_ID, max_length=self.hparams.max_decode_length)
         references = batch.word_ids_per_image()
@@ -228,7 +278,10 @@ class ShowAttendTell(BaseTask):
         rewards = torch.tensor(scores, dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
         loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, samples_per_image).sum()
         loss = loss / sampled.mask.sum().clamp_min(1)
-        loss = loss + self._concept_loss(annotations, batch.captions.long(), batch.caption_images, "train")
+        sample_images = torch.arange(len(annotations), device=annotations.device).repeat_interleave(samples_per_image)
+        loss = loss + self._concept_loss(annotations, batch.captions.long(), batch.caption_images, "train") \
+            + self._object_loss(annotations, grid, batch.objects, "train") \
+            + self._grounding_loss(sampled.tokens, sampled.alphas, batch.objects, sample_images, grid, "train")
         self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=len(candidates))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(candidates))
         return loss

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -56,11 +57,13 @@ class CaptionedImage:
 
 class CaptionItem(NamedTuple):
     """A training item: the image uint8 (3, S, S), its caption ids (T,) and length; or, grouped, all its
-    captions (n, T) and their lengths (n,)."""
+    captions (n, T) and their lengths (n,). ``objects`` are the image's object targets (K, 6) when the dataset
+    has them (``ObjectTargets``)."""
 
     image: Tensor
     captions: Tensor
     lengths: Tensor
+    objects: Tensor | None = None
 
 
 class EvalCaptionItem(NamedTuple):
@@ -82,6 +85,7 @@ class CaptionBatch(NamedTuple):
     captions: Tensor
     lengths: Tensor
     caption_images: Tensor | None = None
+    objects: Tensor | None = None  # (B, K, 6) object targets of each image, rows of class −1 pad (ObjectTargets)
 
     def word_ids_per_image(self) -> list[list[list[int]]]:
         """Each image's captions as word ids (no <start>, <end>, <pad>): its references, in a grouped batch."""
@@ -218,6 +222,52 @@ def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, 
         raise ValueError(f"{path}: an annotation lacks an id, a known category_id or a bbox ({error})") from None
 
 
+class ObjectTargets(NamedTuple):
+    """What a training split's instances say of each image's objects, for an object loss on the annotation vectors:
+    the category names (``classes``, in category id order), the colour names of its attributes file (``colours``;
+    empty without one) and, per image id, a float tensor (K, 6) of rows [class index, colour index (−1: none),
+    x0, y0, x1, y1], the box as fractions of the image's width and height."""
+
+    classes: list[str]
+    colours: list[str]
+    per_image: dict[int | str, Tensor]
+
+
+def read_object_targets(path: Path, attributes: Path | None = None) -> ObjectTargets:
+    """The ``ObjectTargets`` of a COCO instances file, with colours when ``attributes`` (the Fashion scenes'
+    ``attributes_<split>.json``: ``{"colours": [...], "instances": [{"id", "colour"}]}``) is given."""
+    coco = load_coco(path, "instances")
+    category_ids = sorted(coco.cats)
+    if not category_ids:
+        raise ValueError(f"{path}: no categories, so no object targets")
+    class_index = {category_id: index for index, category_id in enumerate(category_ids)}
+    colours: list[str] = []
+    colour_of: dict = {}
+    if attributes is not None:
+        try:
+            data = json.loads(attributes.read_text())
+            colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
+            colours = list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{attributes}: not an attributes file with instances[].id ({error})") from None
+    colour_index = {name: index for index, name in enumerate(colours)}
+    per_image: dict[int | str, Tensor] = {}
+    try:
+        for image_id, image in coco.imgs.items():
+            width, height = float(image["width"]), float(image["height"])
+            rows = []
+            for annotation in coco.imgToAnns.get(image_id, []):
+                x, y, w, h = (float(v) for v in annotation["bbox"])
+                colour = colour_index.get(colour_of.get(annotation["id"]), -1)
+                rows.append([class_index[annotation["category_id"]], colour, x / width, y / height,
+                             (x + w) / width, (y + h) / height])
+            per_image[image_id] = torch.tensor(rows, dtype=torch.float32).view(-1, 6)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise ValueError(f"{path}: an image lacks its width and height, or an annotation an id, a known "
+                         f"category_id or a bbox ({type(error).__name__} {error})") from None
+    return ObjectTargets([coco.cats[i]["name"] for i in category_ids], colours, per_image)
+
+
 def load_caption_image(path: Path, image_size: int) -> Tensor:
     """An image file as RGB uint8 (3, image_size, image_size), squashed to the square so nothing is cut off."""
     image = open_image(path, mode="RGB", max_side=image_size)
@@ -235,8 +285,10 @@ class CaptionTrainDataset(Dataset):
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
                  image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",
-                 bad_images: BadImageCounter | None = None) -> None:
+                 bad_images: BadImageCounter | None = None, objects: ObjectTargets | None = None) -> None:
         self.group_captions = group_captions
+        empty = torch.zeros(0, 6)  # an image the instances file has no object of
+        self.objects = None if objects is None else [objects.per_image.get(r.image_id, empty) for r in records]
         self.on_bad_image = on_bad_image
         self.bad_images = bad_images
         counts = torch.tensor([len(record.captions) for record in records])
@@ -269,9 +321,15 @@ class CaptionTrainDataset(Dataset):
         if self.group_captions:
             start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
             image = self._image(index)
-            return None if image is None else CaptionItem(image, self.captions[start:end], self.lengths[start:end])
-        image = self._image(int(self.image_index[index]))
-        return None if image is None else CaptionItem(image, self.captions[index], self.lengths[index])
+            return None if image is None else CaptionItem(image, self.captions[start:end], self.lengths[start:end],
+                                                          self._objects(index))
+        image_index = int(self.image_index[index])
+        image = self._image(image_index)
+        return None if image is None else CaptionItem(image, self.captions[index], self.lengths[index],
+                                                      self._objects(image_index))
+
+    def _objects(self, image_index: int) -> Tensor | None:
+        return None if self.objects is None else self.objects[image_index]
 
 
 class CaptionEvalDataset(Dataset):
@@ -306,16 +364,25 @@ def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
     items = [item for item in items if item is not None]
     if not items:
         return None
-    images, captions, lengths = zip(*items, strict=True)
+    images, captions, lengths, objects = zip(*items, strict=True)
+    objects = None if objects[0] is None else pad_objects(objects)
     if captions[0].ndim == 2:  # grouped: every caption of each image
         counts = torch.tensor([len(group) for group in lengths])
         lengths = torch.cat(lengths)  # (N,)
         captions = torch.cat(captions)[:, : int(lengths.max())].long()  # (N, T)
         caption_images = torch.repeat_interleave(torch.arange(len(images)), counts)  # (N,)
-        return CaptionBatch(torch.stack(images), captions, lengths, caption_images)
+        return CaptionBatch(torch.stack(images), captions, lengths, caption_images, objects)
     lengths = torch.stack(lengths)  # (B,)
     captions = torch.stack(captions)[:, : int(lengths.max())].long()  # (B, T)
-    return CaptionBatch(torch.stack(images), captions, lengths)
+    return CaptionBatch(torch.stack(images), captions, lengths, objects=objects)
+
+
+def pad_objects(objects: Sequence[Tensor]) -> Tensor:
+    """Each image's object targets (K_b, 6) as one (B, max K_b, 6) tensor, padded with rows of class −1."""
+    padded = torch.full((len(objects), max(1, max(len(rows) for rows in objects)), 6), -1.0)
+    for index, rows in enumerate(objects):
+        padded[index, : len(rows)] = rows
+    return padded
 
 
 def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch | None:

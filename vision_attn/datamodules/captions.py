@@ -23,10 +23,12 @@ from vision_attn.data.coco import (
     CaptionEvalDataset,
     CaptionTrainDataset,
     EvalCaptionBatch,
+    ObjectTargets,
     collate_captions,
     collate_references,
     read_coco_captions,
     read_karpathy,
+    read_object_targets,
     read_objects,
 )
 from vision_attn.data.feature_cache import FeatureCache
@@ -34,6 +36,7 @@ from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.errors import DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,9 @@ class CocoCaptionsDataModule(SplitDataModule):
     its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
     encoder runs once per image instead of once per caption. ``on_bad_image="skip"`` leaves unreadable
     images out with a warning naming each, and the count is reported at the end of the epoch; "error" stops.
+    ``object_targets`` gives each training image its objects from the train split's instances file (their
+    category, their colour where an attributes file names it, and their box): ``object_classes`` and
+    ``object_colours`` then name what the model's object loss predicts (empty lists without it).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         scenes_counts: dict[str, int] | None = None,
         scenes_seed: int = 0,
         scenes_styles: dict[str, dict] | None = None,
+        object_targets: bool = False,
         on_bad_image: OnBadImage = "skip",
     ) -> None:
         super().__init__()
@@ -140,6 +147,25 @@ class CocoCaptionsDataModule(SplitDataModule):
                                  f"{train_split} captions: a captioner needs words; lower it")
             log.info("vocabulary of %d tokens from the %s split (min count %d)", len(self.vocab), train_split,
                      min_word_count)
+        self._objects: ObjectTargets | None = self._read_object_targets() if object_targets else None
+        self.object_classes = list(self._objects.classes) if self._objects else []
+        self.object_colours = list(self._objects.colours) if self._objects else []
+
+    def _read_object_targets(self) -> ObjectTargets:
+        """The training split's object targets, from its instances (and attributes) file."""
+        if self.annotation_format != "coco":
+            raise ValueError("object_targets needs annotation_format 'coco' with an instances file for the train "
+                             "split (instances_file_pattern)")
+        split = self.splits["train"]
+        instances = self.root / self.instances_file_pattern.format(split=split)
+        if not instances.is_file():
+            raise DatasetNotFoundError(f"{instances}: no instances file for the {split} split, which "
+                                       "object_targets reads")
+        attributes = self.root / self.attributes_file_pattern.format(split=split)
+        objects = read_object_targets(instances, attributes if attributes.is_file() else None)
+        log.info("object targets of %d %s images: %d classes, %d colours", len(objects.per_image), split,
+                 len(objects.classes), len(objects.colours))
+        return objects
 
     @property
     def vocab_size(self) -> int:
@@ -204,7 +230,8 @@ class CocoCaptionsDataModule(SplitDataModule):
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
                                                  max_caption_length=self.max_caption_length,
-                                                 group_captions=self.group_captions, **self.bad_image_options)
+                                                 group_captions=self.group_captions, objects=self._objects,
+                                                 **self.bad_image_options)
         if stage in (None, "fit", "validate") and self.val_set is None:
             self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size,
                                               **self.bad_image_options)

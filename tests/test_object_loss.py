@@ -1,0 +1,181 @@
+"""The object loss: each training object's class and colour read from the annotation vectors under its box, with
+the boxes and labels of the train split's instances file (``object_targets``, ``object_weight``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import CONFIGS, run_in_process
+from vision_attn.captioning.losses import box_cell_weights, grounding_loss, grounding_targets, object_loss
+from vision_attn.data.coco import pad_objects, read_object_targets
+from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
+from vision_attn.datamodules import CocoCaptionsDataModule
+
+
+def test_box_cell_weights_share_each_box_by_the_area_in_each_cell():
+    boxes = torch.tensor([
+        [0.0, 0.0, 0.5, 0.5],  # exactly the top-left cell of a 2×2 grid
+        [0.25, 0.0, 0.75, 0.5],  # half in the top-left cell, half in the top-right
+        [0.0, 0.0, 1.0, 1.0],  # the whole image
+        [0.6, 0.7, 0.6, 0.7],  # no area: the cell of its corner (bottom-right)
+    ])
+    weights = box_cell_weights(boxes, (2, 2))
+    expected = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.25, 0.25, 0.25, 0.25], [0, 0, 0, 1.0]])
+    torch.testing.assert_close(weights, expected)
+    # a 3×2 grid: rows of thirds; a box over the middle third of the left column
+    torch.testing.assert_close(box_cell_weights(torch.tensor([[0.0, 1 / 3, 0.5, 2 / 3]]), (3, 2)),
+                               torch.tensor([[0.0, 0, 1, 0, 0, 0]]))
+
+
+def test_object_loss_reads_the_vectors_under_each_box():
+    """A 2×2 grid whose cells hold one-hot features of classes 0..3: the box over cell k is read as class k, a
+    padding row is left out, and the colour term counts only where a colour is known."""
+    annotations = torch.eye(4).unsqueeze(0) * 20  # (1, L=4, D=4): cell i holds 20·e_i
+    head = nn.Linear(4, 4, bias=False)
+    head.weight.data = torch.eye(4)  # class logits = the pooled feature
+    objects = torch.tensor([[[2, -1, 0.0, 0.5, 0.5, 1.0],  # bottom-left cell (index 2), class 2, no colour
+                             [1, 0, 0.5, 0.0, 1.0, 0.5],  # top-right cell (index 1), class 1, colour 0
+                             [-1, -1, 0, 0, 0, 0]]])  # padding
+    colour_head = nn.Linear(4, 2, bias=False)
+    colour_head.weight.data = torch.tensor([[0.0, 1, 0, 0], [0, 0, 0, 0]])  # colour 0 where cell 1 is lit
+    result = object_loss(annotations, (2, 2), objects, head, colour_head)
+    assert result.objects == 2
+    assert result.accuracy.item() == 1.0
+    assert result.loss.item() < 1e-6
+    wrong = objects.clone()
+    wrong[0, 0, 0] = 3  # the bottom-left object said to be class 3: read as 2, so wrong and a large loss
+    missed = object_loss(annotations, (2, 2), wrong, head, colour_head)
+    assert missed.accuracy.item() == 0.5 and missed.loss.item() > 5
+    # gradients reach the annotation vectors under the boxes only
+    features = annotations.clone().requires_grad_(True)
+    object_loss(features, (2, 2), wrong, head, colour_head).loss.backward()
+    assert features.grad[0, 2].abs().sum() > 0 and features.grad[0, 3].abs().sum() == 0
+    empty = object_loss(annotations, (2, 2), torch.full((1, 1, 6), -1.0), head)
+    assert empty.objects == 0 and empty.loss.item() == 0
+
+
+def test_pad_objects_pads_with_class_minus_one():
+    padded = pad_objects([torch.ones(2, 6), torch.zeros(0, 6)])
+    assert padded.shape == (2, 2, 6)
+    assert (padded[1, :, 0] == -1).all() and (padded[0] == 1).all()
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("scenes")
+    make_scenes(root, counts={"train": 12, "val": 4, "test": 4}, styles={"train": {"layout": "mixed"}})
+    return root
+
+
+def test_object_targets_hold_the_instances_boxes_classes_and_colours(scenes):
+    instances = json.loads((scenes / "annotations" / "instances_train.json").read_text())
+    attributes = json.loads((scenes / "annotations" / "attributes_train.json").read_text())
+    targets = read_object_targets(scenes / "annotations" / "instances_train.json",
+                                  scenes / "annotations" / "attributes_train.json")
+    assert targets.classes == CLASS_WORDS and targets.colours == list(COLOURS)
+    colour_of = {entry["id"]: entry["colour"] for entry in attributes["instances"]}
+    sizes = {image["id"]: (image["width"], image["height"]) for image in instances["images"]}
+    for annotation in instances["annotations"]:
+        rows = targets.per_image[annotation["image_id"]]
+        label = annotation["category_id"] - 1
+        row = rows[rows[:, 0] == label]
+        assert len(row) == 1  # no two items of a scene share a class
+        x, y, w, h = annotation["bbox"]
+        width, height = sizes[annotation["image_id"]]
+        torch.testing.assert_close(row[0, 2:], torch.tensor([x / width, y / height, (x + w) / width,
+                                                             (y + h) / height]))
+        assert targets.colours[int(row[0, 1])] == colour_of[annotation["id"]]
+    no_colours = read_object_targets(scenes / "annotations" / "instances_train.json")
+    assert no_colours.colours == [] and all((rows[:, 1] == -1).all() for rows in no_colours.per_image.values())
+
+
+def test_datamodule_batches_carry_each_images_objects(scenes):
+    data = CocoCaptionsDataModule(str(scenes), image_size=96, batch_size=4, group_captions=True, object_targets=True)
+    assert data.object_classes == CLASS_WORDS and data.object_colours == list(COLOURS)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert batch.objects.shape[0] == 4 and batch.objects.shape[2] == 6
+    counts = (batch.objects[..., 0] >= 0).sum(1)
+    assert ((counts >= 2) & (counts <= 3)).all()  # 2 or 3 items per scene
+    plain = CocoCaptionsDataModule(str(scenes), image_size=96, batch_size=4)
+    assert plain.object_classes == [] and plain.object_colours == []
+    plain.setup("fit")
+    assert next(iter(plain.train_dataloader())).objects is None
+
+
+def test_object_targets_without_an_instances_file_is_one_line(tmp_path):
+    root, plain = tmp_path / "no_instances", tmp_path / "plain"
+    make_scenes(root, counts={"train": 4, "val": 2, "test": 2})
+    make_scenes(plain, counts={"train": 4, "val": 2, "test": 2})
+    (root / "annotations" / "instances_train.json").unlink()
+    result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+                            str(root), "--data.init_args.object_targets", "true",
+                            "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert result.returncode != 0
+    error = result.stderr.strip().splitlines()[-1]
+    assert "instances_train.json" in error and "object_targets" in error and "Traceback" not in result.stderr
+    for option in ("object_weight", "grounding_weight"):
+        result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+                                str(plain), f"--model.init_args.{option}", "1.0",
+                                "--trainer.default_root_dir", str(tmp_path / "run2"))
+        assert result.returncode != 0
+        error = result.stderr.strip().splitlines()[-1]
+        assert option in error and "object_targets: true" in error and "Traceback" not in result.stderr
+
+
+def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_the_heads(scenes, tmp_path):
+    """Through the CLI, with grounding and self-critical training too: both losses are logged in training, and
+    the heads stay out of the captioner."""
+    from vision_attn.captioning.model import Captioner
+
+    run = tmp_path / "run"
+    result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+                            str(scenes), "--data.init_args.object_targets", "true", "--data.init_args.group_captions",
+                            "true", "--model.init_args.object_weight", "1.0", "--model.init_args.grounding_weight", "1.0",
+                            "--model.init_args.attend_with_word", "true", "--model.init_args.self_critical_from_epoch",
+                            "1", "--model.init_args.self_critical_samples", "2", "--trainer.max_epochs", "2",
+                            "--data.init_args.scenes_styles", '{"train": {"layout": "mixed"}}',
+                            "--trainer.default_root_dir", str(run), "--trainer.log_every_n_steps", "1",
+                            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                            "--trainer.logger.save_dir", str(run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    logged = next(run.rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "train/object_loss" in logged and "train/object_acc" in logged and "train/grounding_loss" in logged
+    checkpoint = next(run.rglob("best.ckpt"))
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    assert state["state_dict"]["object_head.weight"].shape[0] == len(CLASS_WORDS)
+    assert state["state_dict"]["object_colour_head.weight"].shape[0] == len(COLOURS)
+    captioner = Captioner.from_checkpoint(checkpoint)
+    assert not any("object" in name for name in captioner.state_dict())
+
+
+def test_grounding_targets_point_each_naming_word_at_its_objects_box():
+    """"a red sneaker next to a white bag": "red" and "sneaker" look at the sneaker's box, "white" and "bag" at
+    the bag's; "a", "next", "to" at nothing; a colour word not just before its object's class word names nothing."""
+    words = ["<pad>", "a", "red", "sneaker", "next", "to", "white", "bag", "blue", "top"]
+    ids = {word: index for index, word in enumerate(words)}
+    tokens = torch.tensor([[ids[w] for w in "a red sneaker next to a white bag".split()],
+                           [ids[w] for w in "a white sneaker next to a red bag".split()]])  # colours swapped
+    class_word_ids = torch.tensor([ids["top"], ids["sneaker"], ids["bag"]])  # classes 0, 1, 2
+    colour_word_ids = torch.tensor([ids["red"], ids["white"], ids["blue"]])  # colours 0, 1, 2
+    sneaker = [1, 0, 0.0, 0.0, 0.5, 0.5]  # class 1, red, top-left cell of a 2×2 grid
+    bag = [2, 1, 0.5, 0.5, 1.0, 1.0]  # class 2, white, bottom-right cell
+    objects = torch.tensor([[sneaker, bag, [-1, -1, 0, 0, 0, 0]]] * 2)
+    target, mask = grounding_targets(tokens, objects, (2, 2), class_word_ids, colour_word_ids)
+    assert mask[0].tolist() == [False, True, True, False, False, False, True, True]
+    torch.testing.assert_close(target[0, 1], torch.tensor([1.0, 0, 0, 0]))  # red -> the sneaker
+    torch.testing.assert_close(target[0, 2], torch.tensor([1.0, 0, 0, 0]))  # sneaker
+    torch.testing.assert_close(target[0, 7], torch.tensor([0.0, 0, 0, 1]))  # bag
+    assert mask[1].tolist() == [False, False, True, False, False, False, False, True]  # wrong colours name nothing
+    alphas = torch.full((2, 8, 4), 0.25)
+    assert grounding_loss(alphas, target, mask).item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
+    on_target = target.clone()
+    on_target[~mask] = 0.25
+    assert grounding_loss(on_target.clamp_min(1e-9), target, mask).item() < 1e-6
+    without_colours = grounding_targets(tokens, objects, (2, 2), class_word_ids)[1]
+    assert without_colours[0].tolist() == [False, False, True, False, False, False, False, True]
