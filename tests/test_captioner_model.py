@@ -28,16 +28,20 @@ from vision_attn.metrics import CiderD
 PAD, START, END = 0, 1, 2
 
 
-def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft",
-                 coverage: bool = False, attend_with_word: bool = False) -> AttentionDecoder:
+def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft", coverage: bool = False,
+                 attend_with_word: bool = False, word_counts: bool = False) -> AttentionDecoder:
     torch.manual_seed(0)
-    return AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
-                            attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage,
-                            attend_with_word=attend_with_word)
+    decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
+                               attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage,
+                               attend_with_word=attend_with_word, word_counts=word_counts)
+    if word_counts:  # ρ starts at 0; give it values, so that the counts change the words' scores
+        nn.init.normal_(decoder.repeat_weight, std=2.0)
+    return decoder
 
 
-# the attention's inputs: h_{t-1} alone (the paper), with its coverage, and with coverage and the last word
-QUERIES = [(False, False), (True, False), (True, True)]
+# The decoder's options that carry state from step to step: none (the paper), the attention's coverage, and
+# coverage with the last word in the attention's query and the words' counts in the deep output
+VARIANTS = [{}, {"coverage": True}, {"coverage": True, "attend_with_word": True, "word_counts": True}]
 
 
 def captions_batch() -> torch.Tensor:
@@ -69,9 +73,10 @@ def test_initial_state_is_tanh_of_the_mean_annotation() -> None:
     assert torch.allclose(state.hidden, expected)
 
 
-@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
-def test_teacher_forcing_equals_step_by_step_decoding(coverage: bool, with_word: bool) -> None:
-    decoder = tiny_decoder(coverage=coverage, attend_with_word=with_word).eval()
+@pytest.mark.parametrize("options", VARIANTS)
+def test_teacher_forcing_equals_step_by_step_decoding(options: dict) -> None:
+    coverage = options.get("coverage", False)
+    decoder = tiny_decoder(**options).eval()
     annotations, captions = torch.randn(2, 9, 8), captions_batch()
     output = decoder(annotations, captions)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
@@ -120,6 +125,25 @@ def test_attention_reads_the_last_word_when_asked_and_learns_from_it() -> None:
     with pytest.raises(ValueError, match="E y_"):
         decoder.context(image, state)
     assert tiny_decoder().attention.word_proj is None  # the paper's attention reads h_{t-1} only
+
+
+def test_word_counts_add_rho_times_how_often_each_word_was_said() -> None:
+    """p(y_t) ∝ exp(L_o(...) + ρ ⊙ n_t): the same step scores a word ρ_w lower (ρ_w < 0) for each time it was
+    already said; teacher forcing counts the caption's words before each step; ρ learns from the likelihood."""
+    plain, counted = tiny_decoder(), tiny_decoder(word_counts=True)
+    counted.load_state_dict(plain.state_dict(), strict=False)  # the same weights but ρ
+    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    with torch.no_grad():
+        difference = counted(annotations, captions).logits - plain(annotations, captions).logits  # ρ ⊙ n_t
+    counts = torch.zeros(2, captions.shape[1] - 1, 12)
+    for b in range(2):
+        for t in range(captions.shape[1] - 1):
+            for word in captions[b, : t + 1].tolist():  # the words input up to step t, <start> included
+                counts[b, t, word] += 1
+    torch.testing.assert_close(difference, counted.repeat_weight.detach() * counts, atol=1e-5, rtol=1e-5)
+    counted(annotations, captions).logits.log_softmax(-1)[:, 1:, 5].sum().backward()
+    assert counted.repeat_weight.grad[5] != 0  # word 5 was said at step 1: its ρ learns from then on
+    assert plain.repeat_weight is None
 
 
 def test_doubly_stochastic_penalty_by_hand() -> None:
@@ -172,13 +196,13 @@ def _sequence_log_prob(decoder: AttentionDecoder, annotations: torch.Tensor, wor
     return float(logits[torch.arange(len(words) + 1), captions[0, 1:]].sum())
 
 
-@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
-def test_beam_search_equals_exhaustive_search_on_a_tiny_model(coverage: bool, with_word: bool) -> None:
-    """With coverage too: the beams' coverage must be reordered with their hidden states; with the last word,
-    each beam's own word must reach its attention."""
+@pytest.mark.parametrize("options", VARIANTS)
+def test_beam_search_equals_exhaustive_search_on_a_tiny_model(options: dict) -> None:
+    """With coverage and word counts too: the beams' coverage and counts must be reordered with their hidden
+    states; with the last word, each beam's own word must reach its attention."""
     vocab_size, max_length = 6, 3  # words 3, 4, 5 (3 plays <unk>); <pad> <start> are never emitted
-    decoder = tiny_decoder(vocab_size=vocab_size, coverage=coverage, attend_with_word=with_word).eval()
-    if coverage:
+    decoder = tiny_decoder(vocab_size=vocab_size, **options).eval()
+    if options.get("coverage"):
         nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
     annotations = torch.randn(2, 9, 8)
     words = [3, 4, 5]
@@ -209,9 +233,9 @@ def test_beam_returns_alpha_and_beta_per_emitted_word_and_respects_max_length() 
                 assert torch.allclose(h.alphas.sum(-1), torch.ones(len(h.tokens)), atol=1e-5)
 
 
-@pytest.mark.parametrize(("coverage", "with_word"), QUERIES)
-def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(coverage: bool, with_word: bool) -> None:
-    decoder = tiny_decoder(coverage=coverage, attend_with_word=with_word).eval()
+@pytest.mark.parametrize("options", VARIANTS)
+def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(options: dict) -> None:
+    decoder = tiny_decoder(**options).eval()
     annotations = torch.randn(4, 9, 8)
     greedy = greedy_decode(decoder, annotations, start_id=START, end_id=END, max_length=6)
     batched = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=3, max_length=6)

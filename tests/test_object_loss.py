@@ -136,7 +136,8 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
     run = tmp_path / "run"
     result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
                             str(scenes), "--data.init_args.object_targets", "true", "--data.init_args.group_captions",
-                            "true", "--model.init_args.object_weight", "1.0", "--model.init_args.grounding_weight", "1.0",
+                            "true", "--model.init_args.object_weight", "1.0",
+                            "--model.init_args.grounding_weight", "1.0", "--model.init_args.word_counts", "true",
                             "--model.init_args.attend_with_word", "true", "--model.init_args.self_critical_from_epoch",
                             "1", "--model.init_args.self_critical_samples", "2", "--trainer.max_epochs", "2",
                             "--data.init_args.scenes_styles", '{"train": {"layout": "mixed"}}',

@@ -30,11 +30,13 @@ class DecoderState:
     hidden: Tensor  # h_{t-1} (B, H)
     cell: Tensor  # c_{t-1} (B, H)
     coverage: Tensor | None = None  # Σ_{s<t} α_s (B, L), when the attention reads its coverage
+    word_counts: Tensor | None = None  # n_w: how often each word has been input so far (B, V), with word_counts
 
     def select(self, index: Tensor) -> DecoderState:
         """The state of rows ``index`` (e.g. the surviving beams)."""
         return DecoderState(self.hidden[index], self.cell[index],
-                            None if self.coverage is None else self.coverage[index])
+                            None if self.coverage is None else self.coverage[index],
+                            None if self.word_counts is None else self.word_counts[index])
 
 
 @dataclass
@@ -95,6 +97,7 @@ class AttentionDecoder(nn.Module):
         initial_gate: float = 0.5,
         coverage: bool = False,
         attend_with_word: bool = False,
+        word_counts: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < initial_gate < 1.0:
@@ -116,6 +119,8 @@ class AttentionDecoder(nn.Module):
         self.output_context = nn.Linear(annotation_dim, embed_dim)  # L_z
         self.output_dropout = nn.Dropout(dropout)
         self.output_words = nn.Linear(embed_dim, vocab_size)  # L_o
+        # ρ: what each word's having been said already adds to its score (0 at the start: the paper's output)
+        self.repeat_weight = nn.Parameter(torch.zeros(vocab_size)) if word_counts else None
 
     def encode(self, annotations: Tensor) -> EncodedImage:
         """Precompute W_a a_i for all locations: (B, L, D) -> (B, L, A)."""
@@ -128,10 +133,12 @@ class AttentionDecoder(nn.Module):
         cell = torch.tanh(self.init_cell(mean_annotation))  # c_0 = tanh(f_init,c(mean a))
         if per_image > 1:
             hidden, cell = hidden.repeat_interleave(per_image, dim=0), cell.repeat_interleave(per_image, dim=0)
-        coverage = None
+        coverage = counts = None
         if self.attention.coverage_proj is not None:  # c_1 = 0: nothing attended yet
             coverage = annotations.new_zeros(hidden.shape[0], annotations.shape[1])
-        return DecoderState(hidden, cell, coverage)
+        if self.repeat_weight is not None:  # nothing said yet
+            counts = annotations.new_zeros(hidden.shape[0], len(self.repeat_weight))
+        return DecoderState(hidden, cell, coverage, counts)
 
     def context(self, image: EncodedImage, state: DecoderState, *, sample: bool = False,
                 word: Tensor | None = None) -> AttendedContext:
@@ -161,20 +168,32 @@ class AttentionDecoder(nn.Module):
               alpha: Tensor | None = None) -> DecoderState:
         hidden, cell = self.lstm(torch.cat([embedded_word, context], dim=1), (state.hidden, state.cell))
         coverage = None if state.coverage is None else state.coverage + alpha  # c_{t+1} = c_t + α_t
-        return DecoderState(hidden, cell, coverage)  # h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
+        return DecoderState(hidden, cell, coverage, state.word_counts)  # h_t, c_t = LSTM([E y_{t-1}; z_t], ...)
 
-    def deep_output(self, embedded_word: Tensor, hidden: Tensor, context: Tensor) -> Tensor:
-        """Word logits; works on (B, ·) for one step and on (B, T, ·) for all steps at once."""
+    def deep_output(self, embedded_word: Tensor, hidden: Tensor, context: Tensor,
+                    word_counts: Tensor | None = None) -> Tensor:
+        """Word logits; works on (B, ·) for one step and on (B, T, ·) for all steps at once. ``word_counts``
+        (B[, T], V) is n_t, how often each word has been said before step t, read with ``word_counts``."""
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
-        return self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
+        logits = self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
+        if self.repeat_weight is not None:
+            logits = logits + self.repeat_weight * word_counts  # ... + ρ ⊙ n_t
+        return logits
+
+    def count_words(self, words: Tensor, counts: Tensor | None) -> Tensor | None:
+        """n_{t+1} = n_t + onehot(y_t): the counts after input words ``words`` (B,); None without word_counts."""
+        if counts is None:
+            return None
+        return counts.scatter_add(1, words.unsqueeze(1), counts.new_ones(len(words), 1))
 
     def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:
         """One decoding step from the previous words (B,); ``sample``: hard attention draws s_t ~ α_t."""
         embedded = self.embedding(word)
         attended = self.context(image, state, sample=sample, word=embedded)
         state = self.recur(embedded, attended.context, state, attended.alpha)
-        return DecoderStep(self.deep_output(embedded, state.hidden, attended.context), attended.alpha, attended.beta,
-                           state, attended.location)
+        state.word_counts = self.count_words(word, state.word_counts)
+        logits = self.deep_output(embedded, state.hidden, attended.context, state.word_counts)
+        return DecoderStep(logits, attended.alpha, attended.beta, state, attended.location)
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].
@@ -202,8 +221,11 @@ class AttentionDecoder(nn.Module):
             betas.append(attended.beta)
             locations.append(attended.location)
         hidden_all, context_all = torch.stack(hiddens, 1), torch.stack(contexts, 1)  # (B, T, H), (B, T, D)
+        counts = None
+        if self.repeat_weight is not None:  # n_t: the words input up to step t, (B, T) -> (B, T, V)
+            counts = nn.functional.one_hot(inputs, len(self.repeat_weight)).to(hidden_all.dtype).cumsum(1)
         output = DecoderOutput(
-            logits=self.deep_output(embedded, hidden_all, context_all),  # (B, T, V), one projection for all t
+            logits=self.deep_output(embedded, hidden_all, context_all, counts),  # (B, T, V), one projection for all t
             alphas=torch.stack(alphas, 1),  # (B, T, L)
             betas=torch.stack(betas, 1),  # (B, T)
         )

@@ -94,7 +94,7 @@ class ShowAttendTell(BaseTask):
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
-        attend_with_word: bool = False,
+        attend_with_word: bool = False, word_counts: bool = False,
         doubly_stochastic_weight: float = 0.0, loss_normalisation: LossNormalisation = "paper",
         concept_weight: float = 0.0, object_weight: float = 0.0, grounding_weight: float = 0.0,
         object_classes: list[str] | None = None,

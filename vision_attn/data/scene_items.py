@@ -4,7 +4,9 @@ captioner's encoder is pretrained on, as the paper's VGG was pretrained on Image
 Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
 resized by up to the style's ``scale_jitter``, and put at a random place on a black ``canvas_size`` square
 (the default 32 is one cell of a 96-pixel scene's 3×3 grid). The drawing is ``scenes.draw_item`` itself, so
-the encoder learns on exactly the pixels a scene holds. Layout options of the style do not apply to one item.
+the encoder learns on exactly the pixels a scene holds (training batches are drawn all at once, ``__getitems__``,
+with torch's antialiased bilinear resize in place of PIL's: the same pixels within a grey level, at a tenth of
+the cost). Layout options of the style do not apply to one item.
 Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
 object, as Anderson et al. (2018) pretrain on object classes and attributes.
 """
@@ -15,6 +17,7 @@ import os
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -60,6 +63,34 @@ class SceneItemDataset(Dataset):
         if self._stream is None or self._stream[0] != os.getpid():  # one stream per DataLoader worker process
             self._stream = (os.getpid(), np.random.default_rng(int(torch.randint(0, 2**62, ()).item())))
         return self._stream[1]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Tensor, Tensor]]:
+        """The items ``indices``, as ``__getitem__`` gives them; training items (``seed=None``) are drawn as one
+        batch: a DataLoader with a batch size fetches them so, for ~20 µs an item instead of ~300."""
+        if self.seed is not None:  # validation and test: item i is always drawn from (seed, i)
+            return [self[index] for index in indices]
+        rng = self._rng(0)
+        images, labels = zip(*(self.source[index] for index in indices), strict=True)
+        greys = torch.stack(images).reshape(-1, 1, ITEM_SIZE, ITEM_SIZE)  # (B, 1, 28, 28) uint8
+        count = len(greys)
+        sizes = rng.integers(self.smallest, self.largest + 1, size=count) if self.style.scale_jitter \
+            else np.full(count, ITEM_SIZE)
+        colours = rng.integers(len(self.colours), size=count)
+        tints = torch.from_numpy(self.style.tints(rng, [self.colours[c] for c in colours]).astype(np.int32))
+        corners = rng.integers(0, self.canvas_size - sizes[:, None] + 1, size=(count, 2))  # (top, left) each
+        canvases = torch.zeros(count, 3, self.canvas_size, self.canvas_size, dtype=torch.uint8)
+        for size in np.unique(sizes):
+            rows = np.flatnonzero(sizes == size)
+            items = greys[rows]
+            if size != ITEM_SIZE:  # bilinear, antialiased when shrinking, as PIL's resize
+                items = F.interpolate(items.float(), size=(int(size), int(size)), mode="bilinear",
+                                      align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)
+            tinted = (items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1) // 255).to(torch.uint8)  # (n, 3, s, s)
+            for row, item in zip(rows.tolist(), tinted, strict=True):
+                top, left = (int(v) for v in corners[row])
+                canvases[row, :, top : top + size, left : left + size] = item
+        targets = torch.stack([torch.as_tensor(labels, dtype=torch.long), torch.from_numpy(colours)], dim=1)
+        return list(zip(canvases, targets, strict=True))
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         image, label = self.source[index]

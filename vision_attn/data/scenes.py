@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -134,13 +134,17 @@ class SceneStyle:
 
     def tint(self, rng: np.random.Generator, colour: str) -> np.ndarray:
         """The RGB (3,) an item of ``colour`` is tinted with: the exact value, or another shade of it."""
-        exact = np.array(COLOURS[colour], dtype=np.float64)
+        return self.tints(rng, [colour])[0]
+
+    def tints(self, rng: np.random.Generator, colours: Sequence[str]) -> np.ndarray:
+        """The RGB tints (n, 3) of n items of ``colours``, drawn as ``tint`` draws one (the same draws for n = 1)."""
+        exact = np.array([COLOURS[colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
         if not self.shade_jitter:
             return exact.astype(np.uint16)
         on = exact > 0
-        level = 255 - rng.uniform(0, SHADE_DEPTH * self.shade_jitter)
-        spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=3)
-        floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=3)
+        level = 255 - rng.uniform(0, SHADE_DEPTH * self.shade_jitter, size=(len(exact), 1))
+        spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=(len(exact), 3))
+        floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=(len(exact), 3))
         return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
 
 
