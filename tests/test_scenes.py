@@ -380,3 +380,44 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
         SceneItemDataset(source, style=SceneStyle(scale_jitter=0.2), canvas_size=28)
     with pytest.raises(ValueError, match="shade_jitter must be between 0 and 1"):
         SceneItemDataset(source, style=SceneStyle(shade_jitter=1.5))
+
+
+def test_training_items_drawn_a_batch_at_a_time_are_drawn_as_one_at_a_time() -> None:
+    """``__getitems__`` (what a DataLoader with a batch size calls): the same real item and label, tinted in a
+    shade of its named colour, at a size in range, inside the canvas; its antialiased resize agrees with PIL's
+    within a grey level; and ``tints`` for one item draws exactly what ``tint`` draws."""
+    import torch
+    import torch.nn.functional as F
+
+    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.scene_items import SceneItemDataset
+    from vision_attn.data.scenes import SceneStyle, draw_item
+
+    images, labels = load_fashion_mnist(find_fashion_mnist("data", download=False), "test")
+    source = TensorImageDataset(images[:300, None], labels[:300])
+    style = SceneStyle(shade_jitter=1.0, scale_jitter=0.1)
+    torch.manual_seed(0)
+    batch = SceneItemDataset(source, style=style, canvas_size=32).__getitems__(list(range(300)))
+    sizes = set()
+    for index, (image, (label, colour)) in enumerate(batch):
+        assert image.shape == (3, 32, 32) and image.dtype == torch.uint8 and int(label) == int(labels[index])
+        lit = image.permute(1, 2, 0).numpy().astype(np.float64)
+        rows, cols = np.nonzero(lit.max(axis=2) > 0)
+        sizes.add(int(max(rows.max() - rows.min(), cols.max() - cols.min())) + 1)
+        crop = lit[lit.max(axis=2) > 0]
+        bright = crop[crop.max(axis=1) >= np.quantile(crop.max(axis=1), 0.75)]
+        assert _named_colour(bright.mean(axis=0)) == list(COLOURS)[int(colour)]
+        # the grey item under the tint is the source item, resized: a channel at full tint shows it
+        assert image.max() > 0 and max(rows.max() - rows.min(), cols.max() - cols.min()) + 1 <= 31
+    assert len(sizes) >= 4
+    for size in (25, 27, 31):  # torch's antialiased bilinear resize against PIL's, on 100 real items
+        ours = F.interpolate(images[:100, None].float(), size=(size, size), mode="bilinear", align_corners=False,
+                             antialias=True).round().clamp(0, 255).to(torch.uint8)[:, 0].numpy().astype(int)
+        white = np.array([255, 255, 255], dtype=np.uint16)
+        pil = np.stack([draw_item(item.numpy(), white, size)[..., 0] for item in images[:100]]).astype(int)
+        assert np.abs(ours - pil).max() <= 1
+    for seed in range(5):
+        one = style.tint(np.random.default_rng(seed), "blue")
+        assert np.array_equal(one, style.tints(np.random.default_rng(seed), ["blue"])[0])
+    fixed = SceneItemDataset(source, style=style, canvas_size=32, seed=5)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed.__getitems__([3, 7]), (fixed[3], fixed[7]), strict=True))
