@@ -350,7 +350,9 @@ def test_mask_mass_weighs_each_cell_by_its_share_of_mask_pixels() -> None:
 def test_rollout_mass_command_reports_mass_against_the_area_share(vit_checkpoint) -> None:
     result = run_script("rollout-mass", "--ckpt", str(vit_checkpoint), "--count", "64", "--canvas-size", "56")
     assert result.returncode == 0, result.stderr[-3000:]
-    values = {line.strip().rsplit("  ", 1)[0].strip(): line.split()[-1].rstrip("%")
-              for line in result.stdout.splitlines()[1:]}
-    assert set(values) == {"accuracy", "rollout mass on the item", "item's area (a blind map)"}
-    assert 0 < float(values["item's area (a blind map)"]) < 0.5 and 0 < float(values["rollout mass on the item"]) < 1
+    header, columns, *rows = result.stdout.strip().splitlines()
+    area = float(header.split("area share ")[1].split()[0])
+    assert 0 < area < 0.5 and "accuracy" in header and columns.split()[0] == "map"
+    scores = {row[:18].strip(): [float(value) for value in row[18:].split()] for row in rows}
+    assert list(scores) == ["rollout", "gradient rollout", "last layer"]
+    assert all(0 < mass < 1 and 0 <= pointing <= 1 for mass, pointing in scores.values())

@@ -24,17 +24,19 @@ def timm_tiny() -> torch.nn.Module:
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).eval()
 
 
-@pytest.mark.parametrize("global_pool", ["token", "avg"])
-def test_state_dict_and_logits_equal_timm(global_pool: str) -> None:
+@pytest.mark.parametrize(("global_pool", "reg_tokens", "size"), [("token", 0, 224), ("avg", 0, 224), ("token", 4, 64)])
+def test_state_dict_and_logits_equal_timm(global_pool: str, reg_tokens: int, size: int) -> None:
+    """Also with registers: timm's ``reg_tokens``, the same parameter names, shapes and token order."""
     torch.manual_seed(0)
-    theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10,
-                               global_pool=global_pool).eval()
-    model = VisionTransformer(img_size=224, in_chans=3, num_classes=10, global_pool=global_pool, **TINY).eval()
+    theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, global_pool=global_pool,
+                               reg_tokens=reg_tokens, img_size=size).eval()
+    model = VisionTransformer(img_size=size, in_chans=3, num_classes=10, global_pool=global_pool,
+                              reg_tokens=reg_tokens, **TINY).eval()
     ours_state, theirs_state = model.state_dict(), theirs.state_dict()
     assert list(ours_state) == list(theirs_state)
     assert all(ours_state[k].shape == theirs_state[k].shape for k in ours_state)
     model.load_state_dict(theirs_state)
-    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(model(x), theirs(x), atol=1e-5)
         assert torch.allclose(model.forward_features(x), theirs.forward_features(x), atol=1e-5)
@@ -186,3 +188,40 @@ def test_pickled_code_in_a_weights_file_is_refused(tmp_path) -> None:
         pickle.dump({"weight": _Payload()}, file)
     with pytest.raises(CheckpointError, match="refused"):
         load_file(path)
+
+
+def test_conv_stem_gives_the_same_grid_and_each_token_sees_its_own_patch() -> None:
+    model = VisionTransformer(img_size=56, patch_size=8, in_chans=1, num_classes=10, embed_dim=32, depth=1,
+                              num_heads=2, stem="conv").eval()
+    assert model.grid_size == (7, 7)
+    strides = [m.stride for m in model.patch_embed.proj if isinstance(m, torch.nn.Conv2d)]
+    assert strides == [(2, 2), (2, 2), (2, 2), (1, 1)]  # log2(8) stride-2 convs, then the 1x1 projection
+    # each token's receptive field is centred on its own patch: the pixels that reach token (3, 5) are centred
+    # on patch (3, 5), so maps drawn on the patch grid are where the model looked
+    weights = torch.ones(1, 1, 56, 56, requires_grad=True)
+    model.patch_embed(weights)[0, 3 * 7 + 5].sum().backward()
+    reach = weights.grad[0, 0].abs() > 0
+    rows, cols = torch.nonzero(reach).T
+    assert (rows.min() + rows.max()) / 2 == 8 * 3 + 3.5 and (cols.min() + cols.max()) / 2 == 8 * 5 + 3.5
+    assert model(torch.randn(2, 1, 56, 56)).shape == (2, 10)
+    with pytest.raises(ValueError, match="power of 2"):
+        VisionTransformer(img_size=56, patch_size=7, in_chans=1, num_classes=10, embed_dim=32, depth=1,
+                          num_heads=2, stem="conv")
+
+
+def test_registers_stay_out_of_the_maps() -> None:
+    from vision_attn.vit.rollout import class_map, explain
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=64, in_chans=3, num_classes=10, reg_tokens=4, **TINY).eval()
+    assert model.num_prefix_tokens == 5 and "reg_token" in model.no_weight_decay()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    maps = explain(model, x, gradient_class=3)
+    assert maps.rollout.shape == maps.gradient_rollout.shape == (2, 4, 4) and maps.heads.shape == (2, 3, 4, 4)
+    # the cls row's weight on the registers is left out: only the 16 patch columns make the map
+    matrix = torch.zeros(1, 21, 21)
+    matrix[0, 0, 1:5] = 1.0  # all on the registers
+    matrix[0, 0, 5 + 6] = 0.5  # and some on patch (1, 2)
+    expected = torch.zeros(1, 4, 4)
+    expected[0, 1, 2] = 0.5
+    assert torch.equal(class_map(matrix, (4, 4), "token", prefix_tokens=5), expected)

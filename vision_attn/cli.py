@@ -146,9 +146,10 @@ def make_scenes_command(argv: Sequence[str]) -> None:
               f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
 
 
-@tool("rollout-mass", "ViT: rollout mass on Fashion-MNIST items placed on a larger canvas")
+@tool("rollout-mass", "ViT: does each attention map find Fashion-MNIST items placed on a larger canvas?")
 def rollout_mass_command(argv: Sequence[str]) -> None:
-    parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy and rollout mass on Fashion-MNIST "
+    parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy, and the mass on the item and the "
+                        "pointing game of rollout, gradient rollout and the last layer's attention, on Fashion-MNIST "
                         "items pasted at random on a larger canvas (SPEC §5).", "device", "head_fusion",
                         "discard_ratio")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
@@ -163,10 +164,11 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                                         canvas_size=options.canvas_size, seed=options.seed,
                                         head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
                                         device=options.device)
-    print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases\n"
-          f"  accuracy                      {scores.accuracy:.2%}\n"
-          f"  rollout mass on the item      {scores.rollout_mass_in_mask:.3f}\n"
-          f"  item's area (a blind map)     {scores.mask_area_share:.3f}")
+    print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases: "
+          f"accuracy {scores.accuracy:.2%}, the items' area share {scores.mask_area_share:.3f} (a blind map's mass)\n"
+          f"{'map':<18} {'mass on the item':>16} {'pointing game':>14}")
+    for name, found in scores.maps.items():
+        print(f"{name:<18} {found.mass_in_mask:>16.3f} {found.pointing:>14.3f}")
 
 
 @tool("cache-features", "fill a frozen encoder's feature cache ahead of fit (--config C, as fit takes it)")

@@ -246,6 +246,23 @@ def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
     return (weights * coverage).sum(dim=(-2, -1))
 
 
+def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
+    """The pointing game (Zhang et al. 2016) for a ViT's map, per image: does its maximum fall on the object?
+
+    ``weights`` (B, Gh, Gw) is a map over the patch grid, ``masks`` (B, H, W) the object's pixels in the
+    network input (H, W multiples of the grid). A hit is when the mask holds the centre pixel of the map's
+    argmax cell, as SPEC §5's pointing for the captioner takes the argmax cell's centre. A map blind to the
+    object hits about as often as the object's share of the cell centres.
+    """
+    cells = weights.shape[-2:]
+    if masks.shape[-2] % cells[0] or masks.shape[-1] % cells[1]:
+        raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(cells)} grid")
+    cell_h, cell_w = masks.shape[-2] // cells[0], masks.shape[-1] // cells[1]
+    peak = weights.flatten(1).argmax(dim=1)
+    rows, cols = peak // cells[1] * cell_h + cell_h // 2, peak % cells[1] * cell_w + cell_w // 2
+    return masks[torch.arange(len(masks), device=masks.device), rows, cols].bool()
+
+
 def scene_scores(
     records: Iterable[Mapping[str, Any]],
     scenes: Mapping[Any, Sequence[tuple[str, str | None]]],

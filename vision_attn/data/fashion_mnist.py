@@ -26,6 +26,31 @@ FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 MEAN, STD = 0.2860, 0.3530  # over the 60k training images
+ITEM_SIZE = 28
+
+
+def canvas_mean_std(canvas_size: int) -> tuple[float, float]:
+    """The pixel mean and std of 28×28 items on black ``canvas_size`` squares, from the items' own (MEAN, STD)."""
+    share = (ITEM_SIZE / canvas_size) ** 2
+    mean = MEAN * share
+    return mean, ((STD**2 + MEAN**2) * share - mean**2) ** 0.5
+
+
+def random_places(count: int, canvas_size: int, *, generator: torch.Generator | None = None,
+                  device: torch.device | str | None = None) -> Tensor:
+    """(count, 2) uniform (left, top) corners that keep a 28×28 item inside a ``canvas_size`` square."""
+    return torch.randint(0, canvas_size - ITEM_SIZE + 1, (count, 2), generator=generator, device=device)
+
+
+def place_on_canvas(items: Tensor, places: Tensor, canvas_size: int) -> Tensor:
+    """Items (N, C, 28, 28) pasted with their (left, top) corner at ``places`` (N, 2) on black (N, C, S, S)."""
+    count, channels, height, width = items.shape
+    canvases = items.new_zeros(count, channels, canvas_size, canvas_size)
+    rows = (places[:, 1, None] + torch.arange(height, device=items.device))[:, None, :, None]  # (N, 1, h, 1)
+    cols = (places[:, 0, None] + torch.arange(width, device=items.device))[:, None, None, :]  # (N, 1, 1, w)
+    canvases[torch.arange(count, device=items.device)[:, None, None, None],
+             torch.arange(channels, device=items.device)[None, :, None, None], rows, cols] = items
+    return canvases
 
 
 def read_idx(path: Path) -> Tensor:
@@ -107,7 +132,7 @@ def export_samples(root: str | Path, out: str | Path, *, count: int, split: str 
     out.mkdir(parents=True, exist_ok=True)
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     written = []
-    places = torch.randint(0, canvas_size - 27, (count, 2), generator=torch.Generator().manual_seed(seed + 1))
+    places = random_places(count, canvas_size, generator=torch.Generator().manual_seed(seed + 1))
     for index, (left, top) in zip(chosen, places.tolist(), strict=True):
         name = CLASS_NAMES[int(labels[index])].replace("/", "-").replace(" ", "-")
         garment = Image.fromarray(images[index].numpy(), mode="L")

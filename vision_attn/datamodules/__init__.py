@@ -6,10 +6,11 @@ Configs pick them by class path, e.g. ``vision_attn.datamodules.FashionMNISTData
 from vision_attn.datamodules.captions import CocoCaptionsDataModule
 from vision_attn.datamodules.classification import (
     CIFAR10DataModule,
+    FashionMNISTCanvasDataModule,
     FashionMNISTDataModule,
     FashionSceneItemsDataModule,
     ImageFolderDataModule,
 )
 
-__all__ = ["CIFAR10DataModule", "CocoCaptionsDataModule", "FashionMNISTDataModule", "FashionSceneItemsDataModule",
-           "ImageFolderDataModule"]
+__all__ = ["CIFAR10DataModule", "CocoCaptionsDataModule", "FashionMNISTCanvasDataModule", "FashionMNISTDataModule",
+           "FashionSceneItemsDataModule", "ImageFolderDataModule"]

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from vision_attn.checkpoint import VIT, constructor_args, read_model_checkpoint
 from vision_attn.data.classification import eval_transform
-from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
 from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,
@@ -26,7 +26,7 @@ from vision_attn.data.images import (
     to_tensor,
 )
 from vision_attn.errors import CheckpointError
-from vision_attn.metrics import mask_mass
+from vision_attn.metrics import mask_mass, pointing_game
 from vision_attn.overlay import fit_within, vit_figure
 from vision_attn.vit.model import VisionTransformer
 from vision_attn.vit.rollout import HeadFusion, explain
@@ -167,42 +167,75 @@ def validation_figures(classifier: Classifier, images: Tensor, labels: Tensor) -
     return figures
 
 
+class MapScores(NamedTuple):
+    """How one kind of map finds the item: its mean mass on the item (SPEC §5) and its pointing-game hit rate."""
+
+    mass_in_mask: float
+    pointing: float
+
+
 class CanvasScores(NamedTuple):
-    """``rollout_on_canvas``'s measures: images used, accuracy, mean rollout mass on the item, and the mean area
-    share of the item (what a map blind to it would score)."""
+    """``rollout_on_canvas``'s measures: images used, accuracy, each map's scores (``MAP_NAMES``), and the mean
+    area share of the item (what a map blind to it would score, in mass and about in pointing)."""
 
     images: int
     accuracy: float
-    rollout_mass_in_mask: float
+    maps: dict[str, MapScores]
     mask_area_share: float
 
+    @property
+    def rollout_mass_in_mask(self) -> float:
+        return self.maps["rollout"].mass_in_mask
 
-@torch.no_grad()
+
+MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads' mean, from the pooled token(s)
+
+
+def attention_scores(classifier: Classifier, inputs: Tensor, masks: Tensor, *, head_fusion: HeadFusion = "mean",
+                     discard_ratio: float = 0.0) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """One batch's logits, and per map of ``MAP_NAMES`` its (mass on the mask, pointing hit) per image.
+
+    ``inputs`` are normalised network inputs, ``masks`` (B, H, W) the items' pixels at the input's size.
+    Gradient rollout is taken for each image's predicted class.
+    """
+    with torch.no_grad():
+        predicted = classifier.model(inputs).argmax(dim=-1)
+    maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                   gradient_class=predicted)
+    masks = masks.to(maps.rollout.device)
+    found = {"rollout": maps.rollout, "gradient rollout": maps.gradient_rollout, "last layer": maps.heads.mean(dim=1)}
+    return maps.logits, {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
+                         for name in MAP_NAMES}
+
+
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
                       head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
                       batch_size: int = 256) -> CanvasScores:
     """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
-    as its input pipeline would (resized to its image size): accuracy, rollout mass on the item (SPEC §5,
-    the mask is the item's pixels > 0), and the item's area share (the mass of a map blind to the item)."""
+    as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
+    the last layer's attention the mass on the item (SPEC §5, the mask is the item's pixels > 0) and the
+    pointing game; and the item's area share (the mass of a map blind to the item)."""
     if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
-    generator = torch.Generator().manual_seed(seed)
-    places = torch.randint(0, canvas_size - 27, (len(images), 2), generator=generator)
-    correct, masses, areas = 0, [], []
+    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
+    correct, areas = 0, []
+    scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
     for start in range(0, len(images), batch_size):
-        chunk = images[start : start + batch_size]
-        canvases = torch.zeros(len(chunk), 1, canvas_size, canvas_size, dtype=torch.uint8)
-        for index, (left, top) in enumerate(places[start : start + batch_size].tolist()):
-            canvases[index, 0, top : top + 28, left : left + 28] = chunk[index]
+        chunk = images[start : start + batch_size, None]
+        canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
         pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
         masks = pixels[:, 0] > 0
         inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
-        maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio)
-        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
-        masses.append(mask_mass(maps.rollout.cpu(), masks))
+        logits, found = attention_scores(classifier, inputs, masks, head_fusion=head_fusion,
+                                         discard_ratio=discard_ratio)
+        correct += int((logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        for name, pair in found.items():
+            scores[name].append(pair)
         areas.append(masks.float().mean(dim=(-2, -1)))
-    return CanvasScores(len(images), correct / len(images), float(torch.cat(masses).mean()),
-                        float(torch.cat(areas).mean()))
+    maps = {name: MapScores(float(torch.cat([mass for mass, _ in pairs]).mean()),
+                            float(torch.cat([hit for _, hit in pairs]).float().mean()))
+            for name, pairs in scores.items()}
+    return CanvasScores(len(images), correct / len(images), maps, float(torch.cat(areas).mean()))
 
 
 def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",

@@ -42,9 +42,18 @@ def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: in
 
 
 class PatchEmbed(nn.Module):
-    """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size."""
+    """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size.
 
-    def __init__(self, *, img_size: int, patch_size: int, in_chans: int, embed_dim: int) -> None:
+    ``stem="conv"`` replaces that one conv by a convolutional stem after Xiao et al. (2021, "Early convolutions
+    help transformers see better"): log2(patch size) convs of stride 2, each with BatchNorm and ReLU, widths
+    D/2^(k−1) … D/2, D, then a 1×1 conv to D. Same grid, same tokens; it sees an item the same way wherever
+    the patch borders fall, and trains faster. Its convs are 4×4 with padding 1 (the paper's are 3×3): output
+    cell i then covers input cells 2i−1 … 2i+2, centred on the two it replaces, so token (r, c) is centred on
+    patch (r, c) of the image and maps drawn on the patch grid stay where the model looked.
+    """
+
+    def __init__(self, *, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
+                 stem: Literal["patch", "conv"] = "patch") -> None:
         super().__init__()
         if img_size % patch_size != 0:
             raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}")
@@ -52,7 +61,20 @@ class PatchEmbed(nn.Module):
         self.patch_size = patch_size
         self.grid_size = (img_size // patch_size, img_size // patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        if stem == "patch":
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        elif stem == "conv":
+            steps = patch_size.bit_length() - 1
+            if patch_size < 2 or 2**steps != patch_size:
+                raise ValueError(f"the conv stem needs a patch size that is a power of 2, got {patch_size}")
+            widths = [max(1, embed_dim // 2 ** (steps - 1 - i)) for i in range(steps)]
+            layers: list[nn.Module] = []
+            for width_in, width in zip([in_chans, *widths[:-1]], widths, strict=True):
+                layers += [nn.Conv2d(width_in, width, 4, stride=2, padding=1, bias=False), nn.BatchNorm2d(width),
+                           nn.ReLU(inplace=True)]
+            self.proj = nn.Sequential(*layers, nn.Conv2d(widths[-1], embed_dim, kernel_size=1))
+        else:
+            raise ValueError(f"unknown stem {stem!r}: use patch or conv")
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-2:] != (self.img_size, self.img_size):
@@ -129,6 +151,10 @@ class VisionTransformer(nn.Module):
     with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel
     (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V, faster on a CPU for a few tokens).
     ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout, as timm names it).
+    ``stem="conv"`` embeds patches with a small convolutional stem instead of one patch-sized conv (``PatchEmbed``).
+    ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"; timm's
+    ``reg_tokens``): learnt tokens after the cls token that hold no patch, where attention that has nowhere
+    useful to go can rest instead of on background patches, which keeps the attention maps on the object.
     """
 
     def __init__(
@@ -151,10 +177,15 @@ class VisionTransformer(nn.Module):
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
+        stem: Literal["patch", "conv"] = "patch",
+        reg_tokens: int = 0,
     ) -> None:
         super().__init__()
         if not 0.0 <= patch_drop_rate < 1.0:
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
+        if reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be 0 or more, got {reg_tokens}")
+        self.num_prefix_tokens = 1 + reg_tokens  # the cls token, then the registers, then the patches (timm's order)
         self.num_classes = num_classes
         self.patch_drop_rate = patch_drop_rate
         self.pos_embed_init = pos_embed_init
@@ -162,10 +193,11 @@ class VisionTransformer(nn.Module):
         self.global_pool = global_pool
         self.embed_dim = embed_dim
         self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, stem=stem
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         drop_path_rates = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
         self.blocks = nn.ModuleList(
@@ -196,10 +228,12 @@ class VisionTransformer(nn.Module):
         if self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
             with torch.no_grad():
                 self.pos_embed.zero_()
-                self.pos_embed[0, 1:] = sincos_position_embedding(self.grid_size, self.embed_dim)
+                self.pos_embed[0, self.num_prefix_tokens :] = sincos_position_embedding(self.grid_size, self.embed_dim)
         else:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
@@ -210,7 +244,7 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "reg_token"} if self.reg_token is not None else {"pos_embed", "cls_token"}
 
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
@@ -219,11 +253,15 @@ class VisionTransformer(nn.Module):
     def forward_features(
         self, x: Tensor, *, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Image (B, C, H, W) -> tokens (B, 1 + N, D), cls token first (normalised for token pooling)."""
+        """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
+        the registers, then the patches (P = ``num_prefix_tokens``)."""
         x = self.patch_embed(x)  # (B, N, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.reg_token is not None:  # registers (Darcet et al. 2024): tokens that hold no patch
+            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
+        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, D)
         x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
-        x = patch_dropout(x, self.patch_drop_rate, self.training)
+        x = patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens)
         attentions = []
         for block in self.blocks:
             x, weights = block(x, return_attention=return_attention)
@@ -234,7 +272,8 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``."""
-        pooled = x[:, 0] if self.global_pool == "token" else x[:, 1:].mean(dim=1)  # y = LN(z_L^0), or mean of patches
+        # y = LN(z_L^0), or the mean of the patch tokens
+        pooled = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(dim=1)
         x = self.head_drop(self.fc_norm(pooled))
         return x if pre_logits else self.head(x)
 

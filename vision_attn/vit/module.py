@@ -15,12 +15,16 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import VIT
+from vision_attn.metrics import mask_mass, pointing_game
 from vision_attn.schedule import decay_groups
 from vision_attn.task import BaseTask
 from vision_attn.vit.inference import Classifier, validation_figures, vit_from_hparams
 from vision_attn.vit.pretrained import load_pretrained
+from vision_attn.vit.rollout import explain
 
 log = logging.getLogger(__name__)
+
+MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing")
 
 
 class ViTClassifier(BaseTask):
@@ -28,6 +32,10 @@ class ViTClassifier(BaseTask):
 
     ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
     DataModule by the CLI, and stored with the checkpoint, so ``classify`` can preprocess new images alone.
+    When the evaluation batches carry object masks, ``(images, labels, masks)`` as
+    ``FashionMNISTCanvasDataModule``'s do, validation and test also log where rollout and the last layer's
+    attention (its heads' mean) fall: ``{stage}/rollout_mass``, ``{stage}/rollout_pointing``,
+    ``{stage}/last_layer_mass`` and ``{stage}/last_layer_pointing`` (SPEC §5; ``metrics.pointing_game``).
     After each validation epoch (not the sanity check), rank 0 logs rollout overlays of the first
     ``log_overlays`` validation images (0: none). With ``schedule_by_time`` and a ``trainer.max_time``, the
     cosine decay runs over the time budget as well as the steps (whichever is further along), so a run capped
@@ -58,6 +66,8 @@ class ViTClassifier(BaseTask):
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
+        stem: Literal["patch", "conv"] = "patch",
+        reg_tokens: int = 0,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -88,6 +98,9 @@ class ViTClassifier(BaseTask):
         # ranks with fewer images too much)
         self.val_loss = torchmetrics.MeanMetric()
         self.test_loss = torchmetrics.MeanMetric()
+        # where the maps fall, when the evaluation batches carry object masks (FashionMNISTCanvasDataModule)
+        self.map_scores = torch.nn.ModuleDict({f"{stage}_{name}": torchmetrics.MeanMetric() for stage in ("val", "test")
+                                               for name in MAP_SCORES})
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
 
@@ -103,25 +116,35 @@ class ViTClassifier(BaseTask):
         self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
         return loss
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, stage: str, accuracy: torchmetrics.Metric,
+    def _evaluate(self, batch: tuple[Tensor, ...] | None, stage: str, accuracy: torchmetrics.Metric,
                   mean_loss: torchmetrics.Metric) -> None:
         if batch is None:
             return
-        images, labels = batch
-        logits = self.model(images)
+        images, labels, *masks = batch
+        if masks:  # items with masks: also score where rollout and the last layer's attention fall (SPEC §5)
+            maps = explain(self.model, images)
+            logits = maps.logits
+            found = {"rollout": maps.rollout, "last_layer": maps.heads.mean(dim=1)}
+            for name, weights in found.items():
+                self.map_scores[f"{stage}_{name}_mass"](mask_mass(weights, masks[0]))
+                self.map_scores[f"{stage}_{name}_pointing"](pointing_game(weights, masks[0]).float())
+            for name in MAP_SCORES:
+                self.log(f"{stage}/{name}", self.map_scores[f"{stage}_{name}"])
+        else:
+            logits = self.model(images)
         accuracy(logits, labels)
         mean_loss(F.cross_entropy(logits, labels, reduction="none"))
         self.log(f"{stage}/loss", mean_loss)
         self.log(f"{stage}/acc", accuracy, prog_bar=True)
 
-    def validation_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...] | None, batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
 
     def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
         classifier = Classifier.from_hparams(self.model, self.hparams)
         return validation_figures(classifier, batch[0][:count].detach(), batch[1][:count].detach())
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:

@@ -79,7 +79,7 @@ def load_pretrained(model: VisionTransformer, path: str | os.PathLike) -> list[s
         kernel = adapt_input_conv(state[patch_key], own[patch_key].shape[1])
         state[patch_key] = resize_patch_kernel(kernel, own[patch_key].shape[-1]).to(own[patch_key].dtype)
     if "pos_embed" in state and state["pos_embed"].shape != own["pos_embed"].shape:
-        state["pos_embed"] = resample_pos_embed(state["pos_embed"], model.grid_size)
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], model.grid_size, model.num_prefix_tokens)
         log.info("resampled the position embedding of %s to a %dx%d grid", path, *model.grid_size)
     for key in ("head.weight", "head.bias"):
         if key in state and (key not in own or state[key].shape != own[key].shape):

@@ -84,23 +84,25 @@ def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor]) 
     return relevance - eye
 
 
-def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token") -> Tensor:
+def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
     """The classifier's view of (B, N, N) token-to-token weights over the patches: (B, Gh, Gw).
 
-    The cls token's row for ``token`` pooling; the mean of the patch rows for ``avg`` pooling.
+    The cls token's row for ``token`` pooling; the mean of the patch rows for ``avg`` pooling. The first
+    ``prefix_tokens`` tokens (the cls token and any registers) hold no patch and are left out.
     """
-    rows = matrix[:, 0] if global_pool == "token" else matrix[:, 1:].mean(dim=1)
-    patches = rows[:, 1:]
+    rows = matrix[:, 0] if global_pool == "token" else matrix[:, prefix_tokens:].mean(dim=1)
+    patches = rows[:, prefix_tokens:]
     if patches.shape[-1] != grid[0] * grid[1]:
         raise ValueError(f"{patches.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid")
     return patches.reshape(-1, *grid)
 
 
-def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_pool: str = "token") -> Tensor:
+def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_pool: str = "token",
+                    prefix_tokens: int = 1) -> Tensor:
     """Last-layer attention of the pooled token(s) to the patches, per head: (B, H, Gh, Gw)."""
     last = attentions[-1]  # (B, H, N, N)
     batch, heads, tokens, _ = last.shape
-    maps = class_map(last.reshape(batch * heads, tokens, tokens), grid, global_pool)
+    maps = class_map(last.reshape(batch * heads, tokens, tokens), grid, global_pool, prefix_tokens)
     return maps.reshape(batch, heads, *grid)
 
 
@@ -115,21 +117,23 @@ class AttentionMaps:
 
 
 def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion = "mean",
-            discard_ratio: float = 0.0, gradient_class: int | None = None) -> AttentionMaps:
-    """Logits and attention maps for a batch; the gradient rollout too when ``gradient_class`` is given."""
-    grid, pool = model.grid_size, model.global_pool
+            discard_ratio: float = 0.0, gradient_class: int | Tensor | None = None) -> AttentionMaps:
+    """Logits and attention maps for a batch; the gradient rollout too when ``gradient_class`` is given: one
+    class for every image, or a (B,) tensor of one class per image."""
+    grid, pool, prefix = model.grid_size, model.global_pool, model.num_prefix_tokens
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
         logits, attentions = model(images, return_attention=True)
         maps = AttentionMaps(
             logits=logits.detach(),
-            heads=last_layer_maps([a.detach() for a in attentions], grid, pool),
+            heads=last_layer_maps([a.detach() for a in attentions], grid, pool, prefix),
             rollout=class_map(attention_rollout([a.detach() for a in attentions], head_fusion=head_fusion,
-                                                discard_ratio=discard_ratio), grid, pool),
+                                                discard_ratio=discard_ratio), grid, pool, prefix),
         )
         if gradient_class is not None:
-            if not 0 <= gradient_class < logits.shape[-1]:
+            classes = torch.as_tensor(gradient_class, device=logits.device).expand(logits.shape[0])
+            if not bool(((classes >= 0) & (classes < logits.shape[-1])).all()):
                 raise ValueError(f"class {gradient_class} is not one of the model's {logits.shape[-1]} classes")
-            gradients = torch.autograd.grad(logits[:, gradient_class].sum(), attentions)
+            gradients = torch.autograd.grad(logits.gather(1, classes[:, None]).sum(), attentions)
             maps.gradient_rollout = class_map(gradient_rollout([a.detach() for a in attentions], gradients), grid,
-                                              pool)
+                                              pool, prefix)
     return maps

@@ -1,0 +1,117 @@
+"""Fashion-MNIST items on a larger canvas: the DataModule's placements, masks and labels, the pointing game and
+mass on hand-made maps, and the canvas config through the CLI on a tiny budget, with `rollout-mass`."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_in_process, run_script
+from vision_attn.data.fashion_mnist import (
+    canvas_mean_std,
+    find_fashion_mnist,
+    load_fashion_mnist,
+    place_on_canvas,
+    random_places,
+)
+from vision_attn.metrics import mask_mass, pointing_game
+
+CANVAS_CONFIG = REPO / "configs" / "vit" / "fashion_mnist_canvas.yaml"
+
+
+def test_placing_items_keeps_every_pixel_and_nothing_else() -> None:
+    items = torch.randint(1, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    places = torch.tensor([[0, 0], [28, 28], [3, 17], [28, 0], [11, 5]])  # (left, top), corners included
+    canvases = place_on_canvas(items, places, 56)
+    assert canvases.shape == (5, 1, 56, 56) and canvases.dtype == torch.uint8
+    for canvas, item, (left, top) in zip(canvases, items, places.tolist(), strict=True):
+        assert torch.equal(canvas[:, top : top + 28, left : left + 28], item)
+        assert int((canvas > 0).sum()) == 28 * 28  # nothing outside the item's square
+    drawn = random_places(10_000, 56, generator=torch.Generator().manual_seed(0))
+    assert int(drawn.min()) == 0 and int(drawn.max()) == 28  # every place that keeps the item whole
+
+
+def test_canvas_mean_and_std_are_those_of_the_placed_items() -> None:
+    images, _ = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "train")
+    items = images[:4000, None]
+    canvases = place_on_canvas(items, random_places(len(items), 56), 56).float() / 255
+    mean, std = canvas_mean_std(56)
+    assert abs(float(canvases.mean()) - mean) < 0.01 and abs(float(canvases.std()) - std) < 0.01
+
+
+def test_canvas_datamodule_masks_and_labels_belong_to_the_item() -> None:
+    from vision_attn.datamodules import FashionMNISTCanvasDataModule
+
+    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=64, eval_batch_size=100)
+    data.setup("test")
+    images, labels = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "test")
+    canvases, canvas_labels = data.test_set.images, data.test_set.labels  # type: ignore[union-attr]
+    assert canvases.shape == (10_000, 1, 56, 56) and torch.equal(canvas_labels, labels)
+    # each canvas holds its own item, whole, somewhere: the same pixel total and the same bright pixels
+    assert torch.equal(canvases.flatten(1).long().sum(1), images.flatten(1).long().sum(1))
+    assert torch.equal((canvases > 0).flatten(1).sum(1), (images > 0).flatten(1).sum(1))
+    batch = next(iter(data.test_dataloader()))
+    inputs, batch_labels, masks = data.on_after_batch_transfer(batch, 0)
+    assert inputs.dtype == torch.float32 and inputs.shape == (100, 1, 56, 56)
+    assert torch.equal(batch_labels, labels[:100]) and torch.equal(masks, canvases[:100, 0] > 0)
+    # the places differ between items, and are the same on every setup (a fixed test split)
+    corners = [tuple(int(v) for v in torch.nonzero(mask)[0]) for mask in masks[:20]]
+    assert len(set(corners)) > 10
+    again = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500)
+    again.setup("test")
+    assert torch.equal(again.test_set.images, canvases)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="at least 28"):
+        FashionMNISTCanvasDataModule(canvas_size=20)
+
+
+def test_pointing_and_mass_on_hand_made_maps() -> None:
+    mask = torch.zeros(1, 56, 56, dtype=torch.bool)
+    mask[0, 8:24, 16:40] = True  # rows 1-2, columns 2-4 of a 7x7 grid of 8-pixel cells
+    on_item = torch.zeros(1, 7, 7)
+    on_item[0, 1:3, 2:5] = 1.0
+    assert float(mask_mass(on_item, mask)) == pytest.approx(1.0)
+    assert bool(pointing_game(on_item, mask))
+    peak_elsewhere = on_item.clone()
+    peak_elsewhere[0, 6, 6] = 5.0
+    assert not bool(pointing_game(peak_elsewhere, mask))
+    uniform = torch.ones(1, 7, 7)
+    assert float(mask_mass(uniform, mask)) == pytest.approx(float(mask.float().mean()))
+    # a blind map points at random: over many masks at random places it hits about as often as their area
+    masks = place_on_canvas(torch.full((2000, 1, 28, 28), 255, dtype=torch.uint8),
+                            random_places(2000, 56, generator=torch.Generator().manual_seed(1)), 56)[:, 0] > 0
+    hits = pointing_game(torch.rand(2000, 7, 7, generator=torch.Generator().manual_seed(2)), masks)
+    assert abs(float(hits.float().mean()) - 0.25) < 0.04
+
+
+def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path) -> None:
+    checkpoints = tmp_path / "ckpt"
+    (tmp_path / "tiny.yaml").write_text(
+        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        f"      init_args: {{dirpath: {checkpoints}, filename: best, monitor: val/acc, mode: max}}\n")
+    tiny = ["--config", str(tmp_path / "tiny.yaml"), "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
+            "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false",
+            "--data.init_args.batch_size", "64", "--data.init_args.eval_batch_size", "100",
+            "--model.init_args.embed_dim", "32", "--model.init_args.depth", "2", "--model.init_args.num_heads", "2",
+            "--model.init_args.log_overlays", "0",
+            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.default_root_dir", str(tmp_path)]
+    fit = run_in_process("fit", "--config", str(CANVAS_CONFIG), *tiny, "--trainer.logger.save_dir",
+                         str(tmp_path / "fit"))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    checkpoint = checkpoints / "best.ckpt"
+    test = run_in_process("test", "--config", str(CANVAS_CONFIG), "--ckpt_path", str(checkpoint), *tiny,
+                          "--trainer.logger.save_dir", str(tmp_path / "test"))
+    assert test.returncode == 0, test.stderr[-3000:]
+    rows = [row for path in tmp_path.rglob("metrics.csv") for row in csv.DictReader(path.open())]
+    logged = {key: float(value) for row in rows for key, value in row.items() if value and "/" in key}
+    for name in ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing"):
+        assert 0.0 <= logged[f"val/{name}"] <= 1.0 and 0.0 <= logged[f"test/{name}"] <= 1.0
+    result = run_script("rollout-mass", "--ckpt", str(checkpoint), "--count", "64")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert "64 Fashion-MNIST test items on 56x56 canvases" in lines[0]
+    scores = {line[:18].strip(): [float(value) for value in line[18:].split()] for line in lines[2:]}
+    assert set(scores) == {"rollout", "gradient rollout", "last layer"}
+    assert all(0.0 <= value <= 1.0 for pair in scores.values() for value in pair)
