@@ -56,5 +56,9 @@ def time_loader() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in ("plain", "stem", "compile", "loader"):
-        sys.exit("usage: python scripts/vit_step_time.py plain|stem|compile|loader")
-    time_loader() if sys.argv[1] == "loader" else time_steps(sys.argv[1])
+        print("usage: python scripts/vit_step_time.py plain|stem|compile|loader", file=sys.stderr)
+        sys.exit(2)
+    if sys.argv[1] == "loader":
+        time_loader()
+    else:
+        time_steps(sys.argv[1])

@@ -29,7 +29,7 @@ from vision_attn.errors import CheckpointError
 from vision_attn.metrics import mask_mass, pointing_game
 from vision_attn.overlay import fit_within, vit_figure
 from vision_attn.vit.model import VisionTransformer
-from vision_attn.vit.rollout import HeadFusion, explain
+from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
 
 
 def vit_from_hparams(hparams: Mapping[str, Any]) -> VisionTransformer:
@@ -183,29 +183,17 @@ class CanvasScores(NamedTuple):
     maps: dict[str, MapScores]
     mask_area_share: float
 
-    @property
-    def rollout_mass_in_mask(self) -> float:
-        return self.maps["rollout"].mass_in_mask
-
 
 MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads' mean, from the pooled token(s)
 
 
-def attention_scores(classifier: Classifier, inputs: Tensor, masks: Tensor, *, head_fusion: HeadFusion = "mean",
-                     discard_ratio: float = 0.0) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
-    """One batch's logits, and per map of ``MAP_NAMES`` its (mass on the mask, pointing hit) per image.
-
-    ``inputs`` are normalised network inputs, ``masks`` (B, H, W) the items' pixels at the input's size.
-    Gradient rollout is taken for each image's predicted class.
-    """
-    with torch.no_grad():
-        predicted = classifier.model(inputs).argmax(dim=-1)
-    maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                   gradient_class=predicted)
+def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per map of ``MAP_NAMES`` that ``maps`` holds (gradient rollout only when it was asked for): its mass on
+    the mask (SPEC §5) and its pointing-game hit, per image. ``masks`` (B, H, W) are at the input's size."""
     masks = masks.to(maps.rollout.device)
     found = {"rollout": maps.rollout, "gradient rollout": maps.gradient_rollout, "last layer": maps.heads.mean(dim=1)}
-    return maps.logits, {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
-                         for name in MAP_NAMES}
+    return {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
+            for name in MAP_NAMES if found[name] is not None}
 
 
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
@@ -226,10 +214,10 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
         pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
         masks = pixels[:, 0] > 0
         inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
-        logits, found = attention_scores(classifier, inputs, masks, head_fusion=head_fusion,
-                                         discard_ratio=discard_ratio)
-        correct += int((logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
-        for name, pair in found.items():
+        maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                       gradient_class="predicted")
+        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        for name, pair in map_scores(maps, masks).items():
             scores[name].append(pair)
         areas.append(masks.float().mean(dim=(-2, -1)))
     maps = {name: MapScores(float(torch.cat([mass for mass, _ in pairs]).mean()),

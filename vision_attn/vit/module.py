@@ -15,10 +15,9 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import VIT
-from vision_attn.metrics import mask_mass, pointing_game
 from vision_attn.schedule import decay_groups
 from vision_attn.task import BaseTask
-from vision_attn.vit.inference import Classifier, validation_figures, vit_from_hparams
+from vision_attn.vit.inference import Classifier, map_scores, validation_figures, vit_from_hparams
 from vision_attn.vit.pretrained import load_pretrained
 from vision_attn.vit.rollout import explain
 
@@ -124,10 +123,10 @@ class ViTClassifier(BaseTask):
         if masks:  # items with masks: also score where rollout and the last layer's attention fall (SPEC §5)
             maps = explain(self.model, images)
             logits = maps.logits
-            found = {"rollout": maps.rollout, "last_layer": maps.heads.mean(dim=1)}
-            for name, weights in found.items():
-                self.map_scores[f"{stage}_{name}_mass"](mask_mass(weights, masks[0]))
-                self.map_scores[f"{stage}_{name}_pointing"](pointing_game(weights, masks[0]).float())
+            for name, (mass, hits) in map_scores(maps, masks[0]).items():  # rollout and the last layer
+                key = f"{stage}_{name.replace(' ', '_')}"
+                self.map_scores[f"{key}_mass"](mass)
+                self.map_scores[f"{key}_pointing"](hits.float())
             for name in MAP_SCORES:
                 self.log(f"{stage}/{name}", self.map_scores[f"{stage}_{name}"])
         else:

@@ -117,9 +117,11 @@ class AttentionMaps:
 
 
 def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion = "mean",
-            discard_ratio: float = 0.0, gradient_class: int | Tensor | None = None) -> AttentionMaps:
+            discard_ratio: float = 0.0, gradient_class: int | Tensor | Literal["predicted"] | None = None
+            ) -> AttentionMaps:
     """Logits and attention maps for a batch; the gradient rollout too when ``gradient_class`` is given: one
-    class for every image, or a (B,) tensor of one class per image."""
+    class for every image, a (B,) tensor of one class per image, or ``"predicted"``, each image's top class
+    (read from the same forward pass)."""
     grid, pool, prefix = model.grid_size, model.global_pool, model.num_prefix_tokens
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
         logits, attentions = model(images, return_attention=True)
@@ -130,7 +132,10 @@ def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion
                                                 discard_ratio=discard_ratio), grid, pool, prefix),
         )
         if gradient_class is not None:
-            classes = torch.as_tensor(gradient_class, device=logits.device).expand(logits.shape[0])
+            if isinstance(gradient_class, str) and gradient_class == "predicted":
+                classes = logits.detach().argmax(dim=-1)
+            else:
+                classes = torch.as_tensor(gradient_class, device=logits.device).expand(logits.shape[0])
             if not bool(((classes >= 0) & (classes < logits.shape[-1])).all()):
                 raise ValueError(f"class {gradient_class} is not one of the model's {logits.shape[-1]} classes")
             gradients = torch.autograd.grad(logits.gather(1, classes[:, None]).sum(), attentions)
