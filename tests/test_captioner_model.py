@@ -29,11 +29,14 @@ PAD, START, END = 0, 1, 2
 
 
 def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft", coverage: bool = False,
-                 attend_with_word: bool = False, word_counts: bool = False) -> AttentionDecoder:
+                 attend_with_word: bool = False, word_counts: bool = False, attention_score: str = "additive",
+                 attention_heads: int = 2) -> AttentionDecoder:
     torch.manual_seed(0)
     decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
-                               attention_dim=7, dropout=0.0, attention_mode=attention, coverage=coverage,
-                               attend_with_word=attend_with_word, word_counts=word_counts)
+                               attention_dim=8 if attention_score == "multihead" else 7, dropout=0.0,
+                               attention_mode=attention, coverage=coverage, attend_with_word=attend_with_word,
+                               word_counts=word_counts, attention_score=attention_score,
+                               attention_heads=attention_heads)
     if word_counts:  # ρ starts at 0; give it values, so that the counts change the words' scores
         nn.init.normal_(decoder.repeat_weight, std=2.0)
     return decoder
@@ -42,6 +45,9 @@ def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str =
 # The decoder's options that carry state from step to step: none (the paper), the attention's coverage, and
 # coverage with the last word in the attention's query and the words' counts in the deep output
 VARIANTS = [{}, {"coverage": True}, {"coverage": True, "attend_with_word": True, "word_counts": True}]
+# ... and each of the other attention scores, with all of those options
+VARIANTS += [{"attention_score": score, "coverage": True, "attend_with_word": True, "word_counts": True}
+             for score in ("dot", "general", "scaled_dot", "multihead")]
 
 
 def captions_batch() -> torch.Tensor:
@@ -81,7 +87,7 @@ def test_teacher_forcing_equals_step_by_step_decoding(options: dict) -> None:
     output = decoder(annotations, captions)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
     for t in range(captions.shape[1] - 1):
-        logits, alpha, beta, state, _ = decoder.step(captions[:, t], image, state)
+        logits, alpha, beta, state, *_ = decoder.step(captions[:, t], image, state)
         assert torch.allclose(logits, output.logits[:, t], atol=1e-5)
         assert torch.allclose(alpha, output.alphas[:, t], atol=1e-6)
         assert torch.allclose(beta, output.betas[:, t], atol=1e-6)
@@ -246,7 +252,7 @@ def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(options: dic
         image, state = decoder.encode(annotations[b : b + 1]), decoder.initial_state(annotations[b : b + 1])
         word = torch.tensor([START])
         for _ in range(6):
-            logits, _, _, state, _ = decoder.step(word, image, state)
+            logits, _, _, state, *_ = decoder.step(word, image, state)
             logits[:, [START, PAD]] = float("-inf")
             word = logits.argmax(-1)
             if word.item() == END:
@@ -344,7 +350,7 @@ def test_hard_attention_samples_one_location_and_gradients_flow() -> None:
     # the context of a hard step is exactly one annotation vector, scaled by β
     decoder.eval()
     image, state = decoder.encode(annotations.detach()), decoder.initial_state(annotations.detach())
-    context, alpha, beta, _ = decoder.context(image, state)
+    context, alpha, beta, *_ = decoder.context(image, state)
     chosen = annotations.detach()[torch.arange(2), alpha.argmax(1)]
     assert torch.allclose(context, beta[:, None] * chosen, atol=1e-6)
 

@@ -3,8 +3,14 @@
 - Scaled dot-product attention, Softmax(QKᵀ/√d)V (Vaswani et al. 2017), as used by the ViT
   (Dosovitskiy et al. 2020). The fused ``F.scaled_dot_product_attention`` kernel is the default path;
   the explicit path runs only when the caller asks for the attention weights.
-- Additive (Bahdanau) attention, e_i = w·tanh(W_a a_i + W_h h), α = softmax(e), as used by the
-  "Show, Attend and Tell" soft attention (Xu et al. 2015, §4.2).
+- The scores of the captioner's attention over annotation vectors a_i, queried by the decoder's state h
+  (``attention_score``; α = softmax(e) over the locations):
+  - additive (Bahdanau et al. 2015; the "Show, Attend and Tell" paper's, Xu et al. 2015 §4.2):
+    e_i = w·tanh(W_a a_i + W_h h);
+  - dot (Luong et al. 2015): e_i = hᵀ (W_a a_i), the annotations projected once to the query's width;
+  - general (Luong et al. 2015, bilinear): e_i = hᵀ W a_i;
+  - scaled_dot (Vaswani et al. 2017): e_i = (W_q h)ᵀ (W_k a_i) / √d;
+  - multihead: K scaled-dot heads over split widths, each with its own α; head k reads the k-th slice of a_i.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class AdditiveAttention(nn.Module):
+    heads = 1  # one α per query
     """Bahdanau attention over a set of annotation vectors a_i ∈ R^D, queried by a hidden state h.
 
     The projection W_a a_i does not depend on the query, so ``project_annotations`` computes it once per
@@ -151,3 +158,93 @@ class AdditiveAttention(nn.Module):
                 for i in range(0, batch, rows)
             ])
         return scores.view(batch * per_image, locations).softmax(dim=-1)  # α = softmax(e)
+
+
+class ProductAttention(nn.Module):
+    """The product scores, e_i = qᵀ k_i · s with k_i computed once per image and q once per step.
+
+    ====================  =====================  ==========================  ===========
+    score                 k_i (once per image)   q (every step)              s
+    ====================  =====================  ==========================  ===========
+    dot (Luong)           W_a a_i  (to |h|)      h                           1
+    general (Luong)       a_i                    Wᵀ h  (so qᵀk_i = hᵀ W a_i)   1
+    scaled_dot (Vaswani)  W_k a_i                W_q h                       1/√d
+    multihead             W_k a_i, K slices      W_q h, K slices             1/√(d/K)
+    ====================  =====================  ==========================  ===========
+
+    dot and general score the same bilinear family (a bias on W_a adds hᵀb to every e_i, which the softmax
+    ignores); they differ in where the product is taken and so in what a step costs: dot in the query's width
+    over the projected annotations, general in the annotations' width with the query projected each step
+    (nothing per image to project at all).
+
+    As for the additive score: ``coverage`` adds w_c c_ti to e_ti (one learnt w_c per head; Tu et al. 2016),
+    and ``word_dim`` adds the word just emitted to the query, q = … + W_y E y_{t-1}.
+    """
+
+    SCORES = ("dot", "general", "scaled_dot", "multihead")
+
+    def __init__(self, score: str, annotation_dim: int, query_dim: int, attention_dim: int, *, heads: int = 1,
+                 coverage: bool = False, word_dim: int = 0) -> None:
+        super().__init__()
+        if score not in self.SCORES:
+            raise ValueError(f"unknown attention score {score!r}: use additive, {', '.join(self.SCORES)}")
+        if score != "multihead":
+            heads = 1
+        elif heads < 1 or attention_dim % heads or annotation_dim % heads:
+            raise ValueError(f"multihead attention needs attention_dim ({attention_dim}) and the annotation width "
+                             f"({annotation_dim}) to be multiples of attention_heads, got {heads}")
+        self.score_name, self.heads = score, heads
+        key_dim = {"dot": query_dim, "general": annotation_dim}.get(score, attention_dim)
+        self.scale = (key_dim // heads) ** -0.5 if score in ("scaled_dot", "multihead") else 1.0
+        # W_a (dot) or W_k: a_i -> k_i; general keeps a_i as it is
+        self.annotation_proj = None if score == "general" else nn.Linear(annotation_dim, key_dim)
+        # W_q (scaled_dot, multihead) or Wᵀ (general): h -> q; dot reads h as it is
+        self.query_proj = None if score == "dot" else nn.Linear(query_dim, key_dim, bias=score != "general")
+        self.word_proj = nn.Linear(word_dim, key_dim, bias=False) if word_dim else None  # W_y
+        self.coverage_proj = nn.Linear(1, heads, bias=False) if coverage else None  # w_c, one per head
+
+    def project_annotations(self, annotations: Tensor) -> Tensor:
+        """k_i for all i, once per image: (B, L, D) -> (B, L, d)."""
+        return annotations if self.annotation_proj is None else self.annotation_proj(annotations)
+
+    def forward(self, keys: Tensor, query: Tensor, coverage: Tensor | None = None,
+                word: Tensor | None = None) -> Tensor:
+        """α (B·r, L), or (B·r, K, L) with K > 1 heads, for r queries per image (B·r, Q).
+
+        ``keys`` (B, L, d) are shared by the r queries of each image, never copied; query row n belongs to
+        image n // r. ``coverage`` and ``word`` as for ``AdditiveAttention``.
+        """
+        batch, locations, width = keys.shape
+        if query.shape[0] % batch:
+            raise ValueError(f"{query.shape[0]} queries for {batch} images: expected a multiple")
+        per_image, heads = query.shape[0] // batch, self.heads
+        q = query if self.query_proj is None else self.query_proj(query)  # q, (B·r, d)
+        if self.word_proj is not None:
+            if word is None:
+                raise ValueError("this attention reads the word just emitted: pass E y_{t-1}")
+            q = q + self.word_proj(word)  # q + W_y E y_{t-1}
+        q = q.view(batch, per_image, heads, width // heads).transpose(1, 2)  # (B, K, r, d/K)
+        k = keys.view(batch, locations, heads, width // heads).permute(0, 2, 3, 1)  # (B, K, d/K, L)
+        scores = torch.matmul(q, k)  # qᵀ k_i, (B, K, r, L)
+        if self.scale != 1.0:
+            scores = scores * self.scale
+        if self.coverage_proj is not None:
+            if coverage is None:
+                raise ValueError("this attention reads coverage: pass c_t, the attention summed over past steps")
+            # + w_c c_ti, one w_c per head: (1, K, 1, 1) · (B, 1, r, L)
+            scores = scores + self.coverage_proj.weight.view(1, heads, 1, 1) * coverage.view(
+                batch, 1, per_image, locations)
+        alpha = scores.softmax(dim=-1).transpose(1, 2).reshape(batch * per_image, heads, locations)  # α = softmax(e)
+        return alpha.squeeze(1) if heads == 1 else alpha
+
+
+ATTENTION_SCORES = ("additive",) + ProductAttention.SCORES
+
+
+def annotation_attention(score: str, annotation_dim: int, query_dim: int, attention_dim: int, *, heads: int = 4,
+                         coverage: bool = False, word_dim: int = 0) -> AdditiveAttention | ProductAttention:
+    """The captioner's attention for ``score`` (one of ``ATTENTION_SCORES``); ``heads`` is read by multihead."""
+    if score == "additive":
+        return AdditiveAttention(annotation_dim, query_dim, attention_dim, coverage=coverage, word_dim=word_dim)
+    return ProductAttention(score, annotation_dim, query_dim, attention_dim, heads=heads, coverage=coverage,
+                            word_dim=word_dim)

@@ -222,7 +222,8 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
     """The paper's figure for one SPEC §4 record: the image, then one panel per word with α_t over the image.
 
     The captioner squashed the whole image to its square input, so the α grid covers the whole image and is
-    stretched back to the image's own aspect ratio. Each panel is titled with the word and β_t.
+    stretched back to the image's own aspect ratio. Each panel is titled with the word and β_t. A record of a
+    multihead score (``head_alphas``) adds, under each word's mean α, one panel per head.
     ``style`` goes to ``heat_panel`` (upsampling mode, sigma, colour map, opacity).
     """
     tokens, alphas, betas = record.get("tokens"), record.get("alphas"), record.get("betas")
@@ -233,6 +234,10 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
     if len(alphas) != len(tokens):
         raise ValueError(f"{record.get('file_name')}: {len(alphas)} α rows for {len(tokens)} tokens")
     betas = betas if isinstance(betas, list) and len(betas) == len(tokens) else [None] * len(tokens)
+    heads = record.get("head_alphas")
+    if heads is not None and not (isinstance(heads, list) and len(heads) == len(tokens) and heads
+                                  and all(isinstance(h, list) and len(h) == len(heads[0]) for h in heads)):
+        raise ValueError(f"{record.get('file_name')}: head_alphas must hold one list of K α rows per token")
     shown = fit_within(image.convert("RGB"), panel_size)
     panels = [(shown, "image")]
     for word, alpha, beta in zip(tokens, alphas, betas, strict=True):
@@ -240,7 +245,16 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
         if weights.numel() != grid[0] * grid[1]:
             raise ValueError(f"{record.get('file_name')}: α row of {weights.numel()} values for a {grid} grid")
         title = word if beta is None else f"{word} (β {beta:.2f})"
-        panels.append((heat_panel(shown, weights.view(*grid), **style), title))
+        panels.append((heat_panel(shown, weights.view(*grid), **style), title + (" mean" if heads else "")))
+    if heads:  # one row per head, each word in the same column as its mean above
+        rows = [panels]
+        for k in range(len(heads[0])):
+            blank = Image.new("RGB", shown.size, "white")
+            rows.append([(blank, "")] + [(heat_panel(shown, torch.tensor(word_heads[k], dtype=torch.float32)
+                                                     .view(*grid), **style), f"{word} head {k + 1}")
+                                         for word, word_heads in zip(tokens, heads, strict=True)])
+        return panel_grid([panel for row in rows for panel in row], columns=len(panels),
+                          header=record.get("caption", " ".join(tokens)))
     return panel_grid(panels, columns=columns + 1 if len(panels) <= columns + 1 else columns,
                       header=record.get("caption", " ".join(tokens)))
 

@@ -23,9 +23,14 @@ RECORD_KEYS = ("image_id", "file_name", "caption", "tokens", "grid", "image_size
 
 
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
-                   image_size: tuple[int, int], file_name: str = "") -> dict[str, Any]:
-    """A SPEC §4 record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words."""
-    return {
+                   image_size: tuple[int, int], file_name: str = "", head_alphas: Tensor | None = None
+                   ) -> dict[str, Any]:
+    """A SPEC §4 record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words.
+
+    With a multihead attention score, ``head_alphas`` (T, K, L) adds each head's α as ``head_alphas`` (one
+    list of K rows per token; ``alphas`` is their mean), a key SPEC §4 readers can ignore.
+    """
+    record = {
         "image_id": image_id,
         "file_name": file_name,
         "caption": " ".join(words),
@@ -35,6 +40,9 @@ def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: T
         "alphas": [[round(float(a), 6) for a in row] for row in alphas.tolist()],
         "betas": [round(float(b), 6) for b in betas.tolist()],
     }
+    if head_alphas is not None:
+        record["head_alphas"] = [[[round(float(a), 6) for a in row] for row in word] for word in head_alphas.tolist()]
+    return record
 
 
 def write_results(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:
@@ -52,7 +60,8 @@ def _is_weight(value: Any) -> bool:
 
 def record_problem(record: Any) -> str | None:
     """What is wrong with a SPEC §4 record that carries attention, or None: every field of the right type and
-    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given."""
+    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given, and K such
+    rows per token if ``head_alphas`` is given."""
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
@@ -79,6 +88,14 @@ def record_problem(record: Any) -> str | None:
     if betas is not None and not (isinstance(betas, list) and len(betas) == len(tokens)
                                   and all(map(_is_weight, betas))):
         return f"betas must hold one finite number >= 0 per token ({len(tokens)})"
+    heads = record.get("head_alphas")
+    if heads is not None:
+        if not isinstance(heads, list) or len(heads) != len(tokens) or not all(
+                isinstance(word, list) and word and len(word) == len(heads[0]) for word in heads):
+            return f"head_alphas must hold one list of K α rows per token ({len(tokens)})"
+        if any(not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row))
+               for word in heads for row in word):
+            return f"head_alphas rows must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
     return None
 
 

@@ -16,13 +16,15 @@ from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 
 @dataclass
 class Hypothesis:
-    """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word."""
+    """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word, and
+    each head's α (T, K, L) with a multihead attention score."""
 
     tokens: list[int]
     alphas: Tensor
     betas: Tensor
     log_prob: float
     score: float
+    head_alphas: Tensor | None = None
 
 
 def _select(state: DecoderState, index: Tensor) -> DecoderState:
@@ -68,8 +70,9 @@ def beam_search(
     history_tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     history_alphas = torch.zeros(batch, k, 0, locations, device=device)
     history_betas = torch.zeros(batch, k, 0, device=device)
+    history_heads = None  # (B, k, T, K, L) with a multihead score
     for t in range(max_length + 1):  # up to max_length words, then <end>
-        logits, alpha, beta, new_state, _ = decoder.step(words, image, state)
+        logits, alpha, beta, new_state, _, heads = decoder.step(words, image, state)
         log_probs = logits.float().log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V); fp32 under autocast too
         vocab = log_probs.shape[-1]
         log_probs[..., start_id] = float("-inf")
@@ -94,6 +97,11 @@ def beam_search(
         step_beta = beta[rows].view(batch, k, 1)
         history_alphas = torch.cat([history_alphas[torch.arange(batch, device=device)[:, None], parent], step_alpha], 2)
         history_betas = torch.cat([history_betas.gather(1, parent[..., None].expand_as(history_betas)), step_beta], 2)
+        if heads is not None:
+            step_heads = heads[rows].view(batch, k, 1, *heads.shape[1:])
+            kept = step_heads[:, :, :0] if history_heads is None else \
+                history_heads[torch.arange(batch, device=device)[:, None], parent]
+            history_heads = torch.cat([kept, step_heads], 2)
         lengths = lengths.gather(1, parent) + (~was_finished).float()
         finished = was_finished | (token == end_id)
         state = _select(new_state, rows)
@@ -115,6 +123,7 @@ def beam_search(
                 betas=history_betas[b, j, :keep].cpu(),
                 log_prob=float(scores[b, j]),
                 score=float(normalised[b, j]),
+                head_alphas=None if history_heads is None else history_heads[b, j, :keep].cpu(),
             ))
         results.append(beams)
     return results
@@ -159,7 +168,7 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
     tokens, log_probs, masks, alphas = [], [], [], []
     never = torch.tensor([start_id, pad_id], device=annotations.device)
     for t in range(max_length + 1):
-        logits, alpha, _, state, location = decoder.step(words, image, state, sample=hard)
+        logits, alpha, _, state, location, _ = decoder.step(words, image, state, sample=hard)
         if t == max_length:  # the last step can only end the caption
             logits = torch.full_like(logits, float("-inf"))
             logits[:, end_id] = 0.0

@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from vision_attn.attention import AdditiveAttention
+from vision_attn.attention import ATTENTION_SCORES, annotation_attention
 
 
 @dataclass
@@ -44,7 +44,7 @@ class EncodedImage:
     """Per-image tensors computed once and reused at every step."""
 
     annotations: Tensor  # a (B, L, D)
-    projected: Tensor  # W_a a (B, L, A)
+    projected: Tensor  # W_a a (B, L, A): what the score precomputes per image (the keys k_i of a product score)
 
 
 @dataclass
@@ -59,24 +59,28 @@ class DecoderOutput:
 
 
 class AttendedContext(NamedTuple):
-    """What attention gives at step t: the gated context z_t (B, D), α_t (B, L), β_t (B,), and the sampled
-    location s_t (B,) when hard attention samples (else None)."""
+    """What attention gives at step t: the gated context z_t (B, D), α_t (B, L), β_t (B,), the sampled
+    location s_t (B,) when hard attention samples (else None), and each head's α (B, K, L) with a multihead
+    score (else None; α_t is then their mean)."""
 
     context: Tensor
     alpha: Tensor
     beta: Tensor
     location: Tensor | None
+    heads: Tensor | None = None
 
 
 class DecoderStep(NamedTuple):
-    """One decoding step: word logits (B, V), α_t (B, L), β_t (B,), the new recurrent state, and the sampled
-    location s_t (B,) when hard attention samples (else None)."""
+    """One decoding step: word logits (B, V), α_t (B, L), β_t (B,), the new recurrent state, the sampled
+    location s_t (B,) when hard attention samples (else None), and each head's α (B, K, L) with a multihead
+    score (else None)."""
 
     logits: Tensor
     alpha: Tensor
     beta: Tensor
     state: DecoderState
     location: Tensor | None = None
+    heads: Tensor | None = None
 
 
 AttentionMode = Literal["soft", "hard"]
@@ -98,8 +102,12 @@ class AttentionDecoder(nn.Module):
         coverage: bool = False,
         attend_with_word: bool = False,
         word_counts: bool = False,
+        attention_score: str = "additive",
+        attention_heads: int = 4,
     ) -> None:
         super().__init__()
+        if attention_score not in ATTENTION_SCORES:
+            raise ValueError(f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, got {attention_score!r}")
         if not 0.0 < initial_gate < 1.0:
             raise ValueError(f"initial_gate is the starting β and must be strictly between 0 and 1, got {initial_gate}")
         if attention_mode not in ("soft", "hard"):
@@ -107,8 +115,10 @@ class AttentionDecoder(nn.Module):
         self.attention_mode = attention_mode
         self.hard_expectation_prob = hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
-        self.attention = AdditiveAttention(annotation_dim, hidden_dim, attention_dim, coverage=coverage,
-                                           word_dim=embed_dim if attend_with_word else 0)
+        # e_ti = f_att(a_i, h_{t-1}): the paper's additive score, or a product score (attention.py)
+        self.attention = annotation_attention(attention_score, annotation_dim, hidden_dim, attention_dim,
+                                              heads=attention_heads, coverage=coverage,
+                                              word_dim=embed_dim if attend_with_word else 0)
         self.gate = nn.Linear(hidden_dim, 1)  # w_β
         # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
         nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(initial_gate)).item())
@@ -148,8 +158,11 @@ class AttentionDecoder(nn.Module):
         search): all r attend the image's one copy of the annotations. ``word`` is E y_{t-1} (B', m), which
         the attention reads when built with ``attend_with_word``.
         """
-        # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1} [+ w_c c_ti] [+ W_y E y_{t-1}]))
+        # α_t = softmax(w·tanh(W_a a_i + W_h h_{t-1} [+ w_c c_ti] [+ W_y E y_{t-1}])) for the paper's score
         alpha = self.attention(image.projected, state.hidden, state.coverage, word)
+        heads = None
+        if alpha.dim() == 3:  # multihead: α_t^k per head (B', K, L); α_t is their mean
+            heads, alpha = alpha, alpha.mean(dim=1)
         beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
         location = None
         if self.attention_mode == "hard" and sample:
@@ -160,9 +173,14 @@ class AttentionDecoder(nn.Module):
         else:
             weights = alpha
         batch, locations, dim = image.annotations.shape
-        # Σ_i α_ti a_i for the r = B'/B queries of each image against its one copy of a: (B, r, L) @ (B, L, D)
-        attended = torch.bmm(weights.view(batch, -1, locations), image.annotations).view(-1, dim)  # (B', D)
-        return AttendedContext(beta * attended, alpha, beta.squeeze(1), location)  # z_t = β_t Σ_i α_ti a_i
+        if heads is not None and weights is alpha:  # head k reads the k-th slice of a_i: [Σ_i α^k_ti a^k_i]_k
+            count = heads.shape[1]
+            slices = image.annotations.view(batch, locations, count, dim // count).transpose(1, 2)  # (B, K, L, D/K)
+            per_head = heads.view(batch, -1, count, locations).transpose(1, 2)  # (B, K, r, L)
+            attended = torch.matmul(per_head, slices).permute(0, 2, 1, 3).reshape(-1, dim)  # (B', D)
+        else:  # Σ_i α_ti a_i for the r = B'/B queries of each image against its one copy of a: (B, r, L) @ (B, L, D)
+            attended = torch.bmm(weights.view(batch, -1, locations), image.annotations).view(-1, dim)  # (B', D)
+        return AttendedContext(beta * attended, alpha, beta.squeeze(1), location, heads)  # z_t = β_t Σ_i α_ti a_i
 
     def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState,
               alpha: Tensor | None = None) -> DecoderState:
@@ -193,7 +211,7 @@ class AttentionDecoder(nn.Module):
         state = self.recur(embedded, attended.context, state, attended.alpha)
         state.word_counts = self.count_words(word, state.word_counts)
         logits = self.deep_output(embedded, state.hidden, attended.context, state.word_counts)
-        return DecoderStep(logits, attended.alpha, attended.beta, state, attended.location)
+        return DecoderStep(logits, attended.alpha, attended.beta, state, attended.location, attended.heads)
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].

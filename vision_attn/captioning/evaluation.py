@@ -44,7 +44,7 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
     size = (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
     return [caption_record(image_id, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas,
-                           grid=decoded.grid, image_size=size, file_name=name)
+                           grid=decoded.grid, image_size=size, file_name=name, head_alphas=hypothesis.head_alphas)
             for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True)]
 
 

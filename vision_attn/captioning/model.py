@@ -65,6 +65,8 @@ class Captioner(nn.Module):
         coverage: bool = False,
         attend_with_word: bool = False,
         word_counts: bool = False,
+        attention_score: str = "additive",
+        attention_heads: int = 4,
         hard_expectation_prob: float = 0.5,
         beam_size: int = 3,
         max_decode_length: int = 20,
@@ -88,7 +90,8 @@ class Captioner(nn.Module):
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention_mode=attention_mode,
             hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate, coverage=coverage,
-            attend_with_word=attend_with_word, word_counts=word_counts,
+            attend_with_word=attend_with_word, word_counts=word_counts, attention_score=attention_score,
+            attention_heads=attention_heads,
         )
 
     @classmethod
