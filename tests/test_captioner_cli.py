@@ -320,3 +320,25 @@ def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pre
     missing = f"{tmp_path}/{ITEMS_RUN}checkpoints/best.ckpt"
     with pytest.raises(CheckpointError, match="pretrain the encoder first with `vision-attn fit --config configs/"):
         ShowAttendTell(pretrained_encoder=missing, **options)
+
+
+def test_all_beams_lists_every_beam_of_the_search_best_first(trained_captioner, tmp_path) -> None:
+    """`caption --all-beams` (here in-process): each record adds its search's beams, the first being the record's
+    own caption, each with α and β rows per word; the file still reads as SPEC §4 records."""
+    from vision_attn.captioning.evaluation import write_captions
+    from vision_attn.results import read_results, record_problem
+
+    image = tmp_path / "one.png"
+    Image.new("RGB", (96, 96), (30, 120, 200)).save(image)
+    written = write_captions(trained_captioner["ckpt"], [("one.png", image)], tmp_path / "beams.json", beam_size=3,
+                             all_beams=True)
+    record = json.loads(written.path.read_text())[0]
+    assert len(record["beams"]) == 3 and record_problem(record) is None
+    assert record["beams"][0]["caption"] == record["caption"] and record["beams"][0]["alphas"] == record["alphas"]
+    scores = [beam["score"] for beam in record["beams"]]
+    assert scores == sorted(scores, reverse=True)
+    for beam in record["beams"]:
+        assert len(beam["alphas"]) == len(beam["tokens"]) == len(beam["betas"])
+    read_results(written.path)  # a results file with beams is still readable by overlay and explore
+    broken = {**record, "beams": [{**record["beams"][1], "alphas": []}]}
+    assert record_problem(broken).startswith("beam 0 alphas must hold one row per token")

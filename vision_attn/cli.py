@@ -48,6 +48,8 @@ def caption_command(argv: Sequence[str]) -> None:
     parser.add_argument("--coco-annotations", help="a COCO captions JSON: caption its images instead")
     parser.add_argument("--image-dir", help="the images of --coco-annotations")
     parser.add_argument("--out", default="results.json", help="results JSON to write (default results.json)")
+    parser.add_argument("--all-beams", action="store_true",
+                        help="also list every beam of each search (caption, tokens, α, β, score) under `beams`")
     options = parser.parse_args(argv)
     if bool(options.coco_annotations) != bool(options.image_dir):
         parser.error("--coco-annotations and --image-dir go together")
@@ -58,7 +60,8 @@ def caption_command(argv: Sequence[str]) -> None:
     inputs = caption_inputs(options.inputs, coco_annotations=options.coco_annotations, image_dir=options.image_dir)
     written = write_captions(options.ckpt, inputs, options.out, beam_size=options.beam, batch_size=options.batch_size,
                              on_bad_image=options.on_bad_image, device=options.device,
-                             on_record=lambda record: print(f"{record['file_name']}: {record['caption']}"))
+                             on_record=lambda record: print(f"{record['file_name']}: {record['caption']}"),
+                             all_beams=options.all_beams)
     print(f"wrote {written.count} captions with attention to {written.path}{written.skipped_note}")
 
 

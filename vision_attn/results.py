@@ -20,6 +20,7 @@ from torch import Tensor
 from vision_attn.io import input_file, write_json_atomically
 
 RECORD_KEYS = ("image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas")
+OPTIONAL_KEYS = ("head_alphas", "beams")  # a multihead score's per-head α; every beam (`caption --all-beams`)
 
 
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
@@ -46,8 +47,10 @@ def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: T
 
 
 def write_results(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:
-    """Write records atomically, keeping only the SPEC §4 keys (evaluation adds references and objects)."""
-    return write_json_atomically(path, [{k: v for k, v in record.items() if k in RECORD_KEYS} for record in records])
+    """Write records atomically, keeping only the SPEC §4 keys and ``OPTIONAL_KEYS`` (evaluation adds references
+    and objects)."""
+    keep = RECORD_KEYS + OPTIONAL_KEYS
+    return write_json_atomically(path, [{k: v for k, v in record.items() if k in keep} for record in records])
 
 
 def _is_count(value: Any) -> bool:
@@ -96,6 +99,16 @@ def record_problem(record: Any) -> str | None:
         if any(not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row))
                for word in heads for row in word):
             return f"head_alphas rows must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
+    beams = record.get("beams")
+    if beams is not None:
+        if not isinstance(beams, list) or not beams:
+            return "beams must be a non-empty list of the search's captions"
+        for n, beam in enumerate(beams):
+            problem = None if isinstance(beam, dict) else "is not a record"
+            problem = problem or record_problem({**beam, "image_id": image_id, "file_name": name, "grid": grid,
+                                                 "image_size": record.get("image_size"), "beams": None})
+            if problem:
+                return f"beam {n} {problem}"
     return None
 
 

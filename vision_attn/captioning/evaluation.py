@@ -18,6 +18,7 @@ import torch.distributed as dist
 from PIL import Image
 from torch import Tensor
 
+from vision_attn.captioning.beam_search import Hypothesis
 from vision_attn.captioning.model import Captioner
 from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, load_coco, read_coco_captions, read_objects
 from vision_attn.data.images import (
@@ -38,14 +39,27 @@ from vision_attn.results import caption_record, record_problem, write_results
 
 
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
-                  file_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """SPEC §4 records of a batch of normalised images (B, 3, S, S), one per image, in order."""
-    decoded = captioner.decode(images, beam_size=beam_size)
+                  file_names: Sequence[str] | None = None, all_beams: bool = False) -> list[dict[str, Any]]:
+    """SPEC §4 records of a batch of normalised images (B, 3, S, S), one per image, in order; with
+    ``all_beams`` each also lists every beam of its search, best first, under ``beams`` (``beam_entry``)."""
+    decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams)
     size = (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
-    return [caption_record(image_id, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas,
-                           grid=decoded.grid, image_size=size, file_name=name, head_alphas=hypothesis.head_alphas)
-            for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True)]
+    records = [caption_record(image_id, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas,
+                              grid=decoded.grid, image_size=size, file_name=name, head_alphas=hypothesis.head_alphas)
+               for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True)]
+    for record, beams in zip(records, decoded.beams or [], strict=False):
+        record["beams"] = [beam_entry(captioner, beam) for beam in beams]
+    return records
+
+
+def beam_entry(captioner: Captioner, hypothesis: Hypothesis) -> dict[str, Any]:
+    """One beam of a record's ``beams``: its caption, tokens, α and β rows as SPEC §4 has them, (``head_alphas``
+    with a multihead score), its summed log-probability and its score (after the length penalty)."""
+    entry = caption_record(None, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas, grid=(0, 0),
+                           image_size=(0, 0), head_alphas=hypothesis.head_alphas)
+    kept = {key: entry[key] for key in ("caption", "tokens", "alphas", "betas", "head_alphas") if key in entry}
+    return {**kept, "log_prob": round(hypothesis.log_prob, 6), "score": round(hypothesis.score, 6)}
 
 
 def caption_inputs(paths: Sequence[str | os.PathLike], *, coco_annotations: str | os.PathLike | None = None,
@@ -68,15 +82,17 @@ def caption_files(
     batch_size: int = 32,
     on_bad_image: OnBadImage = "error",
     bad_images: BadImageCounter | None = None,
+    all_beams: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """SPEC §4 records, one per readable (image id, path), in order. An unreadable image raises
-    BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted."""
+    BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted.
+    ``all_beams``: each record lists every beam (``caption_batch``)."""
     size = captioner.image_size
     for chunk, pixels in readable_batches(inputs, lambda item: load_caption_image(item[1], size),
                                           batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         images = normalize(pixels.to(captioner.device), captioner.mean, captioner.std)  # (B, 3, S, S)
         yield from caption_batch(captioner, images, [image_id for image_id, _ in chunk], beam_size=beam_size,
-                                 file_names=[str(path) for _, path in chunk])
+                                 file_names=[str(path) for _, path in chunk], all_beams=all_beams)
 
 
 class CaptionedFiles(NamedTuple):
@@ -89,7 +105,8 @@ class CaptionedFiles(NamedTuple):
 
 def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Path]], out: str | os.PathLike, *,
                    beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
-                   device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None) -> CaptionedFiles:
+                   device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None,
+                   all_beams: bool = False) -> CaptionedFiles:
     """Caption (image id, path) inputs with a checkpoint and write the SPEC §4 results JSON to ``out``;
     ``on_record`` sees each record as it is made (the CLI prints it). ``out`` is checked before any work."""
     output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
@@ -97,7 +114,7 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
     records, bad_images = [], BadImageCounter()
     try:
         for record in caption_files(captioner, inputs, beam_size=beam_size, batch_size=batch_size,
-                                    on_bad_image=on_bad_image, bad_images=bad_images):
+                                    on_bad_image=on_bad_image, bad_images=bad_images, all_beams=all_beams):
             records.append(record)  # kept before it is shown: an interrupt never loses a printed caption
             if on_record is not None:
                 on_record(record)

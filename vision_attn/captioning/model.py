@@ -23,10 +23,12 @@ from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, to
 
 
 class Decoded(NamedTuple):
-    """The best caption of each image, and the annotation grid (Gh, Gw) its α rows cover."""
+    """The best caption of each image, and the annotation grid (Gh, Gw) its α rows cover; with ``all_beams``
+    every beam of each image, best first."""
 
     hypotheses: list[Hypothesis]
     grid: tuple[int, int]
+    beams: list[list[Hypothesis]] | None = None
 
 
 def _adjacent_equal_groups(caption_images: Tensor, images: int) -> bool:
@@ -123,15 +125,16 @@ class Captioner(nn.Module):
         width = max(len(ids) for ids in encoded)
         return torch.tensor([ids + [PAD_ID] * (width - len(ids)) for ids in encoded], device=self.device)
 
-    def decode(self, images: Tensor, *, beam_size: int | None = None) -> Decoded:
-        """The best caption of each normalised image (B, 3, S, S) by beam search, with its α/β per word."""
+    def decode(self, images: Tensor, *, beam_size: int | None = None, all_beams: bool = False) -> Decoded:
+        """The best caption of each normalised image (B, 3, S, S) by beam search, with its α/β per word (and
+        every beam with ``all_beams``)."""
         annotations, grid = self.encoder(images)
         beams = beam_search(
             self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
             beam_size=beam_size or self.beam_size, max_length=self.max_decode_length,
             length_penalty=self.length_penalty,
         )
-        return Decoded([image_beams[0] for image_beams in beams], grid)
+        return Decoded([image_beams[0] for image_beams in beams], grid, beams if all_beams else None)
 
     def words(self, hypothesis: Hypothesis) -> list[str]:
         """The words of a decoded caption, one per α row (``<unk>`` kept)."""
