@@ -57,6 +57,7 @@ class Captioner(nn.Module):
         encoder_stride: int = 16,
         grid_size: int | None = None,
         pretrained_encoder: str | None = None,
+        vit: dict | None = None,
         trainable_stages: int = -1,
         embed_dim: int = 512,
         hidden_dim: int = 512,
@@ -87,7 +88,7 @@ class Captioner(nn.Module):
         self.beam_size, self.max_decode_length, self.length_penalty = beam_size, max_decode_length, length_penalty
         self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, grid_size=grid_size,
                                          pretrained=pretrained_encoder, trainable_stages=trainable_stages,
-                                         small_stride=encoder_stride)
+                                         small_stride=encoder_stride, image_size=image_size, vit=vit)
         self.decoder = AttentionDecoder(
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention_mode=attention_mode,

@@ -92,6 +92,7 @@ class ShowAttendTell(BaseTask):
     def __init__(
         self, *, vocabulary: list[str] | None = None, backbone: str = "small", encoder_width: int = 32,
         encoder_stride: int = 16, grid_size: int | None = None, pretrained_encoder: str | None = None,
+        vit: dict | None = None,
         trainable_stages: int = -1, embed_dim: int = 512, hidden_dim: int = 512, attention_dim: int = 512,
         dropout: float = 0.5, attention_mode: AttentionMode = "soft", initial_gate: float = 0.5, coverage: bool = False,
         attend_with_word: bool = False, word_counts: bool = False, attention_score: str = "additive",
@@ -116,6 +117,8 @@ class ShowAttendTell(BaseTask):
             raise CheckpointError(f"{pretrained_encoder}: no such file; pretrain the encoder first with "
                                   f"`vision-attn fit --config {ITEMS_CONFIG}`")
         self.model = Captioner(**constructor_args(Captioner, self.hparams))
+        if backbone == "vit":  # the ViT's architecture, so that the checkpoint rebuilds it without the ViT's file
+            self.hparams["vit"] = self.model.encoder.vit_options
         check_pretraining_normalisation(self.model, pretrained_encoder)
         if feature_cache and self.model.encoder.frozen_part() is None:
             raise ValueError("feature_cache needs a frozen encoder, whose output never changes: set "

@@ -5,7 +5,8 @@ default) is built by timm with ``pretrained=True``, which reads the Hugging Face
 its state dict then goes through the same adaptation as a file's.
 
 Three adaptations, as users of timm expect them:
-- a different input-channel count: the patch-embedding kernel is summed (1 channel) or tiled and rescaled;
+- a different input-channel count: the patch-embedding kernel (or a conv stem's first kernel) is summed
+  (1 channel) or tiled and rescaled;
 - a different image size or patch grid: the position embedding is resampled bicubically;
 - a different number of classes: the head is left freshly initialised.
 """
@@ -64,10 +65,13 @@ def resize_patch_kernel(weight: Tensor, patch_size: int) -> Tensor:
     return F.interpolate(weight.float(), size=(patch_size, patch_size), mode="bilinear") * scale
 
 
-def load_pretrained(model: VisionTransformer, path: str | os.PathLike) -> list[str]:
+def load_pretrained(model: VisionTransformer, path: str | os.PathLike, *, state: dict[str, Tensor] | None = None
+                    ) -> list[str]:
     """Load a local weights file, or ``timm:<model name>[.<tag>]`` through timm, into ``model``; returns the keys
-    left at their initial values."""
-    if str(path).startswith(TIMM_PREFIX):
+    left at their initial values. ``state``: the file's state dict, already read (``path`` then names it)."""
+    if state is not None:
+        state = dict(state)
+    elif str(path).startswith(TIMM_PREFIX):
         state = timm_weights(timm_pretrained_name(str(path).removeprefix(TIMM_PREFIX))).state_dict
     elif is_weights_name(path) and _is_timm_model(str(path)):
         raise CheckpointError(f"{path}: no such file; for timm's weights of that model write {TIMM_PREFIX}{path}")
@@ -78,6 +82,9 @@ def load_pretrained(model: VisionTransformer, path: str | os.PathLike) -> list[s
     if patch_key in state:
         kernel = adapt_input_conv(state[patch_key], own[patch_key].shape[1])
         state[patch_key] = resize_patch_kernel(kernel, own[patch_key].shape[-1]).to(own[patch_key].dtype)
+    stem_key = "patch_embed.proj.0.weight"  # the first conv of a conv stem (``stem: conv``)
+    if stem_key in state and stem_key in own:
+        state[stem_key] = adapt_input_conv(state[stem_key], own[stem_key].shape[1]).to(own[stem_key].dtype)
     if "pos_embed" in state and state["pos_embed"].shape != own["pos_embed"].shape:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], model.grid_size, model.num_prefix_tokens)
         log.info("resampled the position embedding of %s to a %dx%d grid", path, *model.grid_size)
