@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 RUNS   ?= runs
 
-.PHONY: setup fashion-mnist demo demo-vit test lint clean
+.PHONY: setup fashion-mnist chromium demo demo-vit test lint clean
 
 setup: $(STAMP) fashion-mnist
 
@@ -25,11 +25,19 @@ fashion-mnist:
 		apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
 	fi
 
+# The browser the explorer's tests drive (through Playwright, which cannot download its own here): Debian's.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "Installing chromium (for the attention explorer's browser tests)"; \
+		apt-get update -qq && apt-get install -y -qq chromium; \
+	fi
+
 # The main job on the embedded default: pretrain the captioner's encoder on single Fashion-MNIST items drawn as
 # the scenes draw them (4 min), generate Fashion scenes and train the Show-Attend-Tell captioner from that
 # encoder (10 min; both fits within 15 on 2 cores), test it on SPEC §3's scenes (BLEU, METEOR, ROUGE-L, CIDEr-D,
 # pointing, the scene metrics), score it again on scenes drawn another way (items anywhere, other shades of
-# each colour), and draw its attention over a handful of scenes of both kinds.
+# each colour), draw its attention over a handful of scenes of both kinds, and write the attention explorer of
+# the test split's captions (a static site: open its index.html).
 CAP_RUN := $(RUNS)/captioner_fashion_scenes
 SCENES  := data/fashion_scenes_varied
 FREE    := data/fashion_scenes_free
@@ -48,6 +56,9 @@ demo: setup
 		$(SCENES)/images/test/1.png $(SCENES)/images/test/2.png $(SCENES)/images/test/3.png \
 		$(FREE)/images/test/1.png $(FREE)/images/test/2.png $(FREE)/images/test/3.png
 	@echo "Attention overlays: $(CAP_RUN)/overlays/*.png, gallery $(CAP_RUN)/overlays/index.html"
+	$(BIN)/vision-attn explore $(CAP_RUN)/results_test.json --instances $(SCENES)/annotations/instances_test.json \
+		--attributes $(SCENES)/annotations/attributes_test.json --out $(CAP_RUN)/explorer
+	@echo "Attention explorer: open $(CURDIR)/$(CAP_RUN)/explorer/index.html (or: python3 -m http.server -d $(CAP_RUN)/explorer)"
 
 # The ViT on Fashion-MNIST (<= 10 min), its test accuracy, top-5 classes of a few test images, and its
 # rollout overlays on those images and on garments placed at random on a larger canvas.
@@ -64,7 +75,7 @@ demo-vit: setup
 # pytest exits 5 when it collected nothing: for this project that is a broken suite, so say so and fail.
 # The tests run on every core (pytest-xdist), one torch thread each: much of the suite waits on subprocesses,
 # Java (METEOR) and files, so two one-thread workers on 2 cores finish in ~2/3 of the serial time.
-test: setup
+test: setup chromium
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; exit $$rc
 

@@ -45,6 +45,8 @@ def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(train
     records = json.loads((tmp_path / "results_test.json").read_text())
     check_records(records, 6)
     assert sorted(r["image_id"] for r in records) == list(range(1, 7))  # one result per test image
+    for record in records:  # each names its image file, so overlay and explore read the file as it is
+        assert Path(record["file_name"]).is_file() and Path(record["file_name"]).stem == str(record["image_id"])
 
 
 def test_results_json_feeds_pycocoevalcap(trained_captioner, tmp_path) -> None:

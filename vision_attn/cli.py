@@ -100,6 +100,33 @@ def evaluate_command(argv: Sequence[str]) -> None:
     print(f"{scores_table(scores)}\nwrote {options.out}")
 
 
+@tool("explore", "an interactive attention explorer: a static site to open in a browser")
+def explore_command(argv: Sequence[str]) -> None:
+    parser = parser_for("explore", "Write the attention explorer, a static site (no network needed; open its "
+                        "index.html from disk or serve the folder): each word's α over its image (captioner), or "
+                        "rollout, layers and heads (ViT), drawn in the browser.", "device", "bad_images", "beam")
+    parser.add_argument("results", nargs="?", help="results JSON written by `vision-attn caption` (SPEC §4)")
+    parser.add_argument("--images", nargs="*", default=[],
+                        help="with a results JSON: the folder its images are in (default: as `overlay` finds "
+                             "them); with --ckpt: image files or folders to run the model on")
+    parser.add_argument("--ckpt", help="run this checkpoint (captioner or ViT) on --images first")
+    parser.add_argument("--instances", help="COCO instances JSON: the scene metrics of each image on the index")
+    parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")
+    parser.add_argument("--out", default="site", help="folder to write the site into (default site/)")
+    options = parser.parse_args(argv)
+    if options.results and len(options.images) > 1:
+        parser.error("with a results JSON, --images is the one folder its images are in")
+    if options.attributes and not options.instances:
+        parser.error("--attributes goes with --instances")
+    from vision_attn.explorer import explore
+
+    site, count = explore(results=options.results, images=options.images, out=options.out,
+                          checkpoint=options.ckpt, instances=options.instances, attributes=options.attributes,
+                          beam_size=options.beam, device=options.device, on_bad_image=options.on_bad_image)
+    print(f"wrote the attention explorer for {count} images: open {(site / 'index.html').resolve()} "
+          f"(or serve it: python -m http.server -d {site})")
+
+
 @tool("export-samples", "write dataset images as PNG files (for classify and overlay)")
 def export_samples_command(argv: Sequence[str]) -> None:
     parser = parser_for("export-samples", "Write dataset images as PNG files named by their true class.")

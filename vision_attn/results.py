@@ -112,10 +112,11 @@ def record_problem(record: Any) -> str | None:
     return None
 
 
-def read_results(path: str | os.PathLike) -> list[tuple[dict[str, Any], Path]]:
-    """The records of a results JSON with the image file each names, found in the working directory or beside
-    the JSON. A missing file, invalid JSON, a list of anything but records, or a missing image is a one-line
-    error naming it."""
+def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None
+                 ) -> list[tuple[dict[str, Any], Path]]:
+    """The records of a results JSON with the image file each names, found in ``image_dir`` (by its path or its
+    name) when given, else in the working directory or beside the JSON. A missing file, invalid JSON, a list of
+    anything but records, or a missing image is a one-line error naming it."""
     path = input_file(path, "a results JSON")
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
@@ -130,9 +131,15 @@ def read_results(path: str | os.PathLike) -> list[tuple[dict[str, Any], Path]]:
             raise ValueError(f"{path}: record {index} ({record.get('file_name') or record.get('image_id')!r}): "
                              f"{problem}")
         name = record["file_name"]
-        image = Path(name) if Path(name).is_file() else path.parent / name
+        if image_dir is not None:
+            image = Path(image_dir) / name
+            image = image if image.is_file() else Path(image_dir) / Path(name).name
+            where = str(image_dir)
+        else:
+            image = Path(name) if Path(name).is_file() else path.parent / name
+            where = f"the working directory and in {path.parent}"
         if not name or not image.is_file():
             raise FileNotFoundError(f"{path}: image {name!r} of record {record.get('image_id')!r} not found "
-                                    f"(looked in the working directory and in {path.parent})")
+                                    f"(looked in {where})")
         found.append((record, image))
     return found

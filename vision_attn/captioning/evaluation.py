@@ -142,7 +142,7 @@ class EvaluationRecords:
 
     def add(self, captioner: Captioner, batch: EvalCaptionBatch) -> list[dict[str, Any]]:
         """Decode a batch and keep its records (returned too, for the overlay of the first batch)."""
-        records = caption_batch(captioner, batch.images, batch.image_ids)
+        records = caption_batch(captioner, batch.images, batch.image_ids, file_names=list(batch.file_names) or None)
         for record, references, objects in zip(records, batch.references, batch.objects, strict=True):
             record.update(references=list(references), objects=objects)
         self.records += records

@@ -67,12 +67,14 @@ class CaptionItem(NamedTuple):
 
 
 class EvalCaptionItem(NamedTuple):
-    """An evaluation item: the image uint8 (3, S, S), its id, its reference captions, its objects or None."""
+    """An evaluation item: the image uint8 (3, S, S), its id, its reference captions, its objects or None, and
+    its file (the results' ``file_name``)."""
 
     image: Tensor
     image_id: int | str
     references: list[str]
     objects: list[SceneObject] | None
+    file_name: str = ""
 
 
 class CaptionBatch(NamedTuple):
@@ -98,12 +100,13 @@ class CaptionBatch(NamedTuple):
 
 class EvalCaptionBatch(NamedTuple):
     """A validation/test batch, one entry per image: images (B, 3, H, W), ids, raw reference captions, and
-    each image's objects (None without an instances file)."""
+    each image's objects (None without an instances file), and each image's file."""
 
     images: Tensor
     image_ids: list[int | str]
     references: list[list[str]]
     objects: list[list[SceneObject] | None]
+    file_names: tuple[str, ...] = ()
 
 
 def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
@@ -352,10 +355,11 @@ class CaptionEvalDataset(Dataset):
         if self.features is not None:
             features = self.features[index]
             return None if features is None else EvalCaptionItem(features, record.image_id, record.captions,
-                                                                 record.objects)
+                                                                 record.objects, str(record.path))
         image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
                              self.bad_images)
-        return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects)
+        return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects,
+                                                          str(record.path))
 
 
 def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
@@ -390,5 +394,5 @@ def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch 
     items = [item for item in items if item is not None]
     if not items:
         return None
-    images, image_ids, references, objects = zip(*items, strict=True)
-    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects))
+    images, image_ids, references, objects, file_names = zip(*items, strict=True)
+    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names)

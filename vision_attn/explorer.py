@@ -1,0 +1,243 @@
+"""The attention explorer: a static site where each word's α (captioner) or each map of a ViT (rollout with its
+head fusion and discard ratio, every layer, every head of the last layer) is drawn in the browser from the
+attention arrays, as ``vision-attn explore`` writes it.
+
+    site/index.html       thumbnails, a search box on the captions' words, the scene metrics per image
+    site/view.html        one image: ``view.html?n=<k>``
+    site/explorer.js|css  the viewer (no network, no CDN: it works from file:// and from any static server)
+    site/data/index.js    the index's entries
+    site/data/items/k.js  image k's attention arrays, loaded when its page opens
+    site/data/colours.js  the colour map's 256 RGB entries, the same as ``overlay.colorize``'s
+    site/images/k.png     the image as shown, site/thumbs/k.jpg its thumbnail
+
+Data files are JavaScript that hands a JSON value to the page (``VA.item({...})``), because browsers refuse
+``fetch`` of ``file://`` URLs; the JSON is written with ``<`` escaped, so no caption can close a script, and
+the page only ever puts caption words and class names into the document as text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from vision_attn.captioning.evaluation import caption_files
+from vision_attn.captioning.model import Captioner
+from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
+from vision_attn.data.coco import read_objects
+from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, open_image, readable_batches
+from vision_attn.errors import CheckpointError
+from vision_attn.io import input_file, output_folder
+from vision_attn.metrics import pointing_scores, scene_scores
+from vision_attn.overlay import _colour_table
+from vision_attn.results import read_results
+from vision_attn.vit.inference import Classifier, centre_square
+
+ASSETS = Path(__file__).with_name("explorer_assets")
+MARKER = ".vision-attn-explorer"  # marks a folder as a site this command wrote, which it may replace
+VIEW_SIZE, THUMB_SIZE = 448, 112
+
+
+def js_data(callback: str, payload: Any) -> str:
+    """``VA.<callback>(<JSON>);`` with every ``<``, U+2028 and U+2029 escaped: the text of a script can then
+    never hold ``</script>`` or a line break that JavaScript reads differently from JSON."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f"VA.{callback}({text});\n"
+
+
+def _rounded(values: Iterable[float], digits: int = 5) -> list[float]:
+    return [round(float(v), digits) for v in values]
+
+
+def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str, tuple[int, int]]:
+    """The image as shown (longer side at most ``VIEW_SIZE``; the page enlarges smaller ones) and its thumbnail;
+    their paths in the site and the size."""
+    shown = image.convert("RGB")
+    if max(shown.size) > VIEW_SIZE:
+        shown.thumbnail((VIEW_SIZE, VIEW_SIZE), Image.Resampling.LANCZOS)
+    shown.save(folder / "images" / f"{number}.png")
+    thumb = shown.copy()
+    thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
+    thumb.save(folder / "thumbs" / f"{number}.jpg", quality=85)
+    return f"images/{number}.png", f"thumbs/{number}.jpg", shown.size
+
+
+def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_scale: tuple[float, float] | None
+                   ) -> dict[str, float]:
+    """SPEC §5's per-image scene metrics of one caption record against its objects (SceneObject)."""
+    if objects is None:
+        return {}
+    scene = {record["image_id"]: [(o.name, o.colour) for o in objects]}
+    scores = scene_scores([record], scene)
+    boxes = {record["image_id"]: objects}
+    scale = {record["image_id"]: box_scale} if box_scale else None
+    scores.update(pointing_scores([record], boxes, box_scale=scale))
+    keep = ("object_recall", "object_precision", "colour_accuracy", "repeated_object_rate", "pointing_accuracy")
+    return {name: round(scores[name], 4) for name in keep if name in scores and not math.isnan(scores[name])}
+
+
+def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
+                    instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Write each captioner record's page data and images into ``folder``; the index entries, in order."""
+    objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
+    index = []
+    for number, (record, path) in enumerate(pairs):
+        image = open_image(path, mode="RGB")
+        shown, thumb, size = _save_views(image, folder, number)
+        found = None if objects is None else objects.get(record["image_id"], [])
+        scale = None
+        if found is not None and record.get("image_size"):  # boxes are in the file's pixels, α over the input
+            scale = (record["image_size"][1] / image.width, record["image_size"][0] / image.height)
+        metrics = _scene_metrics(record, found, scale)
+        item = {"kind": "captioner", "id": record["image_id"], "file": Path(record["file_name"]).name,
+                "image": shown, "size": size, "caption": record["caption"], "tokens": record["tokens"],
+                "grid": record["grid"], "alphas": record["alphas"], "betas": record.get("betas"),
+                "head_alphas": record.get("head_alphas"), "beams": record.get("beams"), "metrics": metrics,
+                "objects": None if found is None else [{"name": o.name, "colour": o.colour} for o in found]}
+        (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
+        index.append({"n": number, "id": record["image_id"], "file": item["file"], "thumb": thumb,
+                      "text": record["caption"], "metrics": metrics})
+        if progress:
+            progress(number + 1, len(pairs))
+    return index
+
+
+@torch.inference_mode()
+def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], folder: Path, *, top_k: int = 5,
+                on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Write each image's ViT data (top-k classes, every layer's attention per head) into ``folder``; the
+    index entries, in order."""
+    model = classifier.model
+    index: list[dict[str, Any]] = []
+    top_k = max(1, min(top_k, len(classifier.class_names)))
+    for chunk, batch in readable_batches(inputs, lambda item: classifier.preprocess(item[1]), batch_size=16,
+                                         on_bad_image=on_bad_image, bad_images=bad_images):
+        logits, attentions = model(batch.to(classifier.device), return_attention=True)
+        probabilities, classes = logits.softmax(dim=-1).topk(top_k, dim=-1)
+        for row, (image_id, path) in enumerate(chunk):
+            number = len(index)
+            shown, thumb, size = _save_views(open_image(path, mode="RGB"), folder, number)
+            top = [[classifier.class_names[c], round(float(p), 5)]
+                   for p, c in zip(probabilities[row].tolist(), classes[row].tolist(), strict=True)]
+            item = {"kind": "vit", "id": image_id, "file": path.name, "image": shown, "size": size,
+                    "box": list(centre_square(size)), "grid": list(model.grid_size),
+                    "prefix": model.num_prefix_tokens, "pool": model.global_pool, "top": top,
+                    "tokens": attentions[0].shape[-1],
+                    # layer l, head h: the (N, N) attention, row-major (N = prefix tokens + patches)
+                    "attention": [[_rounded(a[row, h].flatten().tolist()) for h in range(a.shape[1])]
+                                  for a in attentions]}
+            (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
+            index.append({"n": number, "id": image_id, "file": path.name, "thumb": thumb,
+                          "text": " ".join(f"{name} {p:.1%}" for name, p in top[:1]), "metrics": {}})
+            if progress:
+                progress(number + 1, len(inputs))
+    return index
+
+
+def _check_out(out: Path, inputs: Sequence[Path]) -> None:
+    """Refuse before any work an output folder that holds other files than a site of ours, or an input."""
+    output_folder(out)
+    resolved = out.resolve()
+    for path in inputs:
+        if resolved in Path(path).resolve().parents:
+            raise ValueError(f"{out}: holds the input {path}; write the site to another folder")
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise ValueError(f"{out}: a folder that is not an explorer site and not empty; choose a new or empty folder")
+
+
+def write_site(out: str | os.PathLike, title: str, build: Callable[[Path], list[dict[str, Any]]],
+               inputs: Sequence[Path]) -> Path:
+    """Build a site into a hidden folder beside ``out`` with ``build`` (which fills it and returns the index
+    entries), then put it in place of ``out``: a failed or interrupted build leaves ``out`` as it was."""
+    out = Path(out)
+    _check_out(out, inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".explore-", dir=out.parent))
+    try:
+        for sub in ("data/items", "images", "thumbs"):
+            (staging / sub).mkdir(parents=True)
+        entries = build(staging)
+        if not entries:
+            raise ValueError("no image to show: every input was skipped")
+        (staging / "data" / "index.js").write_text(js_data("index", {"title": title, "entries": entries}),
+                                                   encoding="utf-8")
+        colours = _colour_table("turbo").tolist()
+        (staging / "data" / "colours.js").write_text(js_data("colours", colours), encoding="utf-8")
+        for asset in ("index.html", "view.html", "explorer.js", "explorer.css"):
+            shutil.copyfile(ASSETS / asset, staging / asset)
+        (staging / MARKER).write_text("written by vision-attn explore\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.replace(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _printer(label: str) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        if done == total or done % 50 == 0:
+            print(f"\r{label}: {done}/{total}", end="\n" if done == total else "", flush=True)
+
+    return show
+
+
+def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.PathLike], out: str | os.PathLike,
+            checkpoint: str | os.PathLike | None = None, instances: str | os.PathLike | None = None,
+            attributes: str | os.PathLike | None = None, beam_size: int | None = None, device: str = "cpu",
+            on_bad_image: OnBadImage = "error", quiet: bool = False) -> tuple[Path, int]:
+    """``vision-attn explore``: the site for a results JSON (its images found as ``read_results`` finds them,
+    or in ``images``), or for ``images`` run through a checkpoint first (a captioner captions them, with every
+    beam; a ViT classifies them and exports its attention). Returns the site and its number of images."""
+    progress = None if quiet else _printer("images")
+    for path in (instances, attributes):
+        if path:
+            input_file(path, "an instances or attributes JSON")
+    if checkpoint is None:
+        if results is None:
+            raise ValueError("give a results JSON (from `vision-attn caption`), or --ckpt with --images")
+        folder = Path(images[0]) if images else None
+        pairs = read_results(results) if folder is None else _results_in(results, folder)
+        return write_site(out, Path(results).name, lambda site: caption_entries(
+            pairs, site, instances=instances, attributes=attributes, progress=progress),
+            [Path(results), *(p for _, p in pairs)]), len(pairs)
+    loaded = load_file(checkpoint)
+    kind = checkpoint_kind(loaded)
+    inputs = expand_inputs(images)
+    if not inputs:
+        raise ValueError("--ckpt needs --images: image files or folders to run it on")
+    if results is not None:
+        raise ValueError("give a results JSON or --ckpt, not both")
+    sources = [Path(checkpoint), *(p for _, p in inputs)]
+    if kind == VIT:
+        classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
+        bad = BadImageCounter()
+        built = write_site(out, Path(checkpoint).name, lambda site: vit_entries(
+            classifier, inputs, site, on_bad_image=on_bad_image, bad_images=bad, progress=progress), sources)
+        return built, len(inputs) - bad.take()
+    if kind != CAPTIONER:
+        raise CheckpointError(f"{checkpoint}: not a checkpoint of {' or '.join(KIND_NAMES.values())}")
+    captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
+    records = list(caption_files(captioner, inputs, beam_size=beam_size, on_bad_image=on_bad_image,
+                                 all_beams=True))
+    pairs = [(record, Path(record["file_name"])) for record in records]
+    return write_site(out, Path(checkpoint).name, lambda site: caption_entries(
+        pairs, site, instances=instances, attributes=attributes, progress=progress), sources), len(pairs)
+
+
+def _results_in(results: str | os.PathLike, folder: Path) -> list[tuple[dict[str, Any], Path]]:
+    """The records of a results JSON with their images looked up in ``folder`` by file name."""
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder of images")
+    return read_results(results, image_dir=folder)
