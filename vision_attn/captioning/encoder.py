@@ -4,8 +4,9 @@ A CNN trunk turns an image into a grid of conv features; each of the L = Gh·Gw 
 vector a_i ∈ R^D. The paper uses VGG-19's conv5_4 (14×14×512 at 224 px). Also here: ResNet-50/101
 (layer4, optionally pooled to a chosen grid), any timm backbone through ``features_only``, a small CNN
 that learns on a CPU in minutes, and this project's own Vision Transformer (``backbone: vit``), whose patch
-tokens are the annotation vectors, as modern captioners attend over ViT patch tokens. Pretrained weights are a local file, or a name (``imagenet``, a torchvision enum
-member, a timm tag) that torchvision or timm resolve in their own caches (``vision_attn.weights``).
+tokens are the annotation vectors, as modern captioners attend over ViT patch tokens. Pretrained weights are a
+local file, or a name (``imagenet``, a torchvision enum member, a timm tag) that torchvision or timm resolve in
+their own caches (``vision_attn.weights``).
 """
 
 from __future__ import annotations
