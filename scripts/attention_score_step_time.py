@@ -1,6 +1,6 @@
 """Milliseconds the Fashion scenes decoder takes per training step and per beam search, for each attention score.
 
-    python scripts/attention_score_step_time.py [SCORE ...]     (default: every score)
+    python -m scripts.attention_score_step_time [SCORE ...]     (from the repository root; default: every score)
 
 The decoder alone, at configs/captioner/fashion_scenes.yaml's sizes (embed 128, hidden 256, attention 128,
 coverage, attend_with_word, word_counts; 6x6 annotation vectors of 192 dims, as its small encoder of width 24
@@ -11,12 +11,11 @@ figure is the median of 10 runs after 2 warm-up runs. Run it on an idle machine.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
+from benchmarks.run import median_seconds
 from vision_attn.attention import ATTENTION_SCORES
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
@@ -25,14 +24,7 @@ VOCAB, LOCATIONS, WIDTH = 40, 36, 192
 
 
 def median_ms(run, repeats: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(run, repeats=repeats, warmup=warmup)
 
 
 def measure(score: str) -> tuple[float, float]:
