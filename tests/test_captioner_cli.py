@@ -344,3 +344,21 @@ def test_all_beams_lists_every_beam_of_the_search_best_first(trained_captioner, 
     read_results(written.path)  # a results file with beams is still readable by overlay and explore
     broken = {**record, "beams": [{**record["beams"][1], "alphas": []}]}
     assert record_problem(broken).startswith("beam 0 alphas must hold one row per token")
+
+
+def test_explore_runs_a_captioner_checkpoint_on_images_first(trained_captioner, tmp_path) -> None:
+    """`explore --ckpt` captions the images (keeping every beam) and writes the site with their data."""
+    from tests.conftest import run_in_process
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for k in range(2):
+        Image.new("RGB", (96, 80), (40 * k, 120, 200)).save(folder / f"photo_{k}.png")
+    result = run_in_process("explore", "--ckpt", str(trained_captioner["ckpt"]), "--images", str(folder),
+                            "--beam", "2", "--out", str(tmp_path / "site"))
+    assert result.returncode == 0, result.stderr
+    item = json.loads((tmp_path / "site" / "data" / "items" / "1.js").read_text().removeprefix("VA.item(")
+                      .rstrip().removesuffix(");"))
+    assert item["kind"] == "captioner" and item["file"] == "photo_1.png" and item["grid"] == [6, 6]
+    assert len(item["beams"]) == 2 and item["beams"][0]["caption"] == item["caption"]
+    assert (tmp_path / "site" / "images" / "1.png").is_file() and (tmp_path / "site" / "thumbs" / "1.jpg").is_file()
