@@ -3,8 +3,8 @@ COCO of real-size JPEGs (landscape and portrait, EXIF-rotated, greyscale), with 
 Only the accelerator, precision, sizes, limits and paths are overridden; the configs' ImageNet weights come
 from a torch.hub cache the test fills (offline). The path is the README's: fit (filling
 the feature cache), test, the results JSON scored by pycocoevalcap (`evaluate`), then `caption` and `overlay` on
-the checkpoint (these three for coco_vgg19.yaml; coco_resnet101.yaml fits and tests, in bf16-mixed). Images
-stay at the configs' 224 px, so each step runs at the real size."""
+the checkpoint (these three for coco_vgg19.yaml; coco_resnet101.yaml fits and tests, in bf16-mixed on a CPU that
+computes bf16 natively, else in fp32). Images stay at the configs' 224 px, so each step runs at the real size."""
 
 from __future__ import annotations
 
@@ -87,9 +87,23 @@ def fill_torch_hub_cache(torch_home: Path, backbone: str) -> dict[str, torch.Ten
     return state
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as the flags in /proc/cpuinfo say."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 @pytest.mark.parametrize("config, precision", [("coco_vgg19", "32-true"), ("coco_resnet101", "bf16-mixed")])
 def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, monkeypatch, config,
                                                             precision) -> None:
+    if precision == "bf16-mixed" and not native_bf16():
+        # Without avx512_bf16 the CPU emulates bf16: ResNet-101 at 224 px runs 6.4x slower than in fp32 (5.6 s
+        # against 36 s for 4 images on the 2-core model-1 EPYC), which would cost the suite ~100 s. bf16-mixed
+        # training, testing and captioning stay covered by tests/test_mixed_precision.py on every machine.
+        precision = "32-true"
     run, cache = tmp_path / "run", tmp_path / "cache"
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # the configs' `pretrained_encoder: imagenet`
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # ... comes from that cache, never from the network
