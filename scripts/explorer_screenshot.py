@@ -1,7 +1,9 @@
 """A screenshot of an explorer page in the browser the tests drive (Debian's chromium, headless, through
 Playwright), with one word hovered: how docs/explorer.png is made.
 
-    python scripts/explorer_screenshot.py SITE N WORD OUT.png      e.g. runs/captioner_fashion_scenes/explorer 1 3 docs/explorer.png
+    python scripts/explorer_screenshot.py SITE N WORD OUT.png
+
+(e.g. SITE N WORD OUT.png = runs/captioner_fashion_scenes/explorer 1 3 docs/explorer.png)
 """
 
 from __future__ import annotations

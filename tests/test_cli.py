@@ -21,7 +21,7 @@ def test_shipped_configs_parse(tmp_path) -> None:
     for config in sorted((REPO / "configs" / "vit").glob("*.yaml")):
         result = run_in_process("fit", "--config", str(config), "--print_config")
         assert result.returncode == 0, f"{config.name}: {result.stderr[-1500:]}"
-        assert "vision_attn.vit.module.ViTClassifier" in result.stdout
+        assert "vision_attn.vit.module." in result.stdout
 
 
 def test_test_command_prints_test_accuracy(vit_checkpoint, tmp_path) -> None:

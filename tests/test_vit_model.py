@@ -225,3 +225,44 @@ def test_registers_stay_out_of_the_maps() -> None:
     expected = torch.zeros(1, 4, 4)
     expected[0, 1, 2] = 0.5
     assert torch.equal(class_map(matrix, (4, 4), "token", prefix_tokens=5), expected)
+
+
+def test_patch_dropout_schedule_goes_from_its_start_to_its_end_rate_over_training(tmp_path) -> None:
+    """patch_drop_rate_end: the rate moves linearly over the run's steps (here 5), so each step trains on more
+    of the 49 patch tokens: int(49 (1 - p_k)) with p_k = 0.8 + (0.2 - 0.8) k / 5."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vision_attn.vit.module import ViTClassifier
+
+    module = ViTClassifier(image_size=28, patch_size=4, embed_dim=32, depth=1, num_heads=2, patch_drop_rate=0.8,
+                           patch_drop_rate_end=0.2, warmup_epochs=0.0, log_overlays=0)
+    seen: list[int] = []
+    module.model.blocks[0].register_forward_hook(lambda block, args, out: seen.append(args[0].shape[1] - 1))
+    data = TensorDataset(torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,)))
+    trainer = L.Trainer(max_steps=5, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(data, batch_size=8))
+    assert seen == [int(49 * (1 - (0.8 - 0.6 * k / 5))) for k in range(5)] == [9, 15, 21, 27, 33]
+    with pytest.raises(ValueError, match="patch_drop_rate_end"):
+        ViTClassifier(patch_drop_rate_end=1.0)
+
+
+def test_distillation_token_state_dict_and_logits_equal_timm_deit() -> None:
+    """dist_token: timm's DeiT (VisionTransformerDistilled): the same parameters, token order and logits (the two
+    heads' mean in eval; both heads in distilled training)."""
+    torch.manual_seed(0)
+    theirs = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, num_classes=10, img_size=64).eval()
+    model = VisionTransformer(img_size=64, in_chans=3, num_classes=10, dist_token=True, **TINY).eval()
+    ours_state, theirs_state = model.state_dict(), theirs.state_dict()
+    assert sorted(ours_state) == sorted(theirs_state) and model.num_prefix_tokens == 2
+    model.load_state_dict(theirs_state)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(model(x), theirs(x), atol=1e-5)
+        theirs.set_distilled_training(True)
+        model.distilled_training = True
+        theirs.train(), model.train()
+        (ours_cls, ours_dist), (their_cls, their_dist) = model(x), theirs(x)
+        assert torch.allclose(ours_cls, their_cls, atol=1e-5) and torch.allclose(ours_dist, their_dist, atol=1e-5)
+        assert not torch.allclose(ours_cls, ours_dist)

@@ -97,9 +97,9 @@ def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
 KIND_KEY = "vision_attn_kind"
 VERSION_KEY = "vision_attn_version"
 RNG_KEY = "vision_attn_rng"
-VIT, CAPTIONER, ENCODER = "vit", "captioner", "encoder"
+VIT, CAPTIONER, ENCODER, CONVNET = "vit", "captioner", "encoder", "convnet"
 KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner",
-              ENCODER: "captioner-encoder pretraining"}
+              ENCODER: "captioner-encoder pretraining", CONVNET: "CNN classifier (a ViT's teacher)"}
 
 
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:

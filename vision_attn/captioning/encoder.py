@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.model import VisionTransformer, prefix_tokens
 from vision_attn.vit.pretrained import load_pretrained
 from vision_attn.weights import (
     TORCHVISION_BACKBONES,
@@ -37,19 +37,18 @@ Backbone = Literal["small", "vgg19", "resnet50", "resnet101", "vit"] | str
 
 
 class _ViTEmbedding(nn.Module):
-    """z_0 = [x_cls; x_reg; x_p E] + E_pos (Dosovitskiy et al. 2020, eq. 1): the first stage of a ViT trunk."""
+    """z_0 = [x_cls; x_dist; x_reg; x_p E] + E_pos (Dosovitskiy et al. 2020, eq. 1): the first stage of a ViT
+    trunk."""
 
     def __init__(self, vit: VisionTransformer) -> None:
         super().__init__()
-        self.patch_embed, self.cls_token, self.reg_token, self.pos_embed = (
-            vit.patch_embed, vit.cls_token, vit.reg_token, vit.pos_embed)
+        self.patch_embed, self.cls_token, self.dist_token, self.reg_token, self.pos_embed = (
+            vit.patch_embed, vit.cls_token, vit.dist_token, vit.reg_token, vit.pos_embed)
 
     def forward(self, images: Tensor) -> Tensor:
         x = self.patch_embed(images)  # (B, N, D), the patches row by row
-        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
-        if self.reg_token is not None:
-            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        return torch.cat([*prefix, x], dim=1) + self.pos_embed  # (B, P + N, D)
+        prefix = prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0])
+        return torch.cat([prefix, x], dim=1) + self.pos_embed  # (B, P + N, D)
 
 
 class _ViTBlock(nn.Module):
@@ -94,7 +93,7 @@ TIMM_HEAD_DIM = 64
 
 
 VIT_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "stem", "reg_tokens",
-               "global_pool")
+               "dist_token", "global_pool")
 
 
 def _vit_trunk(source: str | os.PathLike | None, image_size: int, options: dict | None = None
@@ -128,6 +127,7 @@ def _vit_trunk(source: str | os.PathLike | None, image_size: int, options: dict 
                    "mlp_ratio": state["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim,
                    "qkv_bias": "blocks.0.attn.qkv.bias" in state,
                    "reg_tokens": state["reg_token"].shape[1] if "reg_token" in state else 0,
+                   "dist_token": "dist_token" in state,
                    "global_pool": "token" if "norm.weight" in state else "avg"}
     if image_size % options["patch_size"]:
         raise ValueError(f"the captioner's image_size {image_size} is not a multiple of the ViT's patch size "

@@ -41,6 +41,13 @@ def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: in
     return torch.cat([prefix, patches], dim=1)
 
 
+def prefix_tokens(cls_token: Tensor, dist_token: Tensor | None, reg_token: Tensor | None, batch: int) -> Tensor:
+    """(B, P, D): the tokens before the patches, in timm's order: cls, the distillation token (DeiT), the
+    registers (Darcet et al. 2024: tokens that hold no patch)."""
+    tokens = [token for token in (cls_token, dist_token, reg_token) if token is not None]
+    return torch.cat(tokens, dim=1).expand(batch, -1, -1)
+
+
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size.
 
@@ -155,6 +162,9 @@ class VisionTransformer(nn.Module):
     ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"; timm's
     ``reg_tokens``): learnt tokens after the cls token that hold no patch, where attention that has nowhere
     useful to go can rest instead of on background patches, which keeps the attention maps on the object.
+    ``dist_token`` adds DeiT's distillation token (Touvron et al. 2021) after the cls token, with its own head:
+    in training with ``distilled_training`` set, ``forward_head`` returns both heads' logits (the cls head
+    learns the labels, the distillation head a teacher's), and otherwise their mean, as DeiT classifies.
     """
 
     def __init__(
@@ -179,13 +189,16 @@ class VisionTransformer(nn.Module):
         fused_attention: bool = True,
         stem: Literal["patch", "conv"] = "patch",
         reg_tokens: int = 0,
+        dist_token: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= patch_drop_rate < 1.0:
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
         if reg_tokens < 0:
             raise ValueError(f"reg_tokens must be 0 or more, got {reg_tokens}")
-        self.num_prefix_tokens = 1 + reg_tokens  # the cls token, then the registers, then the patches (timm's order)
+        # the cls token, the distillation token, the registers, then the patches (timm's order)
+        self.num_prefix_tokens = 1 + int(dist_token) + reg_tokens
+        self.distilled_training = False  # set by the trainer: forward_head then returns (cls, distillation) logits
         self.num_classes = num_classes
         self.patch_drop_rate = patch_drop_rate
         self.pos_embed_init = pos_embed_init
@@ -196,6 +209,7 @@ class VisionTransformer(nn.Module):
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, stem=stem
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
@@ -218,6 +232,7 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "avg" else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = nn.Linear(embed_dim, num_classes) if dist_token and num_classes > 0 else None
         self.init_weights()
 
     @property
@@ -232,23 +247,29 @@ class VisionTransformer(nn.Module):
         else:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
-        if self.reg_token is not None:
-            nn.init.normal_(self.reg_token, std=1e-6)
+        for token in (self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        if self.zero_init_head and isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)  # every class starts equally likely
+        if self.zero_init_head:
+            for head in (self.head, self.head_dist):
+                if isinstance(head, nn.Linear):
+                    nn.init.zeros_(head.weight)  # every class starts equally likely
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "reg_token"} if self.reg_token is not None else {"pos_embed", "cls_token"}
+        tokens = {name for name in ("dist_token", "reg_token") if getattr(self, name) is not None}
+        return {"pos_embed", "cls_token"} | tokens
 
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.dist_token is not None:
+            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else None
 
     def forward_features(
         self, x: Tensor, *, return_attention: bool = False
@@ -256,10 +277,7 @@ class VisionTransformer(nn.Module):
         """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
         the registers, then the patches (P = ``num_prefix_tokens``)."""
         x = self.patch_embed(x)  # (B, N, D)
-        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
-        if self.reg_token is not None:  # registers (Darcet et al. 2024): tokens that hold no patch
-            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, D)
+        x = torch.cat([prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0]), x], dim=1)
         x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
         x = patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens)
         attentions = []
@@ -271,11 +289,17 @@ class VisionTransformer(nn.Module):
         return (x, attentions) if return_attention else x
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
-        """Tokens (B, 1 + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``."""
+        """Tokens (B, P + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``. With a
+        distillation token: the two heads' mean, or both heads' logits in distilled training."""
         # y = LN(z_L^0), or the mean of the patch tokens
         pooled = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(dim=1)
-        x = self.head_drop(self.fc_norm(pooled))
-        return x if pre_logits else self.head(x)
+        features = self.head_drop(self.fc_norm(pooled))
+        if pre_logits or self.head_dist is None:
+            return features if pre_logits else self.head(features)
+        logits, distilled = self.head(features), self.head_dist(self.head_drop(x[:, 1]))  # DeiT: y_dist = W' z_L^dist
+        if self.training and self.distilled_training:
+            return logits, distilled
+        return (logits + distilled) / 2
 
     def forward(self, x: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         if return_attention:

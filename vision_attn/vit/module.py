@@ -1,4 +1,5 @@
-"""LightningModule for the ViT classifier: the loss, accuracy, the optimiser and its schedule.
+"""LightningModules for the image classifiers: the ViT, and the small CNN that can teach it (DeiT's distillation):
+the loss, accuracy, the optimiser and its schedule.
 
 The checkpoint kind, the non-finite guard, warm-up + cosine and the overlay logging live in ``task.py``.
 """
@@ -6,6 +7,7 @@ The checkpoint kind, the non-finite guard, warm-up + cosine and the overlay logg
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -14,9 +16,19 @@ import torchmetrics
 from PIL import Image
 from torch import Tensor
 
-from vision_attn.checkpoint import VIT
+from vision_attn.checkpoint import (
+    CONVNET,
+    KIND_NAMES,
+    VIT,
+    checkpoint_kind,
+    constructor_args,
+    load_file,
+    read_model_checkpoint,
+)
+from vision_attn.errors import CheckpointError
 from vision_attn.schedule import decay_groups
 from vision_attn.task import BaseTask
+from vision_attn.vit.convnet import ConvNet
 from vision_attn.vit.inference import Classifier, map_scores, validation_figures, vit_from_hparams
 from vision_attn.vit.pretrained import load_pretrained
 from vision_attn.vit.rollout import explain
@@ -24,9 +36,107 @@ from vision_attn.vit.rollout import explain
 log = logging.getLogger(__name__)
 
 MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing")
+TEACHER_KINDS = (CONVNET, VIT)
 
 
-class ViTClassifier(BaseTask):
+class ClassifierTask(BaseTask):
+    """What the image classifiers share: top-1 accuracy (micro) and the mean loss in training, validation and
+    test, softmax predictions, AdamW (no decay on norms, biases and the model's ``no_weight_decay``) with
+    warm-up + cosine. Subclasses build ``self.model`` (images -> logits) and may override ``training_logits``."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
+        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
+        # ranks with fewer images too much)
+        self.val_loss = torchmetrics.MeanMetric()
+        self.test_loss = torchmetrics.MeanMetric()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def classification_loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """(loss, logits) of a training batch: cross-entropy with label smoothing."""
+        logits = self.model(images)
+        return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing), logits
+
+    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        images, labels = batch
+        loss, logits = self.classification_loss(images, labels)
+        self.train_accuracy(logits, labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
+        return self.model(images)
+
+    def _evaluate(self, batch: tuple[Tensor, ...] | None, stage: str, accuracy: torchmetrics.Metric,
+                  mean_loss: torchmetrics.Metric) -> None:
+        if batch is None:
+            return
+        images, labels, *masks = batch
+        logits = self.evaluation_logits(images, masks, stage)
+        accuracy(logits, labels)
+        mean_loss(F.cross_entropy(logits, labels, reduction="none"))
+        self.log(f"{stage}/loss", mean_loss)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+
+    def validation_step(self, batch: tuple[Tensor, ...] | None, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
+
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.model(batch[0]).softmax(dim=-1)
+
+    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
+        skip = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else set()
+        groups = decay_groups(self.model, self.hparams.weight_decay, skip=skip)
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
+        return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
+                                  min_lr_ratio=self.hparams.min_lr_ratio, by_time=self.hparams.schedule_by_time)
+
+
+class ConvNetClassifier(ClassifierTask):
+    """Trains the small CNN of ``vit/convnet.py``, the ViT's teacher for DeiT's distillation (``ViTClassifier``'s
+    ``teacher``), with the ViT's optimiser, schedule, label smoothing and data links."""
+
+    kind = CONVNET
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        image_size: int = 28,
+        in_chans: int = 1,
+        widths: list[int] = (32, 64, 128),
+        drop_rate: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 0.0,
+        schedule_by_time: bool = False,
+        label_smoothing: float = 0.0,
+        log_overlays: int = 0,
+        class_names: list[str] | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+    ) -> None:
+        super().__init__(num_classes)
+        self.save_hyperparameters()
+        self.model = ConvNet(**constructor_args(ConvNet, self.hparams))
+
+    def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
+        return []  # a CNN has no attention to draw
+
+
+class ViTClassifier(ClassifierTask):
     """Trains ``VisionTransformer`` with AdamW, warm-up + cosine, label smoothing; logs top-1 accuracy.
 
     ``num_classes``, ``in_chans``, ``image_size``, ``class_names``, ``mean`` and ``std`` are linked from the
@@ -40,7 +150,19 @@ class ViTClassifier(BaseTask):
     cosine decay runs over the time budget as well as the steps (whichever is further along), so a run capped
     by time always finishes its schedule; ``max_epochs`` is then an upper bound. ``pretrained`` is a local
     weights file or ``timm:<model name>[.<tag>]`` (timm's weights from the Hugging Face cache), adapted to this
-    ViT (``vit/pretrained.py``).
+    ViT (``vit/pretrained.py``). ``patch_drop_rate_end`` schedules PatchDropout: the rate goes linearly from
+    ``patch_drop_rate`` at the first step to ``patch_drop_rate_end`` at the end of training (of the ``max_time``
+    budget with ``schedule_by_time``, else of the run's steps), so early steps, when the model learns coarse
+    shapes, are cheap and the last ones see more of each image.
+
+    ``teacher`` distils a trained classifier into the ViT (Touvron et al. 2021, DeiT): a ``vision-attn fit``
+    checkpoint of a ``ConvNetClassifier`` (DeiT's choice: a convnet passes on its inductive bias) or of another
+    ViT, trained on the same data and normalisation. It is frozen, runs on every training batch, and is not
+    saved with the student. With ``dist_token`` the distillation token's head learns the teacher and the cls
+    head the labels, and the two heads' mean classifies; without it, the one head learns both. ``distillation:
+    hard`` (DeiT's best) takes the teacher's argmax as a label: L = (1 − λ) CE(ψ(Z_s), y) + λ CE(ψ(Z_d), y_t)
+    with λ = ``distillation_weight`` (DeiT: ½); ``soft`` matches its softened distribution instead:
+    λ τ² KL(ψ(Z_t / τ) ‖ ψ(Z_d / τ)), τ = ``distillation_tau``.
     """
 
     kind = VIT
@@ -61,12 +183,18 @@ class ViTClassifier(BaseTask):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         patch_drop_rate: float = 0.0,
+        patch_drop_rate_end: float | None = None,
         global_pool: Literal["token", "avg"] = "token",
         pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
         stem: Literal["patch", "conv"] = "patch",
         reg_tokens: int = 0,
+        dist_token: bool = False,
+        teacher: str | None = None,
+        distillation: Literal["hard", "soft"] = "hard",
+        distillation_weight: float = 0.5,
+        distillation_tau: float = 1.0,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -81,76 +209,101 @@ class ViTClassifier(BaseTask):
         mean: list[float] | None = None,
         std: list[float] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(num_classes)
         self.save_hyperparameters()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+        if patch_drop_rate_end is not None and not 0.0 <= patch_drop_rate_end < 1.0:
+            raise ValueError(f"patch_drop_rate_end must be in [0, 1), got {patch_drop_rate_end}")
+        if not 0.0 <= distillation_weight <= 1.0 or distillation_tau <= 0:
+            raise ValueError(f"distillation_weight must be in [0, 1] and distillation_tau above 0, got "
+                             f"{distillation_weight} and {distillation_tau}")
+        if dist_token and not teacher:
+            log.info("dist_token without a teacher: the distillation head learns the labels too")
+        self._progress: Callable[[], float] | None = None  # the share of training done, for the PatchDropout schedule
+        self._teacher: list[torch.nn.Module] = []  # a list: the teacher is not a submodule, so not in checkpoints
         self.model = vit_from_hparams(self.hparams)
         if pretrained:
             fresh = load_pretrained(self.model, pretrained)
             log.info("loaded %s (fresh: %s)", pretrained, ", ".join(fresh) or "nothing")
-        # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
-        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
-        # ranks with fewer images too much)
-        self.val_loss = torchmetrics.MeanMetric()
-        self.test_loss = torchmetrics.MeanMetric()
         # where the maps fall, when the evaluation batches carry object masks (FashionMNISTCanvasDataModule)
         self.map_scores = torch.nn.ModuleDict({f"{stage}_{name}": torchmetrics.MeanMetric() for stage in ("val", "test")
                                                for name in MAP_SCORES})
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.hparams.teacher and not self._teacher:
+            self._teacher.append(load_teacher(self.hparams.teacher, self.hparams))
+            self.model.distilled_training = self.hparams.dist_token
 
-    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        images, labels = batch
-        logits = self.model(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
-        self.train_accuracy(logits, labels)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
-        return loss
-
-    def _evaluate(self, batch: tuple[Tensor, ...] | None, stage: str, accuracy: torchmetrics.Metric,
-                  mean_loss: torchmetrics.Metric) -> None:
-        if batch is None:
+    def on_train_start(self) -> None:
+        for teacher in self._teacher:
+            teacher.to(self.device)
+        if self.hparams.patch_drop_rate_end is None:
             return
-        images, labels, *masks = batch
-        if masks:  # items with masks: also score where rollout and the last layer's attention fall (SPEC §5)
-            maps = explain(self.model, images)
-            logits = maps.logits
-            for name, (mass, hits) in map_scores(maps, masks[0]).items():  # rollout and the last layer
-                key = f"{stage}_{name.replace(' ', '_')}"
-                self.map_scores[f"{key}_mass"](mass)
-                self.map_scores[f"{key}_pointing"](hits.float())
-            for name in MAP_SCORES:
-                self.log(f"{stage}/{name}", self.map_scores[f"{stage}_{name}"])
-        else:
-            logits = self.model(images)
-        accuracy(logits, labels)
-        mean_loss(F.cross_entropy(logits, labels, reduction="none"))
-        self.log(f"{stage}/loss", mean_loss)
-        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+        by_time = self._time_budget_used() if self.hparams.schedule_by_time else None
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        self._progress = by_time or (lambda: self.global_step / total)
 
-    def validation_step(self, batch: tuple[Tensor, ...] | None, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
+    def classification_loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        if self._progress is not None:  # p = p_0 + (p_end − p_0) · (share of training done)
+            start, end = self.hparams.patch_drop_rate, self.hparams.patch_drop_rate_end
+            self.model.patch_drop_rate = start + (end - start) * min(1.0, self._progress())
+            self.log("train/patch_drop_rate", self.model.patch_drop_rate, on_step=False, on_epoch=True)
+        if not self._teacher:
+            return super().classification_loss(images, labels)
+        with torch.no_grad():
+            teacher_logits = self._teacher[0](images).float()
+        output = self.model(images)
+        logits, distilled = output if isinstance(output, tuple) else (output, output)
+        smoothing, weight = self.hparams.label_smoothing, self.hparams.distillation_weight
+        if self.hparams.distillation == "hard":  # y_t = argmax_c Z_t(c)
+            teacher_loss = F.cross_entropy(distilled, teacher_logits.argmax(dim=-1), label_smoothing=smoothing)
+        else:
+            tau = self.hparams.distillation_tau
+            teacher_loss = tau ** 2 * F.kl_div(F.log_softmax(distilled / tau, dim=-1),
+                                               F.log_softmax(teacher_logits / tau, dim=-1), reduction="batchmean",
+                                               log_target=True)
+        loss = (1 - weight) * F.cross_entropy(logits, labels, label_smoothing=smoothing) + weight * teacher_loss
+        self.log("train/teacher_loss", teacher_loss)
+        return loss, (logits + distilled) / 2
+
+    def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
+        if not masks:
+            return self.model(images)
+        # items with masks: also score where rollout and the last layer's attention fall (SPEC §5)
+        maps = explain(self.model, images)
+        for name, (mass, hits) in map_scores(maps, masks[0]).items():  # rollout and the last layer
+            key = f"{stage}_{name.replace(' ', '_')}"
+            self.map_scores[f"{key}_mass"](mass)
+            self.map_scores[f"{key}_pointing"](hits.float())
+        for name in MAP_SCORES:
+            self.log(f"{stage}/{name}", self.map_scores[f"{stage}_{name}"])
+        return maps.logits
 
     def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
         classifier = Classifier.from_hparams(self.model, self.hparams)
         return validation_figures(classifier, batch[0][:count].detach(), batch[1][:count].detach())
 
-    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self.model(batch[0]).softmax(dim=-1)
-
-    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
-        groups = decay_groups(self.model, self.hparams.weight_decay, skip=self.model.no_weight_decay())
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
-        return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
-                                  min_lr_ratio=self.hparams.min_lr_ratio, by_time=self.hparams.schedule_by_time)
+def load_teacher(path: str, student: dict) -> torch.nn.Module:
+    """The frozen classifier of a ``vision-attn fit`` checkpoint (a ConvNetClassifier's or a ViTClassifier's), in
+    eval mode; refused in one line when it does not read the student's images (classes, size, channels,
+    normalisation)."""
+    loaded = load_file(path)
+    kind = checkpoint_kind(loaded)
+    if kind not in TEACHER_KINDS:
+        raise CheckpointError(f"{path}: a teacher is a {KIND_NAMES[CONVNET]} or {KIND_NAMES[VIT]} checkpoint, "
+                              f"not {KIND_NAMES.get(kind, 'an unmarked one') if kind else 'an unmarked one'}")
+    saved = read_model_checkpoint(path, kind=kind, loaded=loaded)
+    for name in ("num_classes", "image_size", "in_chans", "mean", "std"):
+        theirs, ours = saved.hparams.get(name), student.get(name)
+        if theirs is not None and ours is not None and list(torch.tensor(theirs).flatten().tolist()) != \
+                list(torch.tensor(ours).flatten().tolist()):
+            raise CheckpointError(f"{path}: the teacher's {name} is {theirs}, the student's {ours}: it must be "
+                                  "trained on the same images")
+    model = ConvNet(**constructor_args(ConvNet, saved.hparams)) if kind == CONVNET else vit_from_hparams(saved.hparams)
+    model.load_state_dict(saved.state_dict)
+    log.info("distilling from %s (%s)", path, KIND_NAMES[kind])
+    return model.eval().requires_grad_(False)
