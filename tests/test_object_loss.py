@@ -14,6 +14,7 @@ from tests.conftest import CONFIGS, run_in_process
 from vision_attn.captioning.losses import box_cell_weights, grounding_loss, grounding_targets, object_loss
 from vision_attn.data.coco import pad_objects, read_object_targets
 from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
+from vision_attn.data.vocabulary import SPECIALS
 from vision_attn.datamodules import CocoCaptionsDataModule
 
 
@@ -153,6 +154,23 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
     assert state["state_dict"]["object_colour_head.weight"].shape[0] == len(COLOURS)
     captioner = Captioner.from_checkpoint(checkpoint)
     assert not any("object" in name for name in captioner.state_dict())
+
+
+@pytest.mark.parametrize("trainable_stages", [-1, 0], ids=["encoder_trains", "encoder_frozen"])
+def test_every_trainable_parameter_is_optimised_the_training_aids_heads_too(trainable_stages):
+    """The concept, object and colour heads are the LightningModule's, not the captioner's: they must still be in
+    the optimiser's groups (once each), or their losses train the encoder against fixed random heads."""
+    from vision_attn.captioning.module import ShowAttendTell
+
+    module = ShowAttendTell(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], encoder_width=8, embed_dim=16,
+                            hidden_dim=32, attention_dim=16, image_size=96, trainable_stages=trainable_stages,
+                            concept_weight=1.0, object_weight=1.0, grounding_weight=1.0,
+                            object_classes=list(CLASS_WORDS), object_colours=list(COLOURS))
+    grouped = [id(p) for group in module.parameter_groups() for p in group["params"]]
+    trainable = {id(p): name for name, p in module.named_parameters() if p.requires_grad}
+    assert len(grouped) == len(set(grouped))
+    assert set(grouped) == set(trainable), sorted(trainable[i] for i in set(trainable) - set(grouped))
+    assert any(name.startswith("object_colour_head") for name in trainable.values())
 
 
 def test_grounding_targets_point_each_naming_word_at_its_objects_box():

@@ -371,12 +371,20 @@ class ShowAttendTell(BaseTask):
         super().on_load_checkpoint(checkpoint)
         self.model.vocab.require_same(checkpoint.get("hyper_parameters", {}).get("vocabulary"))
 
-    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's groups: the decoder with the training aids' heads (concept, object class and colour)
+        at ``lr``, the encoder's trainable stages at ``encoder_lr`` (default ``lr``)."""
+        aids = [p for head in (self.concept_head, self.object_head, self.object_colour_head) if head is not None
+                for p in head.parameters()]
+        groups = [{"params": list(self.model.decoder.parameters()) + aids, "lr": self.hparams.lr}]
         encoder_params = [p for p in self.model.encoder.parameters() if p.requires_grad]
-        groups = [{"params": list(self.model.decoder.parameters()), "lr": self.hparams.lr}]
         if encoder_params:
             groups.append({"params": encoder_params, "lr": self.hparams.encoder_lr or self.hparams.lr})
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        return groups
+
+    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=self.hparams.lr,
+                                      weight_decay=self.hparams.weight_decay)
         return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
                                   by_time=self.hparams.schedule_by_time)
 
