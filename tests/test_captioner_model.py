@@ -509,3 +509,22 @@ def test_excess_words_count_what_no_reference_repeats() -> None:
     assert excess_words([a, coat, next_to, a, bag], references) == 0
     assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references) == 2  # a 3rd "a" and a 2nd "bag"
     assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references + [[a, a, a, bag]]) == 1
+
+
+def test_a_channels_last_encoder_computes_what_the_default_layout_does():
+    """``channels_last`` only changes how the trunk's tensors are laid out: the same weights give the same annotation
+    vectors and gradients, and loading a state dict keeps the layout."""
+    torch.manual_seed(0)
+    plain = AnnotationEncoder(backbone="small", width=8)
+    fast = AnnotationEncoder(backbone="small", width=8, channels_last=True)
+    fast.load_state_dict(plain.state_dict())
+    convolution = fast.trunk[0][0].weight
+    assert convolution.is_contiguous(memory_format=torch.channels_last) and not convolution.is_contiguous()
+    torch.testing.assert_close(convolution, plain.trunk[0][0].weight)
+    images = torch.randn(3, 3, 64, 64)
+    (ours, grid), (theirs, their_grid) = fast(images), plain(images)
+    assert grid == their_grid == (4, 4) and ours.shape == theirs.shape == (3, 16, 64)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    torch.testing.assert_close(fast.trunk[0][0].weight.grad, plain.trunk[0][0].weight.grad, rtol=1e-3, atol=1e-4)

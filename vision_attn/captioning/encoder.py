@@ -245,6 +245,7 @@ class AnnotationEncoder(nn.Module):
         small_stride: int = 16,
         image_size: int = 224,
         vit: dict | None = None,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.backbone_name = backbone
@@ -279,6 +280,11 @@ class AnnotationEncoder(nn.Module):
         elif pretrained:
             self.load_trunk_weights(pretrained)
         self.set_trainable_stages(trainable_stages)
+        # NHWC convolutions: oneDNN's fast path on CPUs (the small CNN's training step is ~30% faster on 2 cores),
+        # and tensor cores' under mixed precision on GPUs. Loading weights keeps this layout (copy_ keeps strides).
+        self.channels_last = channels_last
+        if channels_last:
+            self.trunk.to(memory_format=torch.channels_last)
 
     def load_trunk_weights(self, path: str | os.PathLike) -> None:
         """Load a torchvision/timm state dict (or our own trunk's, or the trunk of a ``vision-attn fit`` encoder
@@ -360,6 +366,8 @@ class AnnotationEncoder(nn.Module):
     def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, 3, H, W) -> annotation vectors (B, L, D) and the grid; with ``cached_input`` set, the input
         is what ``frozen_part`` made of the images (a feature cache), and only the rest of the encoder runs."""
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
         if self.cached_input:
             stages, frozen = self._stages(), len(self.frozen_stages)
             features = images.to(next(self.parameters()).dtype)  # fp16 from the cache -> the weights' dtype
@@ -389,9 +397,10 @@ class EncoderClassifier(nn.Module):
     p(class | image) = softmax(W · (1/L) Σ_i a_i + b)."""
 
     def __init__(self, *, backbone: str = "small", encoder_width: int = 32, encoder_stride: int = 16,
-                 num_classes: int = 10, num_colours: int = 0) -> None:
+                 num_classes: int = 10, num_colours: int = 0, channels_last: bool = False) -> None:
         super().__init__()
-        self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, small_stride=encoder_stride)
+        self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, small_stride=encoder_stride,
+                                         channels_last=channels_last)
         self.head = nn.Linear(self.encoder.annotation_dim, num_classes)
         self.colour_head = nn.Linear(self.encoder.annotation_dim, num_colours) if num_colours else None
 

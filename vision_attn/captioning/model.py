@@ -77,6 +77,7 @@ class Captioner(nn.Module):
         image_size: int = 224,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         if not vocabulary:
@@ -88,7 +89,8 @@ class Captioner(nn.Module):
         self.beam_size, self.max_decode_length, self.length_penalty = beam_size, max_decode_length, length_penalty
         self.encoder = AnnotationEncoder(backbone=backbone, width=encoder_width, grid_size=grid_size,
                                          pretrained=pretrained_encoder, trainable_stages=trainable_stages,
-                                         small_stride=encoder_stride, image_size=image_size, vit=vit)
+                                         small_stride=encoder_stride, image_size=image_size, vit=vit,
+                                         channels_last=channels_last)
         self.decoder = AttentionDecoder(
             vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim, embed_dim=embed_dim,
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention_mode=attention_mode,

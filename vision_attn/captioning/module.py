@@ -109,6 +109,7 @@ class ShowAttendTell(BaseTask):
         encoder_lr: float | None = None, weight_decay: float = 0.0,
         warmup_epochs: float = 0.0, beam_size: int = 3, max_decode_length: int = 20, length_penalty: float = 0.0,
         image_size: int = 224, mean: list[float] | None = None, std: list[float] | None = None, log_overlays: int = 4,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         check_self_critical_options(self_critical_from_epoch, self_critical_samples, self_critical_from_time)

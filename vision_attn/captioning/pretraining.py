@@ -38,6 +38,7 @@ class EncoderPretraining(BaseTask):
         num_colours: int = len(COLOURS), lr: float = 3e-3, weight_decay: float = 0.05, label_smoothing: float = 0.1,
         warmup_epochs: float = 0.1, schedule_by_time: bool = False, class_names: list[str] | None = None,
         image_size: int = 32, in_chans: int = 3, mean: list[float] | None = None, std: list[float] | None = None,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -46,7 +47,8 @@ class EncoderPretraining(BaseTask):
         if in_chans != 3:
             raise ValueError(f"the captioner's encoder reads RGB images (in_chans 3), but the data has {in_chans}")
         self.model = EncoderClassifier(backbone=backbone, encoder_width=encoder_width, encoder_stride=encoder_stride,
-                                       num_classes=num_classes, num_colours=num_colours)
+                                       num_classes=num_classes, num_colours=num_colours,
+                                       channels_last=channels_last)
         # top-1 accuracies per stage, keyed "<stage>_" ("train" is taken by nn.Module.train)
         self.accuracy = nn.ModuleDict({f"{stage}_": MulticlassAccuracy(num_classes, average="micro")
                                        for stage in ("train", "val", "test")})
