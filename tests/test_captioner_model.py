@@ -30,15 +30,17 @@ PAD, START, END = 0, 1, 2
 
 def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft", coverage: bool = False,
                  attend_with_word: bool = False, word_counts: bool = False, attention_score: str = "additive",
-                 attention_heads: int = 2) -> AttentionDecoder:
+                 attention_heads: int = 2, word_count_context: bool = False) -> AttentionDecoder:
     torch.manual_seed(0)
     decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
                                attention_dim=8 if attention_score == "multihead" else 7, dropout=0.0,
                                attention_mode=attention, coverage=coverage, attend_with_word=attend_with_word,
                                word_counts=word_counts, attention_score=attention_score,
-                               attention_heads=attention_heads)
+                               attention_heads=attention_heads, word_count_context=word_count_context)
     if word_counts:  # ρ starts at 0; give it values, so that the counts change the words' scores
         nn.init.normal_(decoder.repeat_weight, std=2.0)
+    if word_count_context:  # U too starts at 0
+        nn.init.normal_(decoder.repeat_context.weight, std=1.0)
     return decoder
 
 
@@ -48,6 +50,9 @@ VARIANTS = [{}, {"coverage": True}, {"coverage": True, "attend_with_word": True,
 # ... and each of the other attention scores, with all of those options
 VARIANTS += [{"attention_score": score, "coverage": True, "attend_with_word": True, "word_counts": True}
              for score in ("dot", "general", "scaled_dot", "multihead")]
+# ... and ρ read from the state
+VARIANTS += [{"attention_score": "scaled_dot", "coverage": True, "attend_with_word": True, "word_counts": True,
+              "word_count_context": True}]
 
 
 def captions_batch() -> torch.Tensor:
@@ -150,6 +155,33 @@ def test_word_counts_add_rho_times_how_often_each_word_was_said() -> None:
     counted(annotations, captions).logits.log_softmax(-1)[:, 1:, 5].sum().backward()
     assert counted.repeat_weight.grad[5] != 0  # word 5 was said at step 1: its ρ learns from then on
     assert plain.repeat_weight is None
+
+
+def test_word_count_context_reads_rho_from_the_state_and_starts_as_the_plain_counts() -> None:
+    """ρ_t = ρ + U h_t: with U = 0 (its start) the scores are word_counts' exactly; with U it adds (U h_t) ⊙ n_t,
+    so that saying a word again can be likely after one context ("the red coat") and not after another."""
+    counted = tiny_decoder(word_counts=True)
+    fresh = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
+                             dropout=0.0, word_counts=True, word_count_context=True)
+    fresh.load_state_dict(counted.state_dict(), strict=False)  # the same weights; U as constructed
+    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(annotations, captions).logits, counted(annotations, captions).logits)
+        nn.init.normal_(fresh.repeat_context.weight, std=1.0)
+        hidden = torch.randn(3, 10)
+        counts = torch.tensor([[0.0] * 5 + [2.0] + [0.0] * 6] * 3)  # word 5 said twice
+        words, context = torch.randn(3, 6), torch.randn(3, 8)
+        difference = fresh.deep_output(words, hidden, context, counts) - fresh.deep_output(words, hidden, context,
+                                                                                           torch.zeros_like(counts))
+        rho = fresh.repeat_weight[5] + hidden @ fresh.repeat_context.weight[5] + fresh.repeat_context.bias[5]
+        expected = 2.0 * rho
+        torch.testing.assert_close(difference[:, 5], expected)
+        assert difference[:, [i for i in range(12) if i != 5]].abs().max() == 0  # only the said word moves
+    fresh.zero_grad()
+    fresh(annotations, captions).logits.log_softmax(-1)[:, 1:, 5].sum().backward()
+    assert fresh.repeat_context.weight.grad[5].abs().sum() > 0  # U learns from the likelihood, from U = 0
+    with pytest.raises(ValueError, match="word_counts: true"):
+        AttentionDecoder(vocab_size=12, annotation_dim=8, word_count_context=True)
 
 
 def test_doubly_stochastic_penalty_by_hand() -> None:

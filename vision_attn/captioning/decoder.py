@@ -104,8 +104,11 @@ class AttentionDecoder(nn.Module):
         word_counts: bool = False,
         attention_score: str = "additive",
         attention_heads: int = 4,
+        word_count_context: bool = False,
     ) -> None:
         super().__init__()
+        if word_count_context and not word_counts:
+            raise ValueError("word_count_context reads ρ from the state for the word counts: set word_counts: true")
         if attention_score not in ATTENTION_SCORES:
             raise ValueError(f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, got {attention_score!r}")
         if not 0.0 < initial_gate < 1.0:
@@ -131,6 +134,13 @@ class AttentionDecoder(nn.Module):
         self.output_words = nn.Linear(embed_dim, vocab_size)  # L_o
         # ρ: what each word's having been said already adds to its score (0 at the start: the paper's output)
         self.repeat_weight = nn.Parameter(torch.zeros(vocab_size)) if word_counts else None
+        # ρ_t = ρ + U h_t with word_count_context: whether a word may be said again depends on where the sentence
+        # is ("the red coat" may name the coat again, "and a red coat" may not); U = 0 at the start: ρ_t = ρ
+        self.repeat_context = None
+        if word_count_context:
+            self.repeat_context = nn.Linear(hidden_dim, vocab_size)
+            nn.init.zeros_(self.repeat_context.weight)
+            nn.init.zeros_(self.repeat_context.bias)
 
     def encode(self, annotations: Tensor) -> EncodedImage:
         """Precompute W_a a_i for all locations: (B, L, D) -> (B, L, A)."""
@@ -195,7 +205,10 @@ class AttentionDecoder(nn.Module):
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
         logits = self.output_words(self.output_dropout(combined))  # p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))
         if self.repeat_weight is not None:
-            logits = logits + self.repeat_weight * word_counts  # ... + ρ ⊙ n_t
+            rho = self.repeat_weight
+            if self.repeat_context is not None:
+                rho = rho + self.repeat_context(hidden)  # ρ_t = ρ + U h_t
+            logits = logits + rho * word_counts  # ... + ρ ⊙ n_t
         return logits
 
     def count_words(self, words: Tensor, counts: Tensor | None) -> Tensor | None:

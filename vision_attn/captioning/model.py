@@ -68,6 +68,7 @@ class Captioner(nn.Module):
         coverage: bool = False,
         attend_with_word: bool = False,
         word_counts: bool = False,
+        word_count_context: bool = False,
         attention_score: str = "additive",
         attention_heads: int = 4,
         hard_expectation_prob: float = 0.5,
@@ -96,7 +97,7 @@ class Captioner(nn.Module):
             hidden_dim=hidden_dim, attention_dim=attention_dim, dropout=dropout, attention_mode=attention_mode,
             hard_expectation_prob=hard_expectation_prob, initial_gate=initial_gate, coverage=coverage,
             attend_with_word=attend_with_word, word_counts=word_counts, attention_score=attention_score,
-            attention_heads=attention_heads,
+            attention_heads=attention_heads, word_count_context=word_count_context,
         )
 
     @classmethod
