@@ -2,7 +2,7 @@
 last digit, as when ``tests/pinned_metrics.json`` was written.
 
 The figures depend on the CPU's floating-point kernels, so they are pinned per kind of machine: exactly on
-the kind that wrote them (x86 with AVX-512), and to 1e-4 relative elsewhere, where the kernels round
+the kinds that wrote them (AMD's x86 with AVX-512, Intel's with AVX-512 and AMX), and to 1e-4 relative elsewhere, where the kernels round
 differently but a change of behaviour still shows. ``VISION_ATTN_PIN=write`` records this machine's figures.
 """
 
@@ -24,11 +24,15 @@ TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$",
 
 
 def machine_kind() -> str:
-    """The kind of CPU whose rounding the pinned figures hold: its architecture, and AVX-512 or not."""
-    flags = ""
+    """The kind of CPU whose rounding the pinned figures hold: its architecture, vendor (MKL and oneDNN choose
+    their kernels by vendor too), AVX-512 and AMX or not, and the thread count."""
+    flags, vendor = "", ""
     if Path("/proc/cpuinfo").is_file():
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    return f"{os.uname().machine}{'-avx512' if ' avx512f' in flags else ''}-threads{torch.get_num_threads()}"
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next((line for line in lines if line.startswith("flags")), "") + " "
+        vendor = next((line.split(":")[1].strip() for line in lines if line.startswith("vendor_id")), "")
+    isa = "".join(name for flag, name in ((" avx512f ", "-avx512"), (" amx_tile ", "-amx")) if flag in flags)
+    return f"{os.uname().machine}{'-' + vendor if vendor else ''}{isa}-threads{torch.get_num_threads()}"
 
 
 def weights_checksum(checkpoint: Path) -> float:

@@ -98,7 +98,7 @@ def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, m
                sigma: float | None = None, cmap: str = "turbo", opacity: float = 0.6) -> Image.Image:
     """``image`` with ``weights`` (Gh, Gw) drawn over ``box`` (default: the whole image).
 
-    The map is min-max scaled to m ∈ [0, 1] (a flat map stays 0), and each pixel is blended with opacity
+    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0), and each pixel is blended with opacity
     ``opacity · m`` so strong attention glows in the colour map while unattended parts show the image;
     outside the box the image is dimmed, because the network never saw it.
     """
@@ -108,7 +108,9 @@ def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, m
     left, top, right, bottom = box or (0, 0, image.width, image.height)
     heat = upsample_heatmap(weights, (bottom - top, right - left), mode=mode, sigma=sigma)
     spread = heat.max() - heat.min()
-    heat = (heat - heat.min()) / spread if spread > 1e-12 else torch.zeros_like(heat)
+    # flat: the spread is float32 rounding of the smoothing, which some CPUs' kernels leave on a constant map
+    flat = spread <= 1e-5 * heat.abs().max()
+    heat = torch.zeros_like(heat) if flat else (heat - heat.min()) / spread
     alpha = (opacity * heat).numpy()[..., None]
     region = rgb[top:bottom, left:right]
     blended = rgb * 0.45  # outside the box: dimmed

@@ -74,7 +74,8 @@ const VA = (() => {
     let lo = Infinity, hi = -Infinity;
     for (const v of values) { if (v < lo) lo = v; if (v > hi) hi = v; }
     const spread = hi - lo;
-    for (let i = 0; i < values.length; i++) values[i] = spread > 1e-12 ? (values[i] - lo) / spread : 0;
+    const flat = spread <= 1e-5 * Math.max(Math.abs(hi), Math.abs(lo));  // as overlay.py: rounding only
+    for (let i = 0; i < values.length; i++) values[i] = flat ? 0 : (values[i] - lo) / spread;
     return values;
   }
 
