@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from tests.conftest import CONFIGS, run_in_process
-from vision_attn.captioning.losses import box_cell_weights, grounding_loss, grounding_targets, object_loss
+from vision_attn.boxes import box_cell_coverage, box_cell_weights
+from vision_attn.captioning.losses import grounding_loss, grounding_targets, object_loss
 from vision_attn.data.coco import pad_objects, read_object_targets
 from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
 from vision_attn.data.vocabulary import SPECIALS
@@ -31,6 +32,17 @@ def test_box_cell_weights_share_each_box_by_the_area_in_each_cell():
     # a 3×2 grid: rows of thirds; a box over the middle third of the left column
     torch.testing.assert_close(box_cell_weights(torch.tensor([[0.0, 1 / 3, 0.5, 2 / 3]]), (3, 2)),
                                torch.tensor([[0.0, 0, 1, 0, 0, 0]]))
+
+
+def test_box_cell_coverage_is_the_share_of_each_cell_inside_the_box():
+    boxes = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5], [0.0, 0.0, 1.0, 1.0]])
+    expected = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [1.0, 1.0, 1.0, 1.0]])
+    torch.testing.assert_close(box_cell_coverage(boxes, (2, 2)), expected)
+    # a 56-pixel canvas in 7×7 cells of 8: an item at x 12..40, y 3..31 covers half of column 1 and row 0 ...
+    coverage = box_cell_coverage(torch.tensor([12.0, 3.0, 40.0, 31.0]) / 56, (7, 7)).view(7, 7)
+    torch.testing.assert_close(coverage[0, 1], torch.tensor(5 / 8 * 4 / 8))
+    torch.testing.assert_close(coverage[1, 2], torch.tensor(1.0))
+    assert coverage[:, 6].sum() == 0 and coverage[4:].sum() == 0
 
 
 def test_object_loss_reads_the_vectors_under_each_box():

@@ -2,8 +2,9 @@
 last digit, as when ``tests/pinned_metrics.json`` was written.
 
 The figures depend on the CPU's floating-point kernels, so they are pinned per kind of machine: exactly on
-the kinds that wrote them (AMD's x86 with AVX-512, Intel's with AVX-512 and AMX), and to 1e-4 relative elsewhere, where the kernels round
-differently but a change of behaviour still shows. ``VISION_ATTN_PIN=write`` records this machine's figures.
+the kinds that wrote them (AMD's x86 with AVX-512, Intel's with AVX-512 and AMX), and to 1e-4 relative
+elsewhere, where the kernels round differently but a change of behaviour still shows. ``VISION_ATTN_PIN=write``
+records this machine's figures.
 """
 
 from __future__ import annotations

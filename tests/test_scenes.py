@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,7 @@ from pycocotools.coco import COCO
 
 from vision_attn.cli import main
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, box_relation, make_scenes, relation
+from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, SceneStyle, box_relation, make_scenes, relation
 
 COUNTS = {"train": 40, "val": 10, "test": 10}
 SPLITS = list(COUNTS)
@@ -307,8 +308,47 @@ def test_a_shade_jittered_item_still_carries_its_colour_word(styled_scenes: Path
                 assert re.search(rf"\b{obj['colour']} {obj['word']}\b", caption), (caption, obj)
 
 
+def _colour_by_hue(rgb: np.ndarray) -> str:
+    """What a person calls an RGB tint (0..255): white when it is a bright grey, else by its hue's nearest name."""
+    hue, saturation, value = colorsys.rgb_to_hsv(*(np.asarray(rgb, dtype=np.float64) / 255))
+    if saturation < 0.2:
+        return "white" if value > 0.7 else "grey"
+    names = {"red": 0, "yellow": 60, "green": 120, "blue": 240}
+    return min(names, key=lambda name: min(abs(hue * 360 - names[name]), 360 - abs(hue * 360 - names[name])))
+
+
+def test_hue_jitter_draws_each_colour_family_and_its_items_keep_their_colour_word(tmp_path: Path) -> None:
+    """hue_jitter: tints range over each named colour's family (other hues, paler and darker), each still called by
+    its name, and the items drawn with them carry that colour in their pixels and captions; at 0 the exact tints."""
+    rng = np.random.default_rng(0)
+    for name in COLOURS:
+        tints = SceneStyle(hue_jitter=1.0).tints(rng, [name] * 400).astype(np.float64)
+        assert {_colour_by_hue(tint) for tint in tints} == {name}, name
+        hsv = np.array([colorsys.rgb_to_hsv(*(tint / 255)) for tint in tints])
+        if name != "white":  # a family, not one value: the hue spreads, paler and darker shades come too
+            assert np.ptp((hsv[:, 0] + 0.5) % 1) > 0.04 and hsv[:, 1].min() < 0.6 and hsv[:, 2].min() < 0.8
+        assert SceneStyle(hue_jitter=0.0).tints(rng, [name]).tolist() == [list(COLOURS[name])]
+    make_scenes(tmp_path, counts={"train": 40}, seed=1, style={"layout": "mixed", "hue_jitter": 1.0})
+    captions: dict[int, list[str]] = {}
+    for annotation in _load(tmp_path, "captions", "train")["annotations"]:
+        captions.setdefault(annotation["image_id"], []).append(annotation["caption"])
+    for image_id, image in _objects_any_layout(tmp_path, "train").items():
+        pixels = np.asarray(Image.open(tmp_path / "images" / "train" / f"{image_id}.png")).astype(np.float64)
+        for obj in image:
+            x, y, w, h = obj["bbox"]
+            crop = pixels[y : y + h, x : x + w].reshape(-1, 3)
+            brightest = crop[crop.max(axis=1) >= np.quantile(crop.max(axis=1), 0.9)].mean(axis=0)
+            lit = brightest / brightest.max() * max(obj["rgb"])  # the item's grey scales the tint: undo it
+            assert _colour_by_hue(lit) == obj["colour"], obj
+            assert all(re.search(rf"\b{obj['colour']} {obj['word']}\b", caption) for caption in captions[image_id])
+    with pytest.raises(ValueError, match="shade_jitter or hue_jitter, not both"):
+        make_scenes(tmp_path / "both", counts={"train": 1}, style={"shade_jitter": 1, "hue_jitter": 1})
+    with pytest.raises(ValueError, match="hue_jitter must be between 0 and 1"):
+        make_scenes(tmp_path / "far", counts={"train": 1}, style={"hue_jitter": 1.5})
+
+
 def test_styles_are_recorded_and_refused_when_out_of_range(styled_scenes: Path, tmp_path: Path) -> None:
-    assert _load(styled_scenes, "captions", "train")["info"]["style"] == STYLED
+    assert _load(styled_scenes, "captions", "train")["info"]["style"] == {**STYLED, "hue_jitter": 0.0}
     assert _load(styled_scenes, "captions", "test")["info"]["style"]["layout"] == "mixed"
     with pytest.raises(ValueError, match="scene layout must be one of"):
         make_scenes(tmp_path, counts={"train": 1}, style={"layout": "random"})
@@ -351,7 +391,6 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
 
     from vision_attn.data.classification import TensorImageDataset
     from vision_attn.data.scene_items import SceneItemDataset
-    from vision_attn.data.scenes import SceneStyle
 
     images, labels = load_fashion_mnist(find_fashion_mnist("data", download=False), "test")
     source = TensorImageDataset(images[:200, None], labels[:200])

@@ -115,3 +115,107 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     scores = {line[:18].strip(): [float(value) for value in line[18:].split()] for line in lines[2:]}
     assert set(scores) == {"rollout", "gradient rollout", "last layer"}
     assert all(0.0 <= value <= 1.0 for pair in scores.values() for value in pair)
+
+
+def test_canvas_training_batches_carry_each_items_box() -> None:
+    """In training each item is mirrored (or not), placed at random, and its place comes with the batch as
+    [x, y, w, h]: the item's pixels are all inside that box, and they are the item's (or its mirror image's)."""
+    import lightning as L
+
+    from vision_attn.datamodules import FashionMNISTCanvasDataModule
+
+    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=64, hflip=True)
+    data.setup("fit")
+    data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    data.trainer.training = True
+    items, labels = next(iter(data.train_dataloader()))
+    torch.manual_seed(0)
+    inputs, batch_labels, boxes = data.on_after_batch_transfer((items, labels), 0)
+    assert inputs.shape == (64, 1, 56, 56) and boxes.shape == (64, 4) and torch.equal(batch_labels, labels)
+    pixels = (inputs * data.std[0] + data.mean[0]) * 255  # back to the 0..255 canvas
+    flipped = 0
+    for canvas, item, (x, y, w, h) in zip(pixels[:, 0], items[:, 0].float(), boxes.tolist(), strict=True):
+        assert (w, h) == (28, 28) and 0 <= x <= 28 and 0 <= y <= 28
+        inside = canvas[y : y + h, x : x + w]
+        assert canvas.round().sum() == inside.round().sum()  # nothing outside the box
+        if torch.allclose(inside, item.flip(-1), atol=0.01) and not torch.allclose(inside, item, atol=0.01):
+            flipped += 1
+        else:
+            torch.testing.assert_close(inside, item, atol=0.01, rtol=0)
+    assert 10 < flipped < 54  # about half mirrored
+    assert len({tuple(box) for box in boxes.tolist()}) > 40  # places differ
+
+
+def test_training_windows_hold_the_item_and_say_where_they_lie() -> None:
+    """train_window 40: each training image is a 40x40 window of its canvas, at a multiple of 8 pixels, with the
+    whole item inside; over a batch the windows take every place and the items reach every pixel phase."""
+    import lightning as L
+
+    from vision_attn.datamodules import FashionMNISTCanvasDataModule
+
+    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=256, train_window=40)
+    data.setup("fit")
+    data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    data.trainer.training = True
+    items, labels = next(iter(data.train_dataloader()))
+    inputs, _, boxes, origins = data.on_after_batch_transfer((items, labels), 0)
+    assert inputs.shape == (256, 1, 40, 40) and origins.shape == (256, 2)
+    assert set(origins.flatten().tolist()) == {0, 8, 16}
+    pixels = (inputs * data.std[0] + data.mean[0]) * 255
+    for canvas, item, (x, y, *size) in zip(pixels[:, 0], items[:, 0].float(), boxes.tolist(), strict=True):
+        assert size == [28, 28] and 0 <= x <= 12 and 0 <= y <= 12 and canvas.round().sum() == item.sum()
+    on_canvas = origins + boxes[:, :2]  # the item's corner on the 56x56 canvas
+    assert int(on_canvas.min()) >= 0 and int(on_canvas.max()) <= 28
+    assert len(set((on_canvas % 8).flatten().tolist())) == 8
+    with pytest.raises(ValueError, match="train_window"):
+        FashionMNISTCanvasDataModule(canvas_size=56, train_window=32)  # 56 - 32 is 24, but 32 misses phases 5-7
+    with pytest.raises(ValueError, match="train_window"):
+        FashionMNISTCanvasDataModule(canvas_size=56, train_window=44)  # 56 - 44 is not a multiple of 8
+
+
+def test_attention_grounding_is_minus_log_the_rollout_share_on_the_box() -> None:
+    """The grounding term by hand: the rollout's cls row over the patches, the share of it on the cells the box
+    covers (a box over cells (1..2, 1..2) of the 7x7 grid covers them whole and nothing else), −log of it."""
+    import torch.nn.functional as F
+
+    from vision_attn.vit.module import ViTClassifier
+    from vision_attn.vit.rollout import attention_rollout
+
+    torch.manual_seed(0)
+    task = ViTClassifier(image_size=56, patch_size=8, embed_dim=32, depth=2, num_heads=2, reg_tokens=1,
+                         attention_grounding=0.5, log_overlays=0)
+    images, labels = torch.randn(4, 1, 56, 56), torch.tensor([0, 3, 5, 9])
+    boxes = torch.tensor([[8, 8, 16, 16]] * 4)
+    loss, logits = task.grounded_loss(images, labels, boxes)
+    tokens, attentions = task.model.forward_features(images, return_attention=True)
+    cls_row = attention_rollout(attentions)[:, 0, 2:].view(4, 7, 7)  # the cls token's row, past cls and register
+    share = cls_row[:, 1:3, 1:3].sum((-2, -1)) / cls_row.sum((-2, -1))
+    expected = F.cross_entropy(task.model.forward_head(tokens), labels) - 0.5 * share.log().mean()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(logits, task.model.forward_head(tokens))
+    with pytest.raises(ValueError, match="boxes"):
+        task.grounded_loss(images, labels, None)
+    with pytest.raises(ValueError, match="attention_grounding"):
+        ViTClassifier(attention_grounding=-1.0)
+
+
+def test_attention_grounding_pulls_the_rollout_onto_the_items_through_the_cli(tmp_path) -> None:
+    """30 steps of the canvas config with and without attention_grounding: grounded, the validation rollout
+    already lies mostly on the items (their pixels, which it never saw: it was trained on boxes), and well above
+    the ungrounded run's."""
+    mass = {}
+    for weight in ("0.0", "1.0"):
+        run = tmp_path / weight
+        fit = run_in_process(
+            "fit", "--config", str(CANVAS_CONFIG), "--trainer.max_epochs", "1", "--trainer.max_time", "null",
+            "--trainer.limit_train_batches", "30", "--trainer.limit_val_batches", "2",
+            "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]",
+            "--trainer.enable_checkpointing", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+            "--trainer.logger.save_dir", str(run), "--trainer.default_root_dir", str(run),
+            "--data.init_args.batch_size", "64", "--data.init_args.eval_batch_size", "100",
+            "--model.init_args.embed_dim", "32", "--model.init_args.depth", "2", "--model.init_args.num_heads", "2",
+            "--model.init_args.log_overlays", "0", "--model.init_args.attention_grounding", weight)
+        assert fit.returncode == 0, fit.stderr[-3000:]
+        rows = [row for path in run.rglob("metrics.csv") for row in csv.DictReader(path.open())]
+        mass[weight] = next(float(row["val/rollout_mass"]) for row in rows if row.get("val/rollout_mass"))
+    assert mass["1.0"] > 0.6 and mass["1.0"] > mass["0.0"] + 0.2, mass

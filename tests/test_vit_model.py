@@ -87,6 +87,11 @@ def test_patch_dropout_keeps_the_cls_token_and_a_random_subset_of_patches() -> N
     assert len({tuple(sorted(indices)) for indices in chosen}) > 1  # a different subset per image
     assert patch_dropout(tokens, 0.5, training=False) is tokens
     assert patch_dropout(tokens, 0.99, training=True).shape == (4, 2, 3)  # at least one patch
+    # which patches each image kept: the indices name the kept rows, in order
+    kept, indices = patch_dropout(tokens, 0.5, training=True, return_indices=True)
+    assert indices.shape == (4, 8)
+    assert torch.equal(kept[:, 1:], tokens[:, 1:].gather(1, indices.unsqueeze(-1).expand(-1, -1, 3)))
+    assert patch_dropout(tokens, 0.5, training=False, return_indices=True)[1] is None
 
 
 def test_patch_dropout_trains_on_fewer_tokens_and_evaluates_on_all() -> None:
@@ -105,6 +110,46 @@ def test_patch_dropout_trains_on_fewer_tokens_and_evaluates_on_all() -> None:
     with pytest.raises(ValueError, match="patch_drop_rate"):
         VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=1,
                           num_heads=4, patch_drop_rate=1.0)
+
+
+def test_channels_last_computes_what_the_default_layout_does() -> None:
+    """``channels_last`` only lays the patch embedding's tensors out as NHWC: the same weights give the same
+    tokens and logits, for the conv stem and the patch conv."""
+    for stem in ("conv", "patch"):
+        torch.manual_seed(0)
+        options = dict(img_size=56, patch_size=8, in_chans=1, num_classes=10, embed_dim=32, depth=1, num_heads=2,
+                       stem=stem)
+        plain, fast = VisionTransformer(**options).eval(), VisionTransformer(**options, channels_last=True).eval()
+        fast.load_state_dict(plain.state_dict())
+        convolution = next(m for m in fast.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d))
+        assert convolution.weight.is_contiguous(memory_format=torch.channels_last)
+        x = torch.randn(3, 1, 56, 56)
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_takes_the_position_embeddings_of_its_place() -> None:
+    """A patch-aligned window of a 56x56 image at (x 8, y 16): with the one-conv patch embedding its tokens are
+    exactly the full image's tokens of those patches, position embeddings included; misaligned or overhanging
+    windows are refused."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=56, patch_size=8, in_chans=1, num_classes=10, embed_dim=32, depth=1,
+                              num_heads=2, reg_tokens=2)
+    image = torch.randn(2, 1, 56, 56)
+    window = image[:, :, 16:56, 8:48]  # rows 2..6, columns 1..5 of the 7x7 patch grid
+    origin = torch.tensor([[8, 16], [8, 16]])
+    full = model.patch_embed(image) + model.pos_embed[:, 3:]  # (B, 49, D), past cls and the 2 registers
+    windowed = model.patch_embed(window, window=True) + model.window_position_embedding(origin, (5, 5))[:, 3:]
+    torch.testing.assert_close(windowed, full.view(2, 7, 7, 32)[:, 2:7, 1:6].reshape(2, 25, 32), rtol=0, atol=0)
+    torch.testing.assert_close(model.window_position_embedding(origin, (5, 5))[:, :3],
+                               model.pos_embed[:, :3].expand(2, -1, -1))
+    assert model.forward_features(window, window_origin=origin).shape == (2, 3 + 25, 32)
+    with pytest.raises(ValueError, match="multiples of the patch size"):
+        model.forward_features(window, window_origin=torch.tensor([[4, 16], [8, 16]]))
+    with pytest.raises(ValueError, match="leaves the 7x7 grid"):
+        model.forward_features(window, window_origin=torch.tensor([[24, 16], [8, 16]]))
+    with pytest.raises(ValueError, match="does not fit"):
+        model.forward_features(torch.randn(2, 1, 44, 40), window_origin=origin)
 
 
 def test_explicit_attention_is_softmax_qk_over_sqrt_d() -> None:

@@ -159,6 +159,9 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                         help="items on grid cells (SPEC §3), anywhere without overlap, or either per scene")
     parser.add_argument("--shade-jitter", type=number_in(0, 1), default=0.0,
                         help="0: the exact tints; up to 1: other shades of each named colour")
+    parser.add_argument("--hue-jitter", type=number_in(0, 1), default=0.0,
+                        help="0: off; up to 1: tints from each named colour's whole family (hues, saturations, "
+                             "values; instead of --shade-jitter)")
     parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
                         help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
@@ -169,7 +172,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
                           seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
                           style={"layout": options.layout, "shade_jitter": options.shade_jitter,
-                                 "scale_jitter": options.scale_jitter},
+                                 "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter},
                           fashion_mnist_root=options.fashion_mnist_root)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "

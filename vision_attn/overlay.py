@@ -98,8 +98,8 @@ def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, m
                sigma: float | None = None, cmap: str = "turbo", opacity: float = 0.6) -> Image.Image:
     """``image`` with ``weights`` (Gh, Gw) drawn over ``box`` (default: the whole image).
 
-    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0), and each pixel is blended with opacity
-    ``opacity · m`` so strong attention glows in the colour map while unattended parts show the image;
+    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0), and each pixel is blended
+    with opacity ``opacity · m`` so strong attention glows in the colour map while unattended parts show the image;
     outside the box the image is dimmed, because the network never saw it.
     """
     if not 0.0 <= opacity <= 1.0:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vision_attn.boxes import box_cell_weights
 from vision_attn.data.vocabulary import PAD_ID
 
 
@@ -144,24 +145,6 @@ def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Te
     keep = torch.ones(per_word.shape[1], dtype=torch.bool, device=per_word.device)
     keep[ignore] = False
     return per_word[:, keep].mean()
-
-
-def box_cell_weights(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
-    """The share of each box's area that falls in each cell of a Gh×Gw grid laid over the image: boxes (..., 4) as
-    [x0, y0, x1, y1] fractions of the image's width and height -> (..., Gh·Gw), each row summing to 1 (a box
-    with no area gets the cell of its corner)."""
-    grid_h, grid_w = grid
-    edges_x = torch.linspace(0, 1, grid_w + 1, device=boxes.device, dtype=boxes.dtype)
-    edges_y = torch.linspace(0, 1, grid_h + 1, device=boxes.device, dtype=boxes.dtype)
-    x0, y0, x1, y1 = boxes.unbind(-1)
-    # overlap of [x0, x1] with each column [e_j, e_j+1], (..., Gw); of [y0, y1] with each row, (..., Gh)
-    across = (torch.minimum(edges_x[1:], x1.unsqueeze(-1)) - torch.maximum(edges_x[:-1], x0.unsqueeze(-1)))
-    down = (torch.minimum(edges_y[1:], y1.unsqueeze(-1)) - torch.maximum(edges_y[:-1], y0.unsqueeze(-1)))
-    cells = (down.clamp_min(0).unsqueeze(-1) * across.clamp_min(0).unsqueeze(-2)).flatten(-2)  # (..., Gh·Gw)
-    total = cells.sum(-1, keepdim=True)
-    corner = (y0.clamp(0, 1 - 1e-6) * grid_h).long() * grid_w + (x0.clamp(0, 1 - 1e-6) * grid_w).long()
-    empty = F.one_hot(corner, grid_h * grid_w).to(cells.dtype)
-    return torch.where(total > 0, cells / total.clamp_min(1e-12), empty)
 
 
 class ObjectLoss(NamedTuple):

@@ -14,6 +14,11 @@ A ``SceneStyle`` says how a split is drawn (SPEC §3 is the default, ``SceneStyl
 - ``shade_jitter`` (0 to 1): each item's tint is another shade of its named colour instead of the pure RGB
   value: the named colour's channels are lowered by up to 80 (and apart by up to 20), the others raised by up
   to 45, scaled by the jitter. 0 gives the exact tints.
+- ``hue_jitter`` (0 to 1): each item's tint is drawn from its named colour's family instead, in HSV: a hue within
+  the colour's band (red 0° ± 18°, yellow 58° ± 10°, green 120° ± 25°, blue 225° ± 25°), saturation from 0.5
+  and value from 0.5–0.75 (by colour: a dark yellow is olive) up to 1; white a grey of value from 0.75 and
+  saturation up to 0.1, any hue. The bands and ranges scale with the jitter. A style sets this or
+  ``shade_jitter``, not both.
 - ``scale_jitter`` (0 to 0.5): each item is resized by a factor drawn from [1 − j, 1 + j] (bilinear).
 
 Files under ``<root>/`` (SPEC §3):
@@ -58,6 +63,10 @@ SOURCES = {"train": ("train", slice(0, 60000)), "val": ("test", slice(0, 5000)),
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each split's layout is independent
 LAYOUTS = ("grid", "free", "mixed")
 SHADE_DEPTH, SHADE_SPREAD, SHADE_FLOOR = 80, 20, 45  # at shade_jitter 1: how far a tint may stray (see above)
+# hue_jitter 1: each colour's family in HSV, (hue centre, hue half-width in degrees, lowest saturation, lowest
+# value); white takes any hue and its saturation from 0 up to that of the table (see above)
+HUE_FAMILIES = {"red": (0.0, 18.0, 0.5, 0.6), "yellow": (58.0, 10.0, 0.5, 0.75), "green": (120.0, 25.0, 0.5, 0.5),
+                "blue": (225.0, 25.0, 0.5, 0.6), "white": (0.0, 180.0, 0.1, 0.75)}
 MAX_SCALE_JITTER = 0.5
 MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far apart on some axis (pixels)
 PLACEMENT_TRIES = 1000
@@ -100,16 +109,17 @@ class SceneStyle:
     layout: str = "grid"
     shade_jitter: float = 0.0
     scale_jitter: float = 0.0
+    hue_jitter: float = 0.0
 
     @classmethod
     def of(cls, options: SceneStyle | Mapping | None) -> SceneStyle:
         """A style from a style, a mapping of its fields (as in a config file), or None (the default)."""
         if options is None or isinstance(options, SceneStyle):
             return options or cls()
-        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter"}
+        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter", "hue_jitter"}
         if unknown:
             raise ValueError(f"unknown scene style option(s) {sorted(unknown)}: use layout, shade_jitter, "
-                             "scale_jitter")
+                             "hue_jitter, scale_jitter")
         return cls(**options)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
@@ -117,6 +127,11 @@ class SceneStyle:
             raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
         if not 0 <= self.shade_jitter <= 1:
             raise ValueError(f"shade_jitter must be between 0 and 1, got {self.shade_jitter}")
+        if not 0 <= self.hue_jitter <= 1:
+            raise ValueError(f"hue_jitter must be between 0 and 1, got {self.hue_jitter}")
+        if self.hue_jitter and self.shade_jitter:
+            raise ValueError("a style sets shade_jitter or hue_jitter, not both: hue_jitter draws the whole family "
+                             "of each named colour, shade_jitter shades of its exact RGB value")
         if not 0 <= self.scale_jitter <= MAX_SCALE_JITTER:
             raise ValueError(f"scale_jitter must be between 0 and {MAX_SCALE_JITTER}, got {self.scale_jitter}")
         largest = self.item_sizes()[1]
@@ -138,6 +153,8 @@ class SceneStyle:
 
     def tints(self, rng: np.random.Generator, colours: Sequence[str]) -> np.ndarray:
         """The RGB tints (n, 3) of n items of ``colours``, drawn as ``tint`` draws one (the same draws for n = 1)."""
+        if self.hue_jitter:
+            return hue_family_tints(rng, colours, self.hue_jitter)
         exact = np.array([COLOURS[colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
         if not self.shade_jitter:
             return exact.astype(np.uint16)
@@ -146,6 +163,30 @@ class SceneStyle:
         spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=(len(exact), 3))
         floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=(len(exact), 3))
         return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
+
+
+def hsv_to_rgb(hue: np.ndarray, saturation: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """(n,) hue in degrees, saturation and value in [0, 1] -> (n, 3) RGB in [0, 1]."""
+    sector = (hue % 360.0) / 60.0
+    chroma = value * saturation
+    second = chroma * (1 - np.abs(sector % 2 - 1))
+    order = np.floor(sector).astype(int) % 6  # which of the six hue sectors: (C, X, 0), (X, C, 0), ...
+    zero = np.zeros_like(chroma)
+    table = np.stack([np.stack(columns, axis=1) for columns in ((chroma, second, zero), (second, chroma, zero),
+                      (zero, chroma, second), (zero, second, chroma), (second, zero, chroma), (chroma, zero, second))])
+    return table[order, np.arange(len(order))] + (value - chroma)[:, None]
+
+
+def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:
+    """The RGB tints (n, 3) of ``hue_jitter``: each drawn from its named colour's family in HSV (module docstring)."""
+    count = len(colours)
+    centre, width, saturation, value = np.array([HUE_FAMILIES[colour] for colour in colours]).T
+    white = np.array([colour == "white" for colour in colours])
+    hue = centre + rng.uniform(-1, 1, size=count) * np.where(white, width, width * jitter)
+    reach = rng.uniform(0, jitter, size=(2, count))  # how far toward the family's edge, for saturation and value
+    saturation = np.where(white, saturation * reach[0], 1 - (1 - saturation) * reach[0])
+    value = 1 - (1 - value) * reach[1]
+    return np.rint(255 * hsv_to_rgb(hue, saturation, value)).astype(np.uint16)
 
 
 class _Captioner:

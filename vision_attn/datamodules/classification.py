@@ -91,13 +91,18 @@ class ClassificationDataModule(SplitDataModule):
         self.count_train_batch()
         images, labels = batch
         if self.trainer is not None and self.trainer.training:
-            if self.pad_crop:
-                images = random_pad_crop(images, self.pad_crop)
-            if self.hflip:
-                images = random_hflip(images)
-            if self.erase_prob:
-                images = random_erase(images, self.erase_prob)
+            images = self.augment(images)
         return self.normalize(images), labels
+
+    def augment(self, images: Tensor, *, erase: bool = True) -> Tensor:
+        """A training batch (B, C, H, W) uint8 with the configured random shifts, flips and erasing."""
+        if self.pad_crop:
+            images = random_pad_crop(images, self.pad_crop)
+        if self.hflip:
+            images = random_hflip(images)
+        if erase and self.erase_prob:
+            images = random_erase(images, self.erase_prob)
+        return images
 
 
 class HeldOutValidationDataModule(ClassificationDataModule):
@@ -151,19 +156,33 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     a classifier that must find the item before it can name it, so that its attention can be checked against
     the item's mask (SPEC §5: the item's pixels > 0).
 
-    Training items get a new place in every batch (drawn on the device, after the batch arrives); validation
-    and test items a fixed place from ``seed``. Evaluation batches are ``(images, labels, masks)``, masks
-    (B, S, S) bool, so the ViT logs rollout mass and the pointing game as it validates and tests. Normalised
-    by the canvases' own mean and std. The other options are those of ``FashionMNISTDataModule``.
+    Training items get a new place in every batch (drawn on the device, after the batch arrives; shifts and flips
+    act on the item before it is placed), and training batches are ``(images, labels, boxes)`` with each item's
+    place, (B, 4) [x, y, w, h] in pixels, for ``ViTClassifier``'s ``attention_grounding``. With ``train_window``
+    a training image is only a ``train_window`` square of its canvas around the item, at a random place whose
+    corner is a multiple of ``window_step`` (set it to the ViT's patch size), and the batch also says where:
+    ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window. The ViT then
+    embeds only the window's patches, each with the position embedding of its place on the canvas: a 40-pixel
+    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black. Validation and test
+    items get a fixed place from ``seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S)
+    bool (the item's pixels > 0), so the ViT logs rollout mass and the pointing game as it validates and tests.
+    Normalised by the canvases' own mean and std. The other options are those of ``FashionMNISTDataModule``.
     """
 
     def __init__(self, root: str = "data/fashion_mnist", *, canvas_size: int = 56, seed: int = 0,
-                 **options: Any) -> None:
+                 train_window: int | None = None, window_step: int = 8, **options: Any) -> None:
         super().__init__(root, **options)
-        if canvas_size < fashion_mnist.ITEM_SIZE:
-            raise ValueError(f"canvas_size must be at least {fashion_mnist.ITEM_SIZE} (an item's side), "
-                             f"got {canvas_size}")
+        item = fashion_mnist.ITEM_SIZE
+        if canvas_size < item:
+            raise ValueError(f"canvas_size must be at least {item} (an item's side), got {canvas_size}")
+        if train_window is not None and (window_step < 1 or not item + window_step - 1 <= train_window <= canvas_size
+                                         or (canvas_size - train_window) % window_step):
+            raise ValueError(f"train_window must be from {item} + window_step - 1 to canvas_size, and canvas_size "
+                             f"minus it a multiple of window_step, so that windows reach every place: got "
+                             f"train_window {train_window}, window_step {window_step}, canvas_size {canvas_size}")
         self.canvas_size = canvas_size
+        self.train_window = train_window
+        self.window_step = window_step
         self.seed = seed
         self.image_size = canvas_size
         mean, std = fashion_mnist.canvas_mean_std(canvas_size)
@@ -191,9 +210,21 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             return None
         images, labels = batch
         if self.trainer is not None and self.trainer.training:
-            places = fashion_mnist.random_places(len(images), self.canvas_size, device=images.device)
-            return super().on_after_batch_transfer((fashion_mnist.place_on_canvas(images, places, self.canvas_size),
-                                                    labels), dataloader_idx)
+            # the item is shifted and mirrored, then placed (as mirroring the canvas would), then erased
+            self.count_train_batch()
+            items = self.augment(images, erase=False)
+            size = self.train_window or self.canvas_size
+            places = fashion_mnist.random_places(len(images), size, device=images.device)
+            canvases = fashion_mnist.place_on_canvas(items, places, size)
+            if self.erase_prob:
+                canvases = random_erase(canvases, self.erase_prob)
+            boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)
+            if self.train_window is None:
+                return self.normalize(canvases), labels, boxes
+            # a window of the canvas around the item: where it lies, in whole steps (the ViT's patches)
+            steps = (self.canvas_size - self.train_window) // self.window_step + 1
+            origins = torch.randint(0, steps, (len(images), 2), device=images.device) * self.window_step
+            return self.normalize(canvases), labels, boxes, origins
         masks = images[:, 0] > 0
         normalised, labels = super().on_after_batch_transfer((images, labels), dataloader_idx)  # type: ignore[misc]
         return normalised, labels, masks

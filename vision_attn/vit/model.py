@@ -24,21 +24,24 @@ def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
     return x * mask / keep_prob
 
 
-def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: int = 1) -> Tensor:
+def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: int = 1, *,
+                  return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
     """PatchDropout (Liu et al. 2023): in training, keep a random subset of the patch tokens of each image.
 
     The prefix (cls) token is always kept; ``max(1, int(N (1 − p)))`` of the N patch tokens survive, chosen
     uniformly per image. Tokens carry their position embedding already, so the blocks see where each one is.
-    Training runs on fewer tokens (faster, and a regulariser); evaluation sees them all.
+    Training runs on fewer tokens (faster, and a regulariser); evaluation sees them all. ``return_indices``
+    also returns which patches each image kept, (B, K) indices into the N (None when all are kept).
     """
     if drop_prob == 0.0 or not training:
-        return x
+        return (x, None) if return_indices else x
     prefix, patches = x[:, :prefix_tokens], x[:, prefix_tokens:]
     batch, count, dim = patches.shape
     keep = max(1, int(count * (1.0 - drop_prob)))
     kept = torch.rand(batch, count, device=x.device).argsort(dim=1)[:, :keep]  # (B, keep) random patch indices
     patches = patches.gather(1, kept.unsqueeze(-1).expand(-1, -1, dim))
-    return torch.cat([prefix, patches], dim=1)
+    x = torch.cat([prefix, patches], dim=1)
+    return (x, kept) if return_indices else x
 
 
 def prefix_tokens(cls_token: Tensor, dist_token: Tensor | None, reg_token: Tensor | None, batch: int) -> Tensor:
@@ -60,7 +63,7 @@ class PatchEmbed(nn.Module):
     """
 
     def __init__(self, *, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
-                 stem: Literal["patch", "conv"] = "patch") -> None:
+                 stem: Literal["patch", "conv"] = "patch", channels_last: bool = False) -> None:
         super().__init__()
         if img_size % patch_size != 0:
             raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}")
@@ -82,13 +85,24 @@ class PatchEmbed(nn.Module):
             self.proj = nn.Sequential(*layers, nn.Conv2d(widths[-1], embed_dim, kernel_size=1))
         else:
             raise ValueError(f"unknown stem {stem!r}: use patch or conv")
+        self.channels_last = channels_last  # NHWC convolutions: oneDNN's fast path on CPUs, the same maths
+        if channels_last:
+            self.proj.to(memory_format=torch.channels_last)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-2:] != (self.img_size, self.img_size):
+    def forward(self, x: Tensor, *, window: bool = False) -> Tensor:
+        """``window``: ``x`` may be a patch-aligned window of the image, smaller than ``img_size``."""
+        height, width = x.shape[-2:]
+        if window:
+            if height > self.img_size or width > self.img_size or height % self.patch_size or width % self.patch_size:
+                raise ValueError(f"a {height}x{width} window does not fit the {self.img_size}x{self.img_size} "
+                                 f"image in whole {self.patch_size}-pixel patches")
+        elif (height, width) != (self.img_size, self.img_size):
             raise ValueError(
                 f"input is {tuple(x.shape[-2:])} but the model expects {self.img_size}x{self.img_size}; "
                 "resize the input or build the model with that img_size"
             )
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, Gh, Gw) -> (B, N, D)
 
 
@@ -165,6 +179,7 @@ class VisionTransformer(nn.Module):
     ``dist_token`` adds DeiT's distillation token (Touvron et al. 2021) after the cls token, with its own head:
     in training with ``distilled_training`` set, ``forward_head`` returns both heads' logits (the cls head
     learns the labels, the distillation head a teacher's), and otherwise their mean, as DeiT classifies.
+    ``channels_last`` runs the patch embedding's convolutions in NHWC (faster on CPUs, the same maths).
     """
 
     def __init__(
@@ -190,6 +205,7 @@ class VisionTransformer(nn.Module):
         stem: Literal["patch", "conv"] = "patch",
         reg_tokens: int = 0,
         dist_token: bool = False,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= patch_drop_rate < 1.0:
@@ -206,7 +222,8 @@ class VisionTransformer(nn.Module):
         self.global_pool = global_pool
         self.embed_dim = embed_dim
         self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, stem=stem
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, stem=stem,
+            channels_last=channels_last,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if dist_token else None
@@ -272,21 +289,50 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else None
 
     def forward_features(
-        self, x: Tensor, *, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        self, x: Tensor, *, return_attention: bool = False, return_kept: bool = False,
+        window_origin: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, ...]:
         """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
-        the registers, then the patches (P = ``num_prefix_tokens``)."""
-        x = self.patch_embed(x)  # (B, N, D)
+        the registers, then the patches (P = ``num_prefix_tokens``). With ``return_attention`` also each block's
+        attention (B, heads, T, T); with ``return_kept`` also the patches PatchDropout kept, (B, K) indices into
+        the N (None when all are kept), in that order after the tokens.
+
+        ``window_origin`` (B, 2) [x, y] in pixels, multiples of the patch size: each ``x`` is a window of a
+        larger ``img_size`` image with its top-left corner there, and its patches take the position embeddings
+        of the places they cover (training on windows around an object costs what the window's pixels cost)."""
+        window = None if window_origin is None else (x.shape[-2] // self.patch_embed.patch_size,
+                                                     x.shape[-1] // self.patch_embed.patch_size)
+        x = self.patch_embed(x, window=window is not None)  # (B, N, D)
         x = torch.cat([prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0]), x], dim=1)
-        x = self.pos_drop(x + self.pos_embed)  # z_0 = [x_cls; x_p E] + E_pos
-        x = patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens)
+        position = self.pos_embed if window is None else self.window_position_embedding(window_origin, window)
+        x = self.pos_drop(x + position)  # z_0 = [x_cls; x_p E] + E_pos
+        x, kept = patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens,
+                                return_indices=True)
         attentions = []
         for block in self.blocks:
             x, weights = block(x, return_attention=return_attention)
             if return_attention:
                 attentions.append(weights)
         x = self.norm(x)
-        return (x, attentions) if return_attention else x
+        extra = ([attentions] if return_attention else []) + ([kept] if return_kept else [])
+        return (x, *extra) if extra else x
+
+    def window_position_embedding(self, origin: Tensor, window: tuple[int, int]) -> Tensor:
+        """(B, P + h·w, D): the prefix tokens' position embeddings, then those of the h×w patches of each image's
+        window, whose top-left corner is at ``origin`` (B, 2) [x, y] pixels of the full image."""
+        patch = self.patch_embed.patch_size
+        if bool((origin % patch).any()):
+            raise ValueError(f"window origins must be multiples of the patch size ({patch}), got {origin.tolist()}")
+        (rows, cols), (height, width) = self.grid_size, window
+        top, left = (origin[:, 1] // patch).long(), (origin[:, 0] // patch).long()
+        if bool((top < 0).any() | (left < 0).any() | (top + height > rows).any() | (left + width > cols).any()):
+            raise ValueError(f"a {height}x{width}-patch window at {origin.tolist()} leaves the {rows}x{cols} grid")
+        prefix, grid = self.pos_embed[:, : self.num_prefix_tokens], self.pos_embed[0, self.num_prefix_tokens :]
+        grid = grid.view(rows, cols, -1)
+        across = left[:, None] + torch.arange(width, device=origin.device)  # (B, w)
+        down = top[:, None] + torch.arange(height, device=origin.device)  # (B, h)
+        patches = grid[down[:, :, None], across[:, None, :]].flatten(1, 2)  # (B, h, w, D) -> (B, h·w, D)
+        return torch.cat([prefix.expand(len(origin), -1, -1), patches], dim=1)
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
         """Tokens (B, P + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``. With a

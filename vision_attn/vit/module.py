@@ -16,6 +16,7 @@ import torchmetrics
 from PIL import Image
 from torch import Tensor
 
+from vision_attn.boxes import box_cell_coverage
 from vision_attn.checkpoint import (
     CONVNET,
     KIND_NAMES,
@@ -31,7 +32,7 @@ from vision_attn.task import BaseTask
 from vision_attn.vit.convnet import ConvNet
 from vision_attn.vit.inference import Classifier, map_scores, validation_figures, vit_from_hparams
 from vision_attn.vit.pretrained import load_pretrained
-from vision_attn.vit.rollout import explain
+from vision_attn.vit.rollout import attention_rollout, explain, pooled_weights
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,18 @@ class ClassifierTask(BaseTask):
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
-    def classification_loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """(loss, logits) of a training batch: cross-entropy with label smoothing."""
+    def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
+                            origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(loss, logits) of a training batch: cross-entropy with label smoothing. ``boxes`` (B, 4) [x, y, w, h]
+        in pixels are the objects' places when the DataModule knows them, and ``origins`` (B, 2) where each image
+        lies in a larger one when it is a window of it (``FashionMNISTCanvasDataModule``); a convnet reads a
+        window as any image."""
         logits = self.model(images)
         return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing), logits
 
-    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        images, labels = batch
-        loss, logits = self.classification_loss(images, labels)
+    def training_loss(self, batch: tuple[Tensor, ...]) -> Tensor:
+        images, labels, *places = batch
+        loss, logits = self.classification_loss(images, labels, *places)
         self.train_accuracy(logits, labels)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
@@ -191,6 +196,8 @@ class ViTClassifier(ClassifierTask):
         stem: Literal["patch", "conv"] = "patch",
         reg_tokens: int = 0,
         dist_token: bool = False,
+        channels_last: bool = False,
+        attention_grounding: float = 0.0,
         teacher: str | None = None,
         distillation: Literal["hard", "soft"] = "hard",
         distillation_weight: float = 0.5,
@@ -220,6 +227,9 @@ class ViTClassifier(ClassifierTask):
                              f"{distillation_weight} and {distillation_tau}")
         if dist_token and not teacher:
             log.info("dist_token without a teacher: the distillation head learns the labels too")
+        if attention_grounding < 0 or (attention_grounding and teacher):
+            raise ValueError(f"attention_grounding must be 0 or more, and is not combined with a teacher: got "
+                             f"{attention_grounding}{' with teacher ' + teacher if teacher else ''}")
         self._progress: Callable[[], float] | None = None  # the share of training done, for the PatchDropout schedule
         self._teacher: list[torch.nn.Module] = []  # a list: the teacher is not a submodule, so not in checkpoints
         self.model = vit_from_hparams(self.hparams)
@@ -246,13 +256,19 @@ class ViTClassifier(ClassifierTask):
         total = max(1, int(self.trainer.estimated_stepping_batches))
         self._progress = by_time or (lambda: self.global_step / total)
 
-    def classification_loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
+                            origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self._progress is not None:  # p = p_0 + (p_end − p_0) · (share of training done)
             start, end = self.hparams.patch_drop_rate, self.hparams.patch_drop_rate_end
             self.model.patch_drop_rate = start + (end - start) * min(1.0, self._progress())
             self.log("train/patch_drop_rate", self.model.patch_drop_rate, on_step=False, on_epoch=True)
+        if self.hparams.attention_grounding:
+            return self.grounded_loss(images, labels, boxes, origins)
+        if origins is not None and self._teacher:
+            raise ValueError("a teacher reads whole images: train without windows (train_window) to distil")
         if not self._teacher:
-            return super().classification_loss(images, labels)
+            logits = self.model.forward_head(self.model.forward_features(images, window_origin=origins))
+            return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing), logits
         with torch.no_grad():
             teacher_logits = self._teacher[0](images).float()
         output = self.model(images)
@@ -268,6 +284,33 @@ class ViTClassifier(ClassifierTask):
         loss = (1 - weight) * F.cross_entropy(logits, labels, label_smoothing=smoothing) + weight * teacher_loss
         self.log("train/teacher_loss", teacher_loss)
         return loss, (logits + distilled) / 2
+
+    def grounded_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None,
+                      origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Cross-entropy plus ``attention_grounding`` × −log(the share of the rollout on the object's box): the
+        classifier's attention rollout (mean over heads, as ``vision-attn rollout-mass`` scores it) is pulled onto
+        the training object, each patch counting by how much of it the box covers. As the captioner's grounding
+        trains its α on the training boxes; the maps are then scored on test objects it never saw."""
+        if boxes is None:
+            raise ValueError("attention_grounding needs training batches that carry the objects' boxes, as "
+                             "FashionMNISTCanvasDataModule's do")
+        tokens, attentions, kept = self.model.forward_features(images, return_attention=True, return_kept=True,
+                                                               window_origin=origins)
+        logits = self.model.forward_head(tokens)
+        height, width = images.shape[-2:]
+        corners = torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], dim=1).to(images.dtype)  # x0 y0 x1 y1
+        corners = corners / corners.new_tensor([width, height, width, height])
+        patch = self.model.patch_embed.patch_size
+        coverage = box_cell_coverage(corners, (height // patch, width // patch))  # (B, N): each patch's share in it
+        if kept is not None:
+            coverage = coverage.gather(1, kept)  # the patches PatchDropout kept, (B, K)
+        weights = pooled_weights(attention_rollout(attentions), self.model.global_pool,
+                                 self.model.num_prefix_tokens)  # (B, K)
+        share = (weights * coverage).sum(-1) / weights.sum(-1).clamp_min(1e-12)
+        grounding = -share.clamp_min(1e-6).log().mean()
+        self.log("train/grounding", grounding)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        return loss + self.hparams.attention_grounding * grounding, logits
 
     def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
         if not masks:

@@ -84,14 +84,19 @@ def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor]) 
     return relevance - eye
 
 
-def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
-    """The classifier's view of (B, N, N) token-to-token weights over the patches: (B, Gh, Gw).
+def pooled_weights(matrix: Tensor, global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
+    """The classifier's view of (B, T, T) token-to-token weights: its weights on the patch tokens, (B, T − P).
 
     The cls token's row for ``token`` pooling; the mean of the patch rows for ``avg`` pooling. The first
     ``prefix_tokens`` tokens (the cls token and any registers) hold no patch and are left out.
     """
     rows = matrix[:, 0] if global_pool == "token" else matrix[:, prefix_tokens:].mean(dim=1)
-    patches = rows[:, prefix_tokens:]
+    return rows[:, prefix_tokens:]
+
+
+def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
+    """``pooled_weights`` of (B, N, N) token-to-token weights shaped into the patch grid: (B, Gh, Gw)."""
+    patches = pooled_weights(matrix, global_pool, prefix_tokens)
     if patches.shape[-1] != grid[0] * grid[1]:
         raise ValueError(f"{patches.shape[-1]} patch tokens do not fill a {grid[0]}x{grid[1]} grid")
     return patches.reshape(-1, *grid)
