@@ -309,7 +309,8 @@ def test_generated_scenes_take_their_style_per_split_and_a_root_of_another_style
     CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)
     infos = {split: json.loads((root / "annotations" / f"captions_{split}.json").read_text())["info"]
              for split in counts}
-    assert infos["train"]["style"] == {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.0, "hue_jitter": 0.0}
+    assert infos["train"]["style"] == {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.0, "hue_jitter": 0.0,
+                                             "palette": "exact"}
     assert "style" not in infos["val"] and "style" not in infos["test"]  # SPEC §3 scenes for evaluation
     CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)  # reused
     with pytest.raises(ValueError, match="train scenes in .* were drawn with style .*layout='free'"):

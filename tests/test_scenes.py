@@ -14,7 +14,16 @@ from pycocotools.coco import COCO
 
 from vision_attn.cli import main
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from vision_attn.data.scenes import CLASS_WORDS, COLOURS, RELATIONS, SceneStyle, box_relation, make_scenes, relation
+from vision_attn.data.scenes import (
+    CLASS_WORDS,
+    COLOURS,
+    PALETTES,
+    RELATIONS,
+    SceneStyle,
+    box_relation,
+    make_scenes,
+    relation,
+)
 
 COUNTS = {"train": 40, "val": 10, "test": 10}
 SPLITS = list(COUNTS)
@@ -343,12 +352,34 @@ def test_hue_jitter_draws_each_colour_family_and_its_items_keep_their_colour_wor
             assert all(re.search(rf"\b{obj['colour']} {obj['word']}\b", caption) for caption in captions[image_id])
     with pytest.raises(ValueError, match="shade_jitter or hue_jitter, not both"):
         make_scenes(tmp_path / "both", counts={"train": 1}, style={"shade_jitter": 1, "hue_jitter": 1})
+    with pytest.raises(ValueError, match="takes none"):
+        make_scenes(tmp_path / "both", counts={"train": 1}, style={"palette": "css", "hue_jitter": 1})
+    with pytest.raises(ValueError, match="palette must be one of"):
+        make_scenes(tmp_path / "both", counts={"train": 1}, style={"palette": "rainbow"})
     with pytest.raises(ValueError, match="hue_jitter must be between 0 and 1"):
         make_scenes(tmp_path / "far", counts={"train": 1}, style={"hue_jitter": 1.5})
 
 
+def test_a_palette_tints_each_item_with_its_makers_rgb_for_the_colour_word(tmp_path: Path, capsys) -> None:
+    """--palette tab10: the same scenes (layout, items, captions) as the exact colours, each item tinted with
+    matplotlib's RGB for its colour word, which the attributes record."""
+    for palette in ("exact", "tab10"):
+        main(["make-scenes", "--root", str(tmp_path / palette), "--train", "0", "--val", "0", "--test", "5",
+              "--palette", palette])
+    exact, tab10 = (_load(tmp_path / name, "attributes", "test")["instances"] for name in ("exact", "tab10"))
+    assert [a["colour"] for a in exact] == [a["colour"] for a in tab10]
+    assert all(tuple(a["rgb"]) == PALETTES["tab10"][a["colour"]] for a in tab10)
+    assert any(tuple(a["rgb"]) != COLOURS[a["colour"]] for a in tab10)
+    assert _load(tmp_path / "exact", "captions", "test")["annotations"] == \
+        _load(tmp_path / "tab10", "captions", "test")["annotations"]
+    with Image.open(tmp_path / "tab10" / "images" / "test" / "1.png") as tinted, \
+            Image.open(tmp_path / "exact" / "images" / "test" / "1.png") as pure:
+        assert tinted.size == pure.size and np.asarray(tinted).tolist() != np.asarray(pure).tolist()
+
+
 def test_styles_are_recorded_and_refused_when_out_of_range(styled_scenes: Path, tmp_path: Path) -> None:
-    assert _load(styled_scenes, "captions", "train")["info"]["style"] == {**STYLED, "hue_jitter": 0.0}
+    recorded = _load(styled_scenes, "captions", "train")["info"]["style"]
+    assert recorded == {**STYLED, "hue_jitter": 0.0, "palette": "exact"}
     assert _load(styled_scenes, "captions", "test")["info"]["style"]["layout"] == "mixed"
     with pytest.raises(ValueError, match="scene layout must be one of"):
         make_scenes(tmp_path, counts={"train": 1}, style={"layout": "random"})

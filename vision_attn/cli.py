@@ -162,6 +162,9 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser.add_argument("--hue-jitter", type=number_in(0, 1), default=0.0,
                         help="0: off; up to 1: tints from each named colour's whole family (hues, saturations, "
                              "values; instead of --shade-jitter)")
+    parser.add_argument("--palette", choices=["exact", "css", "tab10", "dark", "pale"], default="exact",
+                        help="the RGB each colour word names: the exact colours (SPEC §3's scenes), or another "
+                             "maker's (CSS, matplotlib's tab10, darker, paler)")
     parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
                         help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
@@ -172,7 +175,8 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
                           seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
                           style={"layout": options.layout, "shade_jitter": options.shade_jitter,
-                                 "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter},
+                                 "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter,
+                                 "palette": options.palette},
                           fashion_mnist_root=options.fashion_mnist_root)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "

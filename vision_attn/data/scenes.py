@@ -20,6 +20,10 @@ A ``SceneStyle`` says how a split is drawn (SPEC §3 is the default, ``SceneStyl
   saturation up to 0.1, any hue. The bands and ranges scale with the jitter. A style sets this or
   ``shade_jitter``, not both.
 - ``scale_jitter`` (0 to 0.5): each item is resized by a factor drawn from [1 − j, 1 + j] (bilinear).
+- ``palette``: the RGB value each colour word names, ``exact`` (pure: red (255, 0, 0), ...) by default, or
+  another maker's: ``css`` (CSS's named colours: green is (0, 128, 0)), ``tab10`` (matplotlib's tab:red,
+  tab:green, tab:blue, gold and a light grey), ``dark`` (each pure colour at 63%), ``pale`` (pastels). Scenes that
+  check colour naming on tints the training never drew; the jitters apply to ``exact`` only.
 
 Files under ``<root>/`` (SPEC §3):
 
@@ -52,6 +56,17 @@ log = logging.getLogger(__name__)
 CLASS_WORDS = ["top", "trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot"]
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0),
            "white": (255, 255, 255)}
+PALETTES = {  # other makers' RGB for the same five words (the ``palette`` style option)
+    "exact": COLOURS,
+    "css": {"red": (255, 0, 0), "green": (0, 128, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0),
+            "white": (255, 255, 255)},
+    "tab10": {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 119, 180), "yellow": (255, 215, 0),
+              "white": (230, 230, 230)},
+    "dark": {"red": (160, 0, 0), "green": (0, 160, 0), "blue": (0, 0, 160), "yellow": (160, 160, 0),
+             "white": (170, 170, 170)},
+    "pale": {"red": (255, 80, 80), "green": (80, 255, 80), "blue": (90, 90, 255), "yellow": (255, 255, 100),
+             "white": (255, 255, 255)},
+}
 RELATIONS = ("to the left of", "to the right of", "above", "below")
 DEFAULT_COUNTS = {"train": 20000, "val": 1000, "test": 1000}
 ITEM_SIZE = 28
@@ -110,16 +125,17 @@ class SceneStyle:
     shade_jitter: float = 0.0
     scale_jitter: float = 0.0
     hue_jitter: float = 0.0
+    palette: str = "exact"
 
     @classmethod
     def of(cls, options: SceneStyle | Mapping | None) -> SceneStyle:
         """A style from a style, a mapping of its fields (as in a config file), or None (the default)."""
         if options is None or isinstance(options, SceneStyle):
             return options or cls()
-        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter", "hue_jitter"}
+        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette"}
         if unknown:
             raise ValueError(f"unknown scene style option(s) {sorted(unknown)}: use layout, shade_jitter, "
-                             "hue_jitter, scale_jitter")
+                             "hue_jitter, scale_jitter, palette")
         return cls(**options)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
@@ -129,6 +145,10 @@ class SceneStyle:
             raise ValueError(f"shade_jitter must be between 0 and 1, got {self.shade_jitter}")
         if not 0 <= self.hue_jitter <= 1:
             raise ValueError(f"hue_jitter must be between 0 and 1, got {self.hue_jitter}")
+        if self.palette not in PALETTES:
+            raise ValueError(f"palette must be one of {list(PALETTES)}, got {self.palette!r}")
+        if self.palette != "exact" and (self.hue_jitter or self.shade_jitter):
+            raise ValueError(f"the jitters draw shades of the exact colours: palette {self.palette!r} takes none")
         if self.hue_jitter and self.shade_jitter:
             raise ValueError("a style sets shade_jitter or hue_jitter, not both: hue_jitter draws the whole family "
                              "of each named colour, shade_jitter shades of its exact RGB value")
@@ -155,7 +175,7 @@ class SceneStyle:
         """The RGB tints (n, 3) of n items of ``colours``, drawn as ``tint`` draws one (the same draws for n = 1)."""
         if self.hue_jitter:
             return hue_family_tints(rng, colours, self.hue_jitter)
-        exact = np.array([COLOURS[colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
+        exact = np.array([PALETTES[self.palette][colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
         if not self.shade_jitter:
             return exact.astype(np.uint16)
         on = exact > 0
