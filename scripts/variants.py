@@ -1,0 +1,137 @@
+"""Train and score a variant of a config under its own budget, for side-by-side tables.
+
+    python scripts/variants.py NAME [--config CONFIG] [--set KEY=VALUE ...]
+
+CONFIG defaults to the Fashion scenes captioner (configs/captioner/fashion_scenes.yaml). NAME is the run's folder
+under runs/: every path of the config under its own run folder moves there. Each ``--set`` overrides one option;
+KEY is ``model.X``, ``data.X`` or ``trainer.X``, or a bare ``X`` for ``model.X`` (the value is read as YAML:
+``--set attention_score=dot``, ``--set data.train_window=40``). The script writes runs/NAME.yaml, then runs through
+the console script what ``make demo`` runs for a default:
+
+- ``fit`` and ``test``;
+- a captioner: ``caption`` + ``evaluate`` on 1000 test scenes with items anywhere and other shades
+  (``--layout free --shade-jitter 1``) and on the same SPEC §3 test scenes tinted by other makers' palettes
+  (``--palette css|tab10|dark|pale``), each made once under data/; one JSON line per set of scenes with pointing,
+  the scene metrics, BLEU-4 and CIDEr-D;
+- a ViT on Fashion-MNIST canvases: ``rollout-mass`` (each map's mass on the item and its pointing game).
+
+Each JSON line also gives the optimiser steps the budget gave. A captioner that keeps the default's
+``pretrained_encoder`` needs the encoder pretraining (configs/captioner/fashion_scene_items.yaml) first. Run it
+on an otherwise idle machine: the budget is wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENES_CONFIG = "configs/captioner/fashion_scenes.yaml"
+SHIFTED_SCENES = {  # folder under data/ -> the make-scenes options that draw it (test split only)
+    "fashion_scenes_free": ["--layout", "free", "--shade-jitter", "1"],
+    **{f"palette_{name}": ["--palette", name] for name in ("css", "tab10", "dark", "pale")},
+}
+
+
+def move_run(node, old: str, new: str):
+    """The config with every path under the run folder ``old`` moved under ``new``."""
+    if isinstance(node, dict):
+        return {key: move_run(value, old, new) for key, value in node.items()}
+    if isinstance(node, list):
+        return [move_run(value, old, new) for value in node]
+    if isinstance(node, str) and node.startswith(old):
+        return new + node[len(old):]
+    return node
+
+
+def apply_sets(config: dict, pairs: list[str]) -> dict:
+    """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, or a bare ``X`` (model)."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            sys.exit(f"--set needs KEY=VALUE, got {pair!r}")
+        section, dot, option = key.partition(".")
+        if not dot:
+            section, option = "model", key
+        if section not in ("model", "data", "trainer") or not option:
+            sys.exit(f"--set KEY is model.X, data.X, trainer.X or X, got {key!r}")
+        target = config[section] if section == "trainer" else config[section]["init_args"]
+        target[option] = overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def run(*args: str) -> None:
+    print("$", " ".join(args), flush=True)
+    subprocess.run(args, check=True, cwd=ROOT)
+
+
+def flat_scores(path: Path) -> dict:
+    flat: dict = {}
+    for key, value in json.loads(path.read_text(encoding="utf-8")).items():
+        flat.update(value) if isinstance(value, dict) else flat.__setitem__(key, value)
+    return {key: round(value, 4) for key, value in flat.items() if isinstance(value, (int, float))}
+
+
+def score_captioner(cli: str, run_dir: str, test_root: str, steps: int | None, header: dict) -> None:
+    """``evaluate`` on the test split, then ``caption`` + ``evaluate`` on each set of shifted scenes."""
+    sets = [("test", test_root, f"{run_dir}/results_test.json")]
+    for folder, options in SHIFTED_SCENES.items():
+        root = f"data/{folder}"
+        if not (ROOT / root / "annotations" / "captions_test.json").exists():
+            run(cli, "make-scenes", "--root", root, "--train", "0", "--val", "0", "--test", "1000", *options)
+        results = f"{run_dir}/results_{folder}.json"
+        run(cli, "caption", "--ckpt", f"{run_dir}/checkpoints/best.ckpt", "--coco-annotations",
+            f"{root}/annotations/captions_test.json", "--image-dir", f"{root}/images/test", "--out", results)
+        sets.append((folder, root, results))
+    for name, root, results in sets:
+        out = f"{run_dir}/scores_{name}.json"
+        run(cli, "evaluate", results, "--annotations", f"{root}/annotations/captions_test.json",
+            "--instances", f"{root}/annotations/instances_test.json",
+            "--attributes", f"{root}/annotations/attributes_test.json", "--out", out)
+        print(json.dumps({**header, "scenes": name, "steps": steps, **flat_scores(ROOT / out)}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name")
+    parser.add_argument("--config", default=SCENES_CONFIG)
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if not args.name.replace("_", "").replace("-", "").isalnum():
+        sys.exit(f"NAME must be letters, digits, - and _: got {args.name!r}")
+    source = ROOT / args.config
+    if not source.is_file():
+        sys.exit(f"{args.config}: no such config")
+    config = yaml.safe_load(source.read_text(encoding="utf-8"))
+    run_dir = f"runs/{args.name}"
+    config = move_run(config, config["trainer"]["default_root_dir"], run_dir)
+    overrides = apply_sets(config, args.sets)
+    config_path = ROOT / "runs" / f"{args.name}.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+    cli = str(Path(sys.executable).parent / "vision-attn")
+    ckpt = f"{run_dir}/checkpoints/best.ckpt"
+    run(cli, "fit", "--config", str(config_path), "--overwrite", "true")
+    run(cli, "test", "--config", str(config_path), "--ckpt_path", ckpt)
+    steps = torch.load(ROOT / run_dir / "checkpoints" / "last.ckpt", map_location="cpu",
+                       weights_only=False).get("global_step")
+    header = {"run": args.name, **overrides}
+    if config["model"]["class_path"].endswith("ShowAttendTell"):
+        score_captioner(cli, run_dir, config["data"]["init_args"]["root"], steps, header)
+    elif config["data"]["class_path"].endswith("FashionMNISTCanvasDataModule"):
+        run(cli, "rollout-mass", "--ckpt", ckpt)
+        print(json.dumps({**header, "steps": steps}), flush=True)
+    else:
+        print(json.dumps({**header, "steps": steps}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
