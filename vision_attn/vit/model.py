@@ -199,7 +199,7 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         patch_drop_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
-        pos_embed_init: Literal["trunc_normal", "sincos", "none"] = "trunc_normal",
+        pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
         stem: Literal["patch", "conv"] = "patch",
@@ -257,10 +257,7 @@ class VisionTransformer(nn.Module):
         return self.patch_embed.grid_size
 
     def init_weights(self) -> None:
-        if self.pos_embed_init == "none":  # no position embedding: tokens know their place from the stem only
-            nn.init.zeros_(self.pos_embed)
-            self.pos_embed.requires_grad_(False)
-        elif self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
+        if self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
             with torch.no_grad():
                 self.pos_embed.zero_()
                 self.pos_embed[0, self.num_prefix_tokens :] = sincos_position_embedding(self.grid_size, self.embed_dim)

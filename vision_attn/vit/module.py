@@ -190,7 +190,7 @@ class ViTClassifier(ClassifierTask):
         patch_drop_rate: float = 0.0,
         patch_drop_rate_end: float | None = None,
         global_pool: Literal["token", "avg"] = "token",
-        pos_embed_init: Literal["trunc_normal", "sincos", "none"] = "trunc_normal",
+        pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
         zero_init_head: bool = False,
         fused_attention: bool = True,
         stem: Literal["patch", "conv"] = "patch",
