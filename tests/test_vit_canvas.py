@@ -115,6 +115,13 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     scores = {line[:18].strip(): [float(value) for value in line[18:].split()] for line in lines[2:]}
     assert set(scores) == {"rollout", "gradient rollout", "last layer"}
     assert all(0.0 <= value <= 1.0 for pair in scores.values() for value in pair)
+    # the same items with grey noise around them: the same masks (so the same area share), other inputs
+    noisy = run_script("rollout-mass", "--ckpt", str(checkpoint), "--count", "64", "--background-noise", "64")
+    assert noisy.returncode == 0, noisy.stderr[-3000:]
+    first = noisy.stdout.strip().splitlines()[0]
+    assert "with grey noise up to 64 around the item" in first
+    assert first.split("area share ")[1] == lines[0].split("area share ")[1]
+    assert noisy.stdout.splitlines()[2:] != lines[2:]
 
 
 def test_canvas_training_batches_carry_each_items_box() -> None:
@@ -144,6 +151,36 @@ def test_canvas_training_batches_carry_each_items_box() -> None:
             torch.testing.assert_close(inside, item, atol=0.01, rtol=0)
     assert 10 < flipped < 54  # about half mirrored
     assert len({tuple(box) for box in boxes.tolist()}) > 40  # places differ
+
+
+def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
+    """background_noise 64: around each training item (its zero pixels included) grey noise up to a level drawn per
+    image, at most 64; the item's own pixels are as they were; evaluation canvases stay black."""
+    import lightning as L
+
+    from vision_attn.datamodules import FashionMNISTCanvasDataModule
+
+    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=128, background_noise=64)
+    data.setup("fit")
+    data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    data.trainer.training = True
+    items, labels = next(iter(data.train_dataloader()))
+    inputs, _, boxes = data.on_after_batch_transfer((items, labels), 0)
+    pixels = ((inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0]
+    levels = []
+    for canvas, item, (x, y, _, _) in zip(pixels, items[:, 0].float(), boxes.tolist(), strict=True):
+        inside = canvas[y : y + 28, x : x + 28]
+        torch.testing.assert_close(inside[item > 0], item[item > 0])  # the item untouched
+        background = torch.cat([canvas[: y].flatten(), canvas[y + 28 :].flatten(), inside[item == 0]])
+        assert float(background.min()) >= 0 and float(background.max()) <= 64
+        levels.append(float(background.max()))
+    assert min(levels) < 20 and max(levels) > 50  # a noise level of its own per image
+    data.trainer.training = False
+    data.setup("test")
+    test_inputs, _, masks = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
+    assert torch.equal(((test_inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0] > 0.5, masks)
+    with pytest.raises(ValueError, match="background_noise"):
+        FashionMNISTCanvasDataModule(background_noise=300)
 
 
 def test_training_windows_hold_the_item_and_say_where_they_lie() -> None:

@@ -194,14 +194,18 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
     parser.add_argument("--count", type=at_least(1), default=1000, help="test items to use (default 1000)")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--background-noise", type=at_least(0, 255), default=0, metavar="LEVEL",
+                        help="fill every pixel but the item's with uniform grey noise up to LEVEL (0..255; default "
+                             "0, black): the item's mask stays its own pixels")
     options = parser.parse_args(argv)
     from vision_attn.vit.inference import fashion_mnist_rollout_mass
 
     scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, seed=options.seed,
                                         head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                                        device=options.device)
-    print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases: "
+                                        background_noise=options.background_noise, device=options.device)
+    noise = f" with grey noise up to {options.background_noise} around the item" if options.background_noise else ""
+    print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases{noise}: "
           f"accuracy {scores.accuracy:.2%}, the items' area share {scores.mask_area_share:.3f} (a blind map's mass)\n"
           f"{'map':<18} {'mass on the item':>16} {'pointing game':>14}")
     for name, found in scores.maps.items():

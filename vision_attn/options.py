@@ -9,11 +9,12 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``low``."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (and at most ``high``)."""
     def parse(text: str) -> int:
-        if not text.lstrip("-").isdigit() or int(text) < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number of at least {low}, got {text!r}")
+        if not text.lstrip("-").isdigit() or int(text) < low or (high is not None and int(text) > high):
+            bound = "" if high is None else f" and at most {high}"
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {low}{bound}, got {text!r}")
         return int(text)
     return parse
 

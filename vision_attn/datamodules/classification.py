@@ -163,16 +163,21 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     corner is a multiple of ``window_step`` (set it to the ViT's patch size), and the batch also says where:
     ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window. The ViT then
     embeds only the window's patches, each with the position embedding of its place on the canvas: a 40-pixel
-    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black. Validation and test
+    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black. ``background_noise``
+    fills every pixel of a training canvas but its item's with uniform grey noise up to a level drawn per image
+    from 0 to it, so that the model learns the item, not "whatever is not black"; evaluation canvases stay black. Validation and test
     items get a fixed place from ``seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S)
     bool (the item's pixels > 0), so the ViT logs rollout mass and the pointing game as it validates and tests.
     Normalised by the canvases' own mean and std. The other options are those of ``FashionMNISTDataModule``.
     """
 
     def __init__(self, root: str = "data/fashion_mnist", *, canvas_size: int = 56, seed: int = 0,
-                 train_window: int | None = None, window_step: int = 8, **options: Any) -> None:
+                 train_window: int | None = None, window_step: int = 8, background_noise: int = 0,
+                 **options: Any) -> None:
         super().__init__(root, **options)
         item = fashion_mnist.ITEM_SIZE
+        if not 0 <= background_noise <= 255:
+            raise ValueError(f"background_noise is a grey level from 0 to 255, got {background_noise}")
         if canvas_size < item:
             raise ValueError(f"canvas_size must be at least {item} (an item's side), got {canvas_size}")
         if train_window is not None and (window_step < 1 or not item + window_step - 1 <= train_window <= canvas_size
@@ -183,6 +188,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         self.canvas_size = canvas_size
         self.train_window = train_window
         self.window_step = window_step
+        self.background_noise = background_noise
         self.seed = seed
         self.image_size = canvas_size
         mean, std = fashion_mnist.canvas_mean_std(canvas_size)
@@ -216,6 +222,11 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             size = self.train_window or self.canvas_size
             places = fashion_mnist.random_places(len(images), size, device=images.device)
             canvases = fashion_mnist.place_on_canvas(items, places, size)
+            if self.background_noise:  # grey noise on every pixel but the item's, up to a level drawn per image
+                around = canvases == 0
+                levels = torch.randint(0, self.background_noise + 1, (len(items), 1, 1, 1), device=items.device)
+                grey = (torch.rand(canvases.shape, device=items.device) * (levels + 1)).to(torch.uint8)
+                canvases = torch.where(around, grey, canvases)
             if self.erase_prob:
                 canvases = random_erase(canvases, self.erase_prob)
             boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)

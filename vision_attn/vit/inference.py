@@ -197,22 +197,32 @@ def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Te
 
 
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
-                      head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
+                      head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
                       batch_size: int = 256) -> CanvasScores:
     """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
     as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
     the last layer's attention the mass on the item (SPEC §5, the mask is the item's pixels > 0) and the
-    pointing game; and the item's area share (the mass of a map blind to the item)."""
+    pointing game; and the item's area share (the mass of a map blind to the item).
+
+    ``background_noise`` (0..255) fills every pixel but the item's with uniform grey noise up to that level
+    (the mask stays the item's own pixels): a condition no canvas model trains on, where a map that finds
+    "whatever is not black" no longer finds the item."""
     if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
+    if not 0 <= background_noise <= 255:
+        raise ValueError(f"background noise is a grey level from 0 to 255, got {background_noise}")
     places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
+    noise = torch.Generator().manual_seed(seed + 1)
     correct, areas = 0, []
     scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size, None]
         canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
+        masks = eval_transform(classifier.image_size)(canvases)[:, 0] > 0  # the item's pixels in the input
+        if background_noise:  # on every pixel but the item's (its mask)
+            grey = torch.randint(0, background_noise + 1, canvases.shape, generator=noise, dtype=torch.uint8)
+            canvases = torch.where(canvases == 0, grey, canvases)
         pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
-        masks = pixels[:, 0] > 0
         inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
         maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class="predicted")
@@ -229,7 +239,7 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
 def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
                                count: int = 1000, canvas_size: int = 56, seed: int = 0,
                                head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
-                               device: str = "cpu") -> CanvasScores:
+                               background_noise: int = 0, device: str = "cpu") -> CanvasScores:
     """``rollout_on_canvas`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
     if canvas_size < 28:
         raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
@@ -240,4 +250,4 @@ def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.
         raise ValueError(f"count {count} is more than the {len(images)} Fashion-MNIST test items")
     classifier = Classifier.from_checkpoint(checkpoint, device=device)
     return rollout_on_canvas(classifier, images[:count], labels[:count], canvas_size=canvas_size, seed=seed,
-                             head_fusion=head_fusion, discard_ratio=discard_ratio)
+                             head_fusion=head_fusion, discard_ratio=discard_ratio, background_noise=background_noise)
