@@ -165,10 +165,11 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     embeds only the window's patches, each with the position embedding of its place on the canvas: a 40-pixel
     window of a 56-pixel canvas costs about half a step, the rest of the canvas being black. ``background_noise``
     fills every pixel of a training canvas but its item's with uniform grey noise up to a level drawn per image
-    from 0 to it, so that the model learns the item, not "whatever is not black"; evaluation canvases stay black. Validation and test
-    items get a fixed place from ``seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S)
-    bool (the item's pixels > 0), so the ViT logs rollout mass and the pointing game as it validates and tests.
-    Normalised by the canvases' own mean and std. The other options are those of ``FashionMNISTDataModule``.
+    from 0 to it, so that the model learns the item, not "whatever is not black"; evaluation canvases stay black.
+    Validation and test items get a fixed place from ``seed``, and their batches are ``(images, labels, masks)``,
+    masks (B, S, S) bool (the item's pixels > 0), so the ViT logs rollout mass and the pointing game as it
+    validates and tests. Normalised by the canvases' own mean and std. The other options are those of
+    ``FashionMNISTDataModule``.
     """
 
     def __init__(self, root: str = "data/fashion_mnist", *, canvas_size: int = 56, seed: int = 0,
