@@ -4,7 +4,7 @@
 
 CONFIG defaults to the Fashion scenes captioner (configs/captioner/fashion_scenes.yaml). NAME is the run's folder
 under runs/: every path of the config under its own run folder moves there. Each ``--set`` overrides one option;
-KEY is ``model.X``, ``data.X`` or ``trainer.X``, or a bare ``X`` for ``model.X`` (the value is read as YAML:
+KEY is ``model.X``, ``data.X``, ``trainer.X`` or ``seed_everything``, or a bare ``X`` for ``model.X`` (the value is read as YAML:
 ``--set attention_score=dot``, ``--set data.train_window=40``). The script writes runs/NAME.yaml, then runs through
 the console script what ``make demo`` runs for a default:
 
@@ -51,17 +51,20 @@ def move_run(node, old: str, new: str):
 
 
 def apply_sets(config: dict, pairs: list[str]) -> dict:
-    """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, or a bare ``X`` (model)."""
+    """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, ``seed_everything``, or a bare ``X`` (model)."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             sys.exit(f"--set needs KEY=VALUE, got {pair!r}")
+        if key == "seed_everything":
+            config[key] = overrides[key] = yaml.safe_load(value)
+            continue
         section, dot, option = key.partition(".")
         if not dot:
             section, option = "model", key
         if section not in ("model", "data", "trainer") or not option:
-            sys.exit(f"--set KEY is model.X, data.X, trainer.X or X, got {key!r}")
+            sys.exit(f"--set KEY is model.X, data.X, trainer.X, seed_everything or X, got {key!r}")
         target = config[section] if section == "trainer" else config[section]["init_args"]
         target[option] = overrides[key] = yaml.safe_load(value)
     return overrides
