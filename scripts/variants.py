@@ -4,9 +4,9 @@
 
 CONFIG defaults to the Fashion scenes captioner (configs/captioner/fashion_scenes.yaml). NAME is the run's folder
 under runs/: every path of the config under its own run folder moves there. Each ``--set`` overrides one option;
-KEY is ``model.X``, ``data.X``, ``trainer.X`` or ``seed_everything``, or a bare ``X`` for ``model.X`` (the value is read as YAML:
-``--set attention_score=dot``, ``--set data.train_window=40``). The script writes runs/NAME.yaml, then runs through
-the console script what ``make demo`` runs for a default:
+KEY is ``model.X``, ``data.X``, ``trainer.X`` or ``seed_everything``, or a bare ``X`` for ``model.X`` (the value
+is read as YAML: ``--set attention_score=dot``, ``--set data.train_window=40``). The script writes
+runs/NAME.yaml, then runs through the console script what ``make demo`` runs for a default:
 
 - ``fit`` and ``test``;
 - a captioner: ``caption`` + ``evaluate`` on 1000 test scenes with items anywhere and other shades
@@ -51,7 +51,8 @@ def move_run(node, old: str, new: str):
 
 
 def apply_sets(config: dict, pairs: list[str]) -> dict:
-    """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, ``seed_everything``, or a bare ``X`` (model)."""
+    """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, ``seed_everything``,
+    or a bare ``X`` (model)."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
