@@ -57,7 +57,7 @@ def apply_sets(config: dict, pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            sys.exit(f"--set needs KEY=VALUE, got {pair!r}")
+            raise ValueError(f"--set needs KEY=VALUE, got {pair!r}")
         if key == "seed_everything":
             config[key] = overrides[key] = yaml.safe_load(value)
             continue
@@ -65,7 +65,7 @@ def apply_sets(config: dict, pairs: list[str]) -> dict:
         if not dot:
             section, option = "model", key
         if section not in ("model", "data", "trainer") or not option:
-            sys.exit(f"--set KEY is model.X, data.X, trainer.X, seed_everything or X, got {key!r}")
+            raise ValueError(f"--set KEY is model.X, data.X, trainer.X, seed_everything or X, got {key!r}")
         target = config[section] if section == "trainer" else config[section]["init_args"]
         target[option] = overrides[key] = yaml.safe_load(value)
     return overrides
@@ -79,7 +79,10 @@ def run(*args: str) -> None:
 def flat_scores(path: Path) -> dict:
     flat: dict = {}
     for key, value in json.loads(path.read_text(encoding="utf-8")).items():
-        flat.update(value) if isinstance(value, dict) else flat.__setitem__(key, value)
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
     return {key: round(value, 4) for key, value in flat.items() if isinstance(value, (int, float))}
 
 
@@ -109,14 +112,17 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     if not args.name.replace("_", "").replace("-", "").isalnum():
-        sys.exit(f"NAME must be letters, digits, - and _: got {args.name!r}")
+        parser.error(f"NAME must be letters, digits, - and _: got {args.name!r}")
     source = ROOT / args.config
     if not source.is_file():
-        sys.exit(f"{args.config}: no such config")
+        parser.error(f"{args.config}: no such config")
     config = yaml.safe_load(source.read_text(encoding="utf-8"))
     run_dir = f"runs/{args.name}"
     config = move_run(config, config["trainer"]["default_root_dir"], run_dir)
-    overrides = apply_sets(config, args.sets)
+    try:
+        overrides = apply_sets(config, args.sets)
+    except ValueError as error:
+        parser.error(str(error))
     config_path = ROOT / "runs" / f"{args.name}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,20 @@ def test_each_kind_of_override_lands_where_it_names(variants) -> None:
 
 @pytest.mark.parametrize("pair", ["embed_dim", "=3", "optimizer.lr=1", "model.=2"])
 def test_a_malformed_override_stops_with_a_message(variants, pair: str) -> None:
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(ValueError, match="--set"):
         variants.apply_sets(config(), [pair])
-    assert "--set" in str(stop.value)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bad/name"], "NAME must be"),
+    (["fine", "--config", "configs/none.yaml"], "no such config"),
+    (["fine", "--config", "configs/vit/fashion_mnist.yaml", "--set", "optimizer.lr=1"], "--set KEY is"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert not (SCRIPT.parents[1] / "runs" / "fine.yaml").exists()
 
 
 def test_every_path_under_the_run_folder_moves(variants) -> None:

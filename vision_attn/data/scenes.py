@@ -185,18 +185,6 @@ class SceneStyle:
         return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
 
 
-def hsv_to_rgb(hue: np.ndarray, saturation: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """(n,) hue in degrees, saturation and value in [0, 1] -> (n, 3) RGB in [0, 1]."""
-    sector = (hue % 360.0) / 60.0
-    chroma = value * saturation
-    second = chroma * (1 - np.abs(sector % 2 - 1))
-    order = np.floor(sector).astype(int) % 6  # which of the six hue sectors: (C, X, 0), (X, C, 0), ...
-    zero = np.zeros_like(chroma)
-    table = np.stack([np.stack(columns, axis=1) for columns in ((chroma, second, zero), (second, chroma, zero),
-                      (zero, chroma, second), (zero, second, chroma), (second, zero, chroma), (chroma, zero, second))])
-    return table[order, np.arange(len(order))] + (value - chroma)[:, None]
-
-
 def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:
     """The RGB tints (n, 3) of ``hue_jitter``: each drawn from its named colour's family in HSV (module docstring)."""
     count = len(colours)
@@ -206,7 +194,9 @@ def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: f
     reach = rng.uniform(0, jitter, size=(2, count))  # how far toward the family's edge, for saturation and value
     saturation = np.where(white, saturation * reach[0], 1 - (1 - saturation) * reach[0])
     value = 1 - (1 - value) * reach[1]
-    return np.rint(255 * hsv_to_rgb(hue, saturation, value)).astype(np.uint16)
+    from matplotlib.colors import hsv_to_rgb  # here: drawing scenes without hue_jitter does not import matplotlib
+
+    return np.rint(255 * hsv_to_rgb(np.stack([hue % 360.0 / 360.0, saturation, value], axis=1))).astype(np.uint16)
 
 
 class _Captioner:

@@ -218,11 +218,11 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size, None]
         canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
-        masks = eval_transform(classifier.image_size)(canvases)[:, 0] > 0  # the item's pixels in the input
+        pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
+        masks = pixels[:, 0] > 0  # the item's pixels in the input
         if background_noise:  # on every pixel but the item's (its mask)
             grey = torch.randint(0, background_noise + 1, canvases.shape, generator=noise, dtype=torch.uint8)
-            canvases = torch.where(canvases == 0, grey, canvases)
-        pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
+            pixels = eval_transform(classifier.image_size)(torch.where(canvases == 0, grey, canvases))
         inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
         maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class="predicted")
