@@ -210,3 +210,53 @@ def test_grounding_targets_point_each_naming_word_at_its_objects_box():
     assert grounding_loss(on_target.clamp_min(1e-9), target, mask).item() < 1e-6
     without_colours = grounding_targets(tokens, objects, (2, 2), class_word_ids)[1]
     assert without_colours[0].tolist() == [False, False, True, False, False, False, False, True]
+
+
+def _scenes_captioner(**options):
+    from vision_attn.captioning.module import ShowAttendTell
+
+    options = {"encoder_width": 24, "object_weight": 1.0, "object_classes": list(CLASS_WORDS), **options}
+    return ShowAttendTell(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], embed_dim=16, hidden_dim=32,
+                          attention_dim=16, image_size=96, object_colours=list(COLOURS),
+                          mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], **options)
+
+
+def test_object_heads_start_from_the_pretrained_classifier_heads(pretrained_encoder):
+    """``object_heads_from_encoder``: the object class and colour heads are the pretraining's, so the object loss
+    of a box reads what the pretrained encoder read of an item; without it they are new."""
+    state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
+    started = _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True)
+    fresh = _scenes_captioner(pretrained_encoder=str(pretrained_encoder))
+    for head, key in ((started.object_head, "model.head"), (started.object_colour_head, "model.colour_head")):
+        torch.testing.assert_close(head.weight, state[f"{key}.weight"])
+        torch.testing.assert_close(head.bias, state[f"{key}.bias"])
+    assert not torch.equal(fresh.object_head.weight, state["model.head.weight"])
+    # the heads read the trunk's pooled vectors exactly as the pretraining's classifier did
+    from vision_attn.captioning.encoder import EncoderClassifier
+
+    classifier = EncoderClassifier(encoder_width=24, num_classes=len(CLASS_WORDS), num_colours=len(COLOURS))
+    classifier.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    classifier.eval(), started.eval()
+    images = torch.rand(2, 3, 32, 32)
+    pooled = started.model.encoder(images)[0].mean(dim=1)
+    class_logits, colour_logits = classifier(images)
+    torch.testing.assert_close(started.object_head(pooled), class_logits)
+    torch.testing.assert_close(started.object_colour_head(pooled), colour_logits)
+
+
+def test_object_heads_from_encoder_refuses_what_it_cannot_start_from(pretrained_encoder, tmp_path):
+    with pytest.raises(ValueError, match="needs pretrained_encoder"):
+        _scenes_captioner(object_heads_from_encoder=True)
+    with pytest.raises(ValueError, match="set object_weight above 0"):
+        _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True,
+                          object_weight=0.0)
+    from vision_attn.errors import CheckpointError
+
+    trunk_only = tmp_path / "trunk.pt"  # the same trunk as a bare state dict: nothing to read classes with
+    state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
+    torch.save({k: v for k, v in state.items() if "head" not in k}, trunk_only)
+    with pytest.raises(CheckpointError, match="not an encoder pretraining checkpoint with class heads"):
+        _scenes_captioner(pretrained_encoder=str(trunk_only), object_heads_from_encoder=True)
+    with pytest.raises(CheckpointError, match="are not this captioner's object classes"):
+        _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True,
+                          object_classes=list(reversed(CLASS_WORDS)))

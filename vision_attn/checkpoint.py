@@ -95,6 +95,8 @@ def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
 
 # What every vision-attn checkpoint says about itself: the model family that wrote it, and the package version.
 KIND_KEY = "vision_attn_kind"
+# Options that say where a model's first weights come from; a checkpoint's own weights replace them
+INITIAL_WEIGHT_OPTIONS = ("pretrained", "pretrained_encoder", "object_heads_from_encoder")
 VERSION_KEY = "vision_attn_version"
 RNG_KEY = "vision_attn_rng"
 VIT, CAPTIONER, ENCODER, CONVNET = "vit", "captioner", "encoder", "convnet"
@@ -152,14 +154,14 @@ def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
     written by ``vision-attn fit``, refusing one of the other model family by name.
 
     ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice. Initial-weight
-    options (``pretrained``, ``pretrained_encoder``) are dropped: the checkpoint's own weights replace them.
+    options (``INITIAL_WEIGHT_OPTIONS``) are dropped: the checkpoint's own weights replace them.
     """
     loaded = upgrade(dict(load_file(path) if loaded is None else loaded))
     require_kind(loaded.get(KIND_KEY), kind, source=path)
     if not isinstance(loaded.get("state_dict"), Mapping) or not isinstance(loaded.get("hyper_parameters"), Mapping):
         raise CheckpointError(f"{path}: not a vision-attn checkpoint (no state_dict and hyper_parameters)")
     hparams = {k: v for k, v in loaded["hyper_parameters"].items()
-               if not k.startswith("_") and k not in ("pretrained", "pretrained_encoder")}
+               if not k.startswith("_") and k not in INITIAL_WEIGHT_OPTIONS}
     state = {k.removeprefix("model."): v for k, v in loaded["state_dict"].items() if k.startswith("model.")}
     return SavedModel(hparams, state)
 

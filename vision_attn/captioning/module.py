@@ -36,10 +36,11 @@ from vision_attn.captioning.losses import (
     token_likelihood,
 )
 from vision_attn.captioning.model import Captioner
-from vision_attn.checkpoint import CAPTIONER, constructor_args
+from vision_attn.checkpoint import CAPTIONER, constructor_args, extract_state_dict, load_file
 from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch, load_caption_image
 from vision_attn.data.feature_cache import FeatureCache, images_digest, tensors_digest
 from vision_attn.data.images import load_or_skip
+from vision_attn.data.scenes import COLOURS
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, word_ids
 from vision_attn.errors import CheckpointError
 from vision_attn.io import output_folder
@@ -100,7 +101,7 @@ class ShowAttendTell(BaseTask):
         attention_heads: int = 4,
         doubly_stochastic_weight: float = 0.0, loss_normalisation: LossNormalisation = "paper",
         concept_weight: float = 0.0, object_weight: float = 0.0, grounding_weight: float = 0.0,
-        object_classes: list[str] | None = None,
+        object_heads_from_encoder: bool = False, object_classes: list[str] | None = None,
         object_colours: list[str] | None = None, hard_expectation_prob: float = 0.5,
         reinforce_weight: float = 1.0, entropy_weight: float = 0.01, baseline_decay: float = 0.9,
         self_critical_from_epoch: int | None = None, self_critical_from_time: float | None = None,
@@ -149,6 +150,8 @@ class ShowAttendTell(BaseTask):
         self.object_head = nn.Linear(dim, len(object_classes)) if object_weight > 0 else None
         self.object_colour_head = nn.Linear(dim, len(object_colours)) if object_weight > 0 and object_colours \
             else None
+        if object_heads_from_encoder:
+            self._object_heads_from(pretrained_encoder)
         # the vocabulary ids of the object classes' and colours' words (−1: not a word of the vocabulary)
         vocab = self.model.vocab
         self.register_buffer("class_word_ids", torch.tensor(
@@ -200,6 +203,39 @@ class ShowAttendTell(BaseTask):
         loss = concept_loss(self.concept_head(annotations), targets, ignore)
         self.log(f"{stage}/concept_loss", loss, batch_size=len(annotations), sync_dist=stage != "train")
         return self.hparams.concept_weight * loss
+
+    def _object_heads_from(self, source: str | None) -> None:
+        """Start the object heads from the classifier heads of the encoder's pretraining (``pretraining``), which
+        read a class and a colour from the pooled annotation vectors as the object loss does: a linear probe before
+        fine-tuning keeps more of the pretrained features than a head started at random, whose first gradients
+        reach the encoder as noise (LP-FT, Kumar et al. 2022). One line of refusal when there are no such heads
+        or they name other classes or colours."""
+        if self.object_head is None:
+            raise ValueError("object_heads_from_encoder needs the object loss: set object_weight above 0")
+        if not source:
+            raise ValueError("object_heads_from_encoder needs pretrained_encoder: an encoder pretraining checkpoint")
+        loaded = load_file(source)
+        hparams = dict(loaded.get("hyper_parameters") or {}) if isinstance(loaded, dict) else {}
+        state = extract_state_dict(loaded)
+        if "head.weight" not in state or hparams.get("class_names") is None:
+            raise CheckpointError(f"{source}: not an encoder pretraining checkpoint with class heads "
+                                  "(`vision-attn fit --config configs/captioner/fashion_scene_items.yaml`), so "
+                                  "object_heads_from_encoder has no heads to start from")
+        ours = list(self.hparams.object_classes)
+        if list(hparams["class_names"]) != ours:
+            raise CheckpointError(f"{source}: the pretrained head's classes {list(hparams['class_names'])} are not "
+                                  f"this captioner's object classes {ours}")
+        heads = [(self.object_head, "head")]
+        if self.object_colour_head is not None:
+            theirs = list(COLOURS)[:hparams.get("num_colours", 0)]  # the items' colours are scenes.COLOURS, in order
+            if theirs != list(self.hparams.object_colours) or "colour_head.weight" not in state:
+                raise CheckpointError(f"{source}: the pretrained colour head's colours {theirs} are not this "
+                                      f"captioner's object colours {list(self.hparams.object_colours)}")
+            heads.append((self.object_colour_head, "colour_head"))
+        with torch.no_grad():
+            for head, prefix in heads:
+                head.weight.copy_(state[f"{prefix}.weight"])
+                head.bias.copy_(state[f"{prefix}.bias"])
 
     def _object_loss(self, annotations: Tensor, grid: tuple[int, int], objects: Tensor | None,
                      stage: str) -> Tensor | float:
