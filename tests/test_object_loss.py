@@ -236,7 +236,8 @@ def test_object_heads_start_from_the_pretrained_classifier_heads(pretrained_enco
 
     classifier = EncoderClassifier(encoder_width=24, num_classes=len(CLASS_WORDS), num_colours=len(COLOURS))
     classifier.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
-    classifier.eval(), started.eval()
+    classifier.eval()
+    started.eval()
     images = torch.rand(2, 3, 32, 32)
     pooled = started.model.encoder(images)[0].mean(dim=1)
     class_logits, colour_logits = classifier(images)

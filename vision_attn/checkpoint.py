@@ -95,13 +95,14 @@ def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
 
 # What every vision-attn checkpoint says about itself: the model family that wrote it, and the package version.
 KIND_KEY = "vision_attn_kind"
-# Options that say where a model's first weights come from; a checkpoint's own weights replace them
-INITIAL_WEIGHT_OPTIONS = ("pretrained", "pretrained_encoder", "object_heads_from_encoder")
 VERSION_KEY = "vision_attn_version"
 RNG_KEY = "vision_attn_rng"
 VIT, CAPTIONER, ENCODER, CONVNET = "vit", "captioner", "encoder", "convnet"
 KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner",
               ENCODER: "captioner-encoder pretraining", CONVNET: "CNN classifier (a ViT's teacher)"}
+
+# Options that say where a model's first weights come from; a checkpoint's own weights replace them
+INITIAL_WEIGHT_OPTIONS = ("pretrained", "pretrained_encoder", "object_heads_from_encoder")
 
 
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:

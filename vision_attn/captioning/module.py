@@ -214,9 +214,8 @@ class ShowAttendTell(BaseTask):
             raise ValueError("object_heads_from_encoder needs the object loss: set object_weight above 0")
         if not source:
             raise ValueError("object_heads_from_encoder needs pretrained_encoder: an encoder pretraining checkpoint")
-        loaded = load_file(source)
-        hparams = dict(loaded.get("hyper_parameters") or {}) if isinstance(loaded, dict) else {}
-        state = extract_state_dict(loaded)
+        hparams = self.model.encoder.pretrained_with  # the file's hyper-parameters, kept when its trunk loaded
+        state = extract_state_dict(load_file(source))  # the heads, which the trunk's loading leaves out
         if "head.weight" not in state or hparams.get("class_names") is None:
             raise CheckpointError(f"{source}: not an encoder pretraining checkpoint with class heads "
                                   "(`vision-attn fit --config configs/captioner/fashion_scene_items.yaml`), so "
