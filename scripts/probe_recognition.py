@@ -1,5 +1,6 @@
 """Where a Fashion scenes captioner loses recognition: each object's class read from the annotation vectors under
-its box, by the pretrained encoder's own head and by linear probes on the pretrained and the captioner's trunks.
+its box, by the pretrained encoder's own head, by linear probes on the pretrained and the captioner's trunks, and
+by the captioner's object head (when it was trained with ``object_weight``).
 
     python scripts/probe_recognition.py runs/encoder_fashion_scene_items/checkpoints/best.ckpt \
         runs/captioner_fashion_scenes/checkpoints/best.ckpt data/fashion_scenes_varied
@@ -114,6 +115,11 @@ def main() -> None:
     val = box_features(captioner_trunk, val_images, val_boxes)
     test = box_features(captioner_trunk, test_images, test_boxes)
     report("captioner's trunk, linear probe", linear_probe(val, test, len(names)), test[1], names)
+    if "object_head.weight" in state:  # the captioner's object loss head (object_weight > 0), as it was trained
+        head = torch.nn.Linear(*state["object_head.weight"].shape[::-1])
+        head.load_state_dict({"weight": state["object_head.weight"], "bias": state["object_head.bias"]})
+        with torch.no_grad():
+            report("captioner's trunk, its object head", head(test[0]).argmax(1), test[1], names)
 
 
 if __name__ == "__main__":

@@ -427,6 +427,7 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
     source = TensorImageDataset(images[:200, None], labels[:200])
     style = SceneStyle(shade_jitter=1.0, scale_jitter=0.1)
     fixed = SceneItemDataset(source, style=style, canvas_size=32, seed=5)
+    again = SceneItemDataset(source, style=style, canvas_size=32, seed=5)  # its own draws, not fixed's kept ones
     colours, sizes, places = set(), set(), set()
     for index in range(200):
         image, (label, colour) = fixed[index]
@@ -442,7 +443,8 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
         colours.add(int(colour))
         sizes.add(int(max(height, width)))
         places.add((int(rows.min()), int(cols.min())))
-        assert torch.equal(fixed[index][0], image)  # drawn the same way every time
+        assert torch.equal(again[index][0], image) and torch.equal(again[index][1], fixed[index][1])  # drawn
+        assert torch.equal(fixed[index][0], image)  # the same way every time, and kept as drawn
     assert colours == set(range(len(COLOURS))) and len(sizes) >= 4 and len(places) > 30
     fresh = SceneItemDataset(source, style=style, canvas_size=32)
     assert sum(not torch.equal(fresh[i][0], fresh[i][0]) for i in range(20)) >= 18  # training: anew each time
