@@ -59,3 +59,20 @@ def test_classify_with_a_non_checkpoint_is_one_line_error(tmp_path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {bogus}: not a readable PyTorch checkpoint")
     assert "Traceback" not in result.stderr
+
+
+def test_last_checkpoint_holds_the_final_weights_when_the_last_validation_did_not_improve(tmp_path) -> None:
+    """Monitoring val/loss for its *maximum* makes the first validation the best, so Lightning alone writes no
+    checkpoint at the later ones and its last.ckpt would stay at step 4; it must hold step 12, the end."""
+    import torch
+
+    callbacks = ('[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": "'
+                 + str(tmp_path / "checkpoints") + '", "filename": "best", "monitor": "val/loss", "mode": "max", '
+                 '"save_last": true}}]')
+    result = run_in_process("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.max_epochs", "3",
+                            "--trainer.callbacks", callbacks, "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    best, last = (torch.load(tmp_path / "checkpoints" / f"{name}.ckpt", map_location="cpu", weights_only=False)
+                  for name in ("best", "last"))
+    assert best["global_step"] == 4 and last["global_step"] == 12  # 3 epochs of 4 batches
+    assert not torch.equal(best["state_dict"]["model.head.weight"], last["state_dict"]["model.head.weight"])

@@ -1,5 +1,6 @@
 """``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, atomic
-checkpoint writes, and a check of ``--ckpt_path`` before Lightning reads it. Only public LightningCLI hooks
+checkpoint writes, a ``last.ckpt`` that holds the final weights, and a check of ``--ckpt_path`` before Lightning
+reads it. Only public LightningCLI hooks
 are overridden (``parse_arguments``, ``add_arguments_to_parser``, ``instantiate_trainer``).
 """
 
@@ -74,6 +75,28 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return load_file(path, map_location=map_location or "cpu")
 
 
+class FinalWeightsInLast(L.Callback):
+    """``last.ckpt`` holds the weights the fit ended with. Lightning (2.6) writes a ModelCheckpoint's ``last``
+    only at a validation where its monitored top-k checkpoint is written too, so a fit that ``max_time`` stops
+    after a validation that did not improve on the best kept an earlier step as "last" (on the slower machine's
+    stand-in, the scenes captioner's step 1,250 of 1,543). At the end of fitting, when no checkpoint was
+    written at the final step, each ModelCheckpoint with ``save_last: true`` writes its ``last`` again (a
+    ``save_last: link`` is a link to a top-k file, left as it is)."""
+
+    def __init__(self) -> None:
+        self.saved_at_step = -1
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.saved_at_step = trainer.global_step
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fast_dev_run or self.saved_at_step == trainer.global_step:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            if getattr(callback, "save_last", None) is True and getattr(callback, "last_model_path", ""):
+                trainer.save_checkpoint(callback.last_model_path)
+
+
 def model_kind(class_path: str) -> str | None:
     """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
     module_name, _, class_name = class_path.rpartition(".")
@@ -143,6 +166,8 @@ class VisionAttnCLI(LightningCLI):
         if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
+        if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
+            trainer.callbacks.append(FinalWeightsInLast())
         warning = bf16_warning(trainer.precision, isinstance(trainer.accelerator, CPUAccelerator), cpu_flags())
         if warning:
             rank_zero_warn(warning)
