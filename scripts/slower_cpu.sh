@@ -9,7 +9,8 @@
 # 1.4 is calibrated on 2 cores of an AMD EPYC family 25 model 17 (AVX-512) against the slower AMD EPYC family
 # 25 model 1 (no AVX-512): the two fits of `make demo` at commit 31413ff took 2,540 and 1,251 steps this way,
 # against 2,569 and 1,247 on the slower machine itself (README, "On a slower machine"). On another host,
-# calibrate --cpus the same way before trusting its figures.
+# calibrate --cpus the same way before trusting its figures. The cgroup is named by $SLOWER_CPU_GROUP
+# (default vision-attn-slower), so that a run inside one can start another with a quota of its own.
 set -eu
 cpus=1.4
 if [ "${1:-}" = "--cpus" ]; then
@@ -22,12 +23,12 @@ quota=$(awk -v c="$cpus" 'BEGIN { if (c + 0 > 0 && c + 0 <= 1024) printf "%d", c
 [ -n "$quota" ] || { echo "slower_cpu.sh: --cpus must be a number of processors above 0, got '$cpus'" >&2; exit 2; }
 command -v "$1" >/dev/null 2>&1 || { echo "slower_cpu.sh: no such command: $1" >&2; exit 2; }
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-    group=/sys/fs/cgroup/vision-attn-slower  # cgroup v2: its parent must hand it the cpu controller
+    group=/sys/fs/cgroup/${SLOWER_CPU_GROUP:-vision-attn-slower}  # cgroup v2: its parent must hand it the cpu controller
     echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
     mkdir -p "$group" 2>/dev/null && echo "$quota 100000" > "$group/cpu.max" 2>/dev/null \
         || { echo "slower_cpu.sh: cannot set $group/cpu.max (root, and the cpu controller enabled, are needed)" >&2; exit 2; }
 elif [ -d /sys/fs/cgroup/cpu ]; then
-    group=/sys/fs/cgroup/cpu/vision-attn-slower  # cgroup v1
+    group=/sys/fs/cgroup/cpu/${SLOWER_CPU_GROUP:-vision-attn-slower}  # cgroup v1
     mkdir -p "$group" 2>/dev/null && echo 100000 > "$group/cpu.cfs_period_us" 2>/dev/null \
         && echo "$quota" > "$group/cpu.cfs_quota_us" 2>/dev/null \
         || { echo "slower_cpu.sh: cannot set $group/cpu.cfs_quota_us (run as root)" >&2; exit 2; }

@@ -3,6 +3,7 @@ with AVX2 code paths, two threads and its own CPU-quota cgroup (where the host l
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,12 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slower_cpu.sh"
 
 
+GROUP = "vision-attn-slower-test"  # not the default group: the suite itself may run inside that one
+
+
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(["sh", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SLOWER_CPU_GROUP": GROUP})
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -38,8 +43,8 @@ def test_the_command_runs_on_avx2_paths_in_its_own_quota_group() -> None:
     assert result.returncode == 0, result.stderr
     first, *groups = result.stdout.splitlines()
     assert first.split() == ["2", "AVX2", "AVX2"]  # torch dispatches its AVX2 kernels, not AVX-512's
-    assert any("vision-attn-slower" in line for line in groups)
-    quota = Path("/sys/fs/cgroup/cpu/vision-attn-slower/cpu.cfs_quota_us")
-    limit = Path("/sys/fs/cgroup/vision-attn-slower/cpu.max")
+    assert any(line.endswith("/" + GROUP) for line in groups)
+    quota = Path(f"/sys/fs/cgroup/cpu/{GROUP}/cpu.cfs_quota_us")
+    limit = Path(f"/sys/fs/cgroup/{GROUP}/cpu.max")
     assert (quota.exists() and quota.read_text().split() == ["150000"]) or \
         (limit.exists() and limit.read_text().split()[0] == "150000")
