@@ -155,3 +155,23 @@ def test_the_vit_trains_in_bf16_mixed(tmp_path) -> None:
     losses = _train_losses(run)
     assert len(losses) == 60 and all(map(torch.isfinite, torch.tensor(losses)))
     assert sum(losses[-10:]) / 10 < math.log(10) - 0.2, losses  # below chance (ln 10 for 10 classes)
+
+
+def test_cpu_flags_leave_out_the_kernels_torch_and_onednn_were_told_not_to_use(monkeypatch) -> None:
+    """Under ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2 (scripts/slower_cpu.sh) an AVX-512 machine runs
+    AVX2 kernels: bf16 is emulated there, so its flags must not claim AVX-512 or bf16 arithmetic."""
+    from vision_attn.trainer_cli import cpu_flags
+
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    everything = cpu_flags()
+    for name, value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")):
+        monkeypatch.setenv(name, value)
+        limited = cpu_flags()
+        assert limited <= everything and not any(flag.startswith(("avx512", "amx")) for flag in limited)
+        assert everything - limited == {flag for flag in everything if flag.startswith(("avx512", "amx"))}
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert cpu_flags() == everything - {"avx512_bf16"} - {flag for flag in everything if flag.startswith("amx")}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert cpu_flags() == everything

@@ -19,6 +19,7 @@ import torch
 
 from tests.conftest import CONFIGS
 from vision_attn.cli import main
+from vision_attn.trainer_cli import cpu_flags
 
 PINNED = Path(__file__).parent / "pinned_metrics.json"
 TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", re.MULTILINE)
@@ -27,12 +28,12 @@ TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$",
 def machine_kind() -> str:
     """The kind of CPU whose rounding the pinned figures hold: its architecture, vendor (MKL and oneDNN choose
     their kernels by vendor too), AVX-512 and AMX or not, and the thread count."""
-    flags, vendor = "", ""
+    vendor = ""
     if Path("/proc/cpuinfo").is_file():
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        flags = next((line for line in lines if line.startswith("flags")), "") + " "
         vendor = next((line.split(":")[1].strip() for line in lines if line.startswith("vendor_id")), "")
-    isa = "".join(name for flag, name in ((" avx512f ", "-avx512"), (" amx_tile ", "-amx")) if flag in flags)
+    flags = cpu_flags()  # less the kernels torch and oneDNN were told not to use (scripts/slower_cpu.sh)
+    isa = "".join(name for flag, name in (("avx512f", "-avx512"), ("amx_tile", "-amx")) if flag in flags)
     return f"{os.uname().machine}{'-' + vendor if vendor else ''}{isa}-threads{torch.get_num_threads()}"
 
 

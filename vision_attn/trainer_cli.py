@@ -7,6 +7,7 @@ are overridden (``parse_arguments``, ``add_arguments_to_parser``, ``instantiate_
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,25 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CP
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file)."""
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file), less those whose
+    kernels torch and oneDNN were told not to use: ``ATEN_CPU_CAPABILITY`` below AVX-512 or ``ONEDNN_MAX_CPU_ISA``
+    below AVX512_CORE drop the AVX-512 and AMX flags, an ``ONEDNN_MAX_CPU_ISA`` of AVX-512 without BF16, FP16 or
+    AMX drops the bf16 and AMX ones (``scripts/slower_cpu.sh`` runs an AVX-512 machine as one without)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return set()
     line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    flags = set(line.partition(":")[2].split())
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    below_avx512 = aten in ("default", "avx2") or (
+        onednn not in ("", "ALL") and not onednn.startswith(("AVX512", "AVX10")) and "AMX" not in onednn)
+    if below_avx512:
+        return {flag for flag in flags if not flag.startswith(("avx512", "amx"))}
+    if onednn.startswith("AVX512") and not any(part in onednn for part in ("BF16", "FP16", "AMX")):
+        return {flag for flag in flags if flag != "avx512_bf16" and not flag.startswith("amx")}
+    return flags
 
 
 def bf16_warning(precision: str, on_cpu: bool, flags: set[str]) -> str | None:
