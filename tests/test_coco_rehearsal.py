@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import REPO, run_script
-from vision_attn.trainer_cli import cpu_flags
+from vision_attn.trainer_cli import NATIVE_BF16_FLAGS, cpu_flags
 
 SPLITS = {"train": 4, "restval": 2, "val": 4, "test": 4}  # small: the frozen trunks run at the real 224 px
 TEST_IDS = list(range(SPLITS["train"] + SPLITS["restval"] + SPLITS["val"] + 1, sum(SPLITS.values()) + 1))
@@ -91,7 +91,7 @@ def fill_torch_hub_cache(torch_home: Path, backbone: str) -> dict[str, torch.Ten
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as its flags say, less the kernels torch and
     oneDNN were told not to use (``trainer_cli.cpu_flags``)."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return bool(cpu_flags() & set(NATIVE_BF16_FLAGS))
 
 
 @pytest.mark.parametrize("config, precision", [("coco_vgg19", "32-true"), ("coco_resnet101", "bf16-mixed")])
