@@ -61,18 +61,37 @@ class EncoderPretraining(BaseTask):
         images, targets = batch
         labels, colours = (targets[:, 0], targets[:, 1]) if targets.ndim == 2 else (targets, None)
         class_logits, colour_logits = self.model(images)
-        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
+        training = stage == "train"
+        smoothing = self.hparams.label_smoothing if training else 0.0
         loss = F.cross_entropy(class_logits, labels, label_smoothing=smoothing)
-        self.accuracy[f"{stage}_"](class_logits, labels)
-        self.log(f"{stage}/acc", self.accuracy[f"{stage}_"], prog_bar=stage != "train", on_step=False, on_epoch=True)
+        self._count(self.accuracy[f"{stage}_"], class_logits, labels, f"{stage}/acc", prog_bar=not training)
         if colour_logits is not None:
             if colours is None:
                 raise ValueError("num_colours is set, but the data gives no colours: use num_colours: 0")
             loss = loss + F.cross_entropy(colour_logits, colours, label_smoothing=smoothing)
-            self.colour_accuracy[f"{stage}_"](colour_logits, colours)
-            self.log(f"{stage}/colour_acc", self.colour_accuracy[f"{stage}_"], on_step=False, on_epoch=True)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(images), sync_dist=stage != "train")
+            self._count(self.colour_accuracy[f"{stage}_"], colour_logits, colours, f"{stage}/colour_acc")
+        self.log(f"{stage}/loss", loss, prog_bar=training, batch_size=len(images), sync_dist=not training)
         return loss
+
+    def _count(self, accuracy: MulticlassAccuracy, logits: Tensor, targets: Tensor, name: str, *,
+               prog_bar: bool = False) -> None:
+        """Add a batch to an epoch's accuracy. Training batches are only counted (``on_train_epoch_end`` logs the
+        epoch's figure): logging a metric at every step cost ~4 ms of a ~30 ms CPU step, an eighth of the
+        pretraining's steps in its 4 minutes. Validation and test log it as Lightning does, once per epoch."""
+        if name.startswith("train/"):
+            accuracy.update(logits.detach(), targets)
+        else:
+            accuracy(logits, targets)
+            self.log(name, accuracy, prog_bar=prog_bar, on_step=False, on_epoch=True)
+
+    def on_train_epoch_end(self) -> None:
+        counted = [("train/acc", self.accuracy["train_"])]
+        if self.colour_accuracy is not None:
+            counted.append(("train/colour_acc", self.colour_accuracy["train_"]))
+        for name, accuracy in counted:
+            if accuracy.update_called:  # an epoch of only skipped batches counts nothing
+                self.log(name, accuracy.compute())
+            accuracy.reset()
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         return self._step(batch, "train")
