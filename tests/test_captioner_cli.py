@@ -307,6 +307,9 @@ def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pre
     rows = list(csv.DictReader(next(pretrained_encoder.parents[1].rglob("metrics.csv")).open()))
     [val] = [row for row in rows if row.get("val/acc")]
     assert 0 <= float(val["val/acc"]) <= 1 and 0 <= float(val["val/colour_acc"]) <= 1
+    [train] = [row for row in rows if row.get("train/acc")]  # counted at each step, logged once at the epoch's end
+    assert 0 <= float(train["train/acc"]) <= 1 and 0 <= float(train["train/colour_acc"]) <= 1
+    assert int(train["step"]) == 5  # the 6 steps' epoch
     saved = torch.load(pretrained_encoder, map_location="cpu", weights_only=True)
     assert saved["vision_attn_kind"] == "encoder"
     options = {"vocabulary": [*SPECIALS, "a", "red", "top"], "encoder_width": 24, "image_size": 96}

@@ -454,6 +454,45 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
         SceneItemDataset(source, style=SceneStyle(shade_jitter=1.5))
 
 
+def test_a_batch_of_items_is_gathered_pasted_and_tinted_as_item_by_item() -> None:
+    """The batched drawing's three pieces against the plain way: ``gather`` (one indexing of held tensors, for
+    a ``TensorImageDataset`` or a ``Subset`` of one) gives what reading item by item gives, and any other dataset
+    is read item by item; ``paste`` writes each item where a slice assignment would, in every channel, leaving
+    the rest of each canvas as it was; ``divide_by_255`` is floor division for every product of two bytes."""
+    import torch
+    from torch.utils.data import Subset
+
+    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.scene_items import divide_by_255, gather, paste
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, 10, (40,), generator=generator)
+    held = TensorImageDataset(images, labels)
+    subset = Subset(held, [39 - i for i in range(40)])
+    indices = [5, 0, 17, 17, 33]
+    for source in (held, subset, [held[i] for i in range(40)]):  # the last: a plain list, read item by item
+        batch, batch_labels = gather(source, indices)
+        assert torch.equal(batch, torch.stack([source[i][0] for i in indices]))
+        assert torch.equal(batch_labels, torch.stack([source[i][1] for i in indices]))
+        assert batch_labels.dtype == torch.long
+
+    rng = np.random.default_rng(1)
+    for size, square, channels in ((25, 32, 3), (31, 32, 3), (5, 9, 1)):
+        canvases = torch.randint(0, 256, (6, channels, square, square), dtype=torch.uint8, generator=generator)
+        expected = canvases.clone()
+        rows = np.array([4, 0, 2])
+        corners = rng.integers(0, square - size + 1, size=(3, 2))
+        items = torch.randint(0, 256, (3, channels, size, size), dtype=torch.uint8, generator=generator)
+        for row, (top, left), item in zip(rows.tolist(), corners.tolist(), items, strict=True):
+            expected[row, :, top : top + size, left : left + size] = item
+        paste(canvases, rows, corners, items)
+        assert torch.equal(canvases, expected), (size, square, channels)
+
+    products = torch.arange(255 * 255 + 1, dtype=torch.int32)
+    assert torch.equal(divide_by_255(products), products // 255)
+
+
 def test_training_items_drawn_a_batch_at_a_time_are_drawn_as_one_at_a_time() -> None:
     """``__getitems__`` (what a DataLoader with a batch size calls): the same real item and label, tinted in a
     shade of its named colour, at a size in range, inside the canvas; its antialiased resize agrees with PIL's

@@ -201,10 +201,10 @@ class VisionAttnCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
-        trainer = super().instantiate_trainer(**kwargs)
+        configured_bar = holds_progress_bar((config.get("trainer") or {}).get("callbacks"))  # read before Lightning
+        trainer = super().instantiate_trainer(**kwargs)  # ... adds its default bar to that same list
         bar = trainer.progress_bar_callback
-        configured = (config.get("trainer") or {}).get("callbacks")
-        if type(bar) is TQDMProgressBar and bar.refresh_rate == 1 and not holds_progress_bar(configured):
+        if type(bar) is TQDMProgressBar and bar.refresh_rate == 1 and not configured_bar:
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()  # Lightning's default bar
         if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
             trainer.callbacks.append(FinalWeightsInLast())
