@@ -41,7 +41,9 @@ chromium:
 CAP_RUN := $(RUNS)/captioner_fashion_scenes
 SCENES  := data/fashion_scenes_varied
 FREE    := data/fashion_scenes_free
-CAP_CKPT := $(CAP_RUN)/checkpoints/best.ckpt
+# The captioner's final weights, where its cosine ends at max_time (best.ckpt, the best by val CIDEr-D, is kept
+# too; README, issue 17: "Which checkpoint make demo tests").
+CAP_CKPT := $(CAP_RUN)/checkpoints/last.ckpt
 demo: setup
 	$(BIN)/vision-attn fit --config configs/captioner/fashion_scene_items.yaml --overwrite true
 	$(BIN)/vision-attn fit --config configs/captioner/fashion_scenes.yaml --overwrite true
