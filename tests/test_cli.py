@@ -109,3 +109,58 @@ def test_the_cli_paces_lightnings_default_progress_bar_and_keeps_a_configured_on
         drawn.append(paced._should_update(len(drawn) + 1, 10**9))
     assert drawn[0] and 2 <= sum(drawn) <= 4 and len(drawn) > 100
     assert paced._should_update(10**9, 10**9)  # the bar's last batch is always drawn
+
+
+def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_it_took() -> None:
+    """Validations of 1 s every 10 steps of 20 ms, max_time 3 s: the first ends at ~1.2 s (1.8 s left: go on), the
+    second at ~2.4 s (0.6 s left, less than it took): the fit stops there, at step 20, inside its 3 s. Without the
+    callback Lightning trains on, validates again at step 30 (to ~3.6 s), then stops at the next step and validates
+    once more, ending a whole validation past max_time. Every source of delay only shortens the time left, so a
+    slow machine cannot turn the stop into going on."""
+    import time
+    from datetime import timedelta
+
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vision_attn.trainer_cli import StopAtTheLastValidation, VisionAttnCLI
+
+    class Sleepy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.validations = torch.nn.Linear(1, 1), 0
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            time.sleep(0.02)
+            return self.layer(batch[0]).square().mean()
+
+        def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            time.sleep(1.0)
+
+        def on_validation_end(self) -> None:
+            self.validations += 1
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def fit(*callbacks: L.Callback) -> tuple[Sleepy, L.Trainer, float]:
+        data = DataLoader(TensorDataset(torch.zeros(10_000, 1)), batch_size=1)
+        model = Sleepy()
+        trainer = L.Trainer(max_time=timedelta(seconds=3), val_check_interval=10, limit_val_batches=1,
+                            num_sanity_val_steps=0, callbacks=list(callbacks), logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        start = time.monotonic()
+        trainer.fit(model, data, DataLoader(TensorDataset(torch.zeros(1, 1))))
+        return model, trainer, time.monotonic() - start
+
+    model, trainer, took = fit(StopAtTheLastValidation())
+    assert model.validations == 2 and trainer.global_step == 20 and took < 3.0
+    model, trainer, took = fit()
+    assert model.validations >= 3 and trainer.global_step > 20 and took > 4.0
+
+    cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                        run=False, auto_configure_optimizers=False, save_config_callback=None,
+                        args=["--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.logger", "false",
+                              "--trainer.max_time", "00:00:01:00"])
+    assert sum(isinstance(callback, StopAtTheLastValidation) for callback in cli.trainer.callbacks) == 1
