@@ -112,12 +112,12 @@ def test_the_cli_paces_lightnings_default_progress_bar_and_keeps_a_configured_on
 
 
 def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_it_took() -> None:
-    """Validations of 1 s every 10 steps of 20 ms, max_time 3 s. The first ends at ~1.2 s (1.8 s left: go on), the
-    second at ~2.4 s (0.6 s left, less than it took): with the budget's last quarter as the tail, the fit stops
+    """Validations of 1 s every 10 steps of 10 ms, max_time 3 s. The first ends at ~1.1 s (1.9 s left: go on), the
+    second at ~2.2 s (0.8 s left, less than it took): with the budget's last 30% as the tail, the fit stops
     there, at step 20, inside its 3 s. With the default tail (5%, 0.15 s here) it does not: it trains on and
-    validates at step 30 (to ~3.6 s, past max_time), and stops there, where Lightning alone would take a step more
-    and validate a fourth time. Delays only shorten the time left (the stop stays a stop), and the default run
-    has 0.45 s of slack before 0.6 s left could fall under its 0.15 s."""
+    validates at step 30 (to ~3.3 s, past max_time), and from there Lightning's own stop follows (a step, a
+    fourth validation). Delays only shorten the time left; 0.8 s of them would be needed to turn the stop into
+    going on."""
     import time
     from datetime import timedelta
 
@@ -133,7 +133,7 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
             self.layer, self.validations = torch.nn.Linear(1, 1), 0
 
         def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-            time.sleep(0.02)
+            time.sleep(0.01)
             return self.layer(batch[0]).square().mean()
 
         def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
@@ -155,10 +155,10 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
         trainer.fit(model, data, DataLoader(TensorDataset(torch.zeros(1, 1))))
         return model, trainer, time.monotonic() - start
 
-    model, trainer, took = fit(StopAtTheLastValidation(tail=0.25))
+    model, trainer, took = fit(StopAtTheLastValidation(tail=0.3))
     assert model.validations == 2 and trainer.global_step == 20 and took < 3.0
     model, trainer, took = fit(StopAtTheLastValidation())
-    assert model.validations == 3 and trainer.global_step > 20 and took > 3.0
+    assert model.validations >= 3 and trainer.global_step > 20 and took > 3.0
 
     cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         run=False, auto_configure_optimizers=False, save_config_callback=None,

@@ -146,7 +146,9 @@ class StopAtTheLastValidation(L.Callback):
     ~21 s apart, the fit ending ~40 s past its 9.5 minutes). Stopping at the first of the two gives up less
     training than one validation's time, and only in the budget's last ``tail`` (5%), where a cosine that
     follows ``max_time`` has its rate under 1% of the peak. A validation that is a large part of a short budget
-    does not stop the fit early."""
+    does not stop the fit early, and one that ends past ``max_time`` is left to Lightning (one more step, the
+    Timer's stop, a validation): a phase that the budget's clock starts, such as the captioner's self-critical
+    training, then still gets its step on a loaded machine."""
 
     def __init__(self, tail: float = 0.05) -> None:
         self.tail = tail
@@ -160,9 +162,11 @@ class StopAtTheLastValidation(L.Callback):
             return
         took, self._started = time.monotonic() - self._started, None
         timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
-        remaining = timer.time_remaining("train") if timer is not None else None
-        budget = (remaining or 0) + (timer.time_elapsed("train") if timer is not None else 0)
-        stop = remaining is not None and remaining < min(took, self.tail * budget)
+        if timer is None or timer.time_remaining("train") is None:  # no max_time (the same on every rank)
+            return
+        remaining = timer.time_remaining("train")
+        budget = remaining + timer.time_elapsed("train")
+        stop = 0 < remaining < min(took, self.tail * budget)  # past max_time, Lightning's own stop is next
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
 
 
