@@ -238,7 +238,7 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder
     both phases run, a best checkpoint is kept, and it captions without the concept head (a training aid only).
     20 s, not 10: a validation that ends in the budget's last 5% stops the fit (StopAtTheLastValidation), and on
     a loaded machine one of several seconds (the first starts Java for METEOR and the tokenizer) could run from
-    before the switch at 40% of 10 s to there: it did, in one run of three beside the other tests."""
+    before the switch at 40% of 10 s to there: it did, in two runs of four beside the other tests."""
     import csv
     import json
     import time
