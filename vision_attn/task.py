@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from PIL import Image
 from torch import Tensor
 from torch.optim import Optimizer
@@ -32,7 +31,7 @@ from vision_attn.checkpoint import (
 )
 from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.overlay import log_figures
-from vision_attn.schedule import warmup_cosine
+from vision_attn.schedule import budget_timer, warmup_cosine
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +135,8 @@ class BaseTask(L.LightningModule):
 
     def _time_budget_used(self) -> Callable[[], float] | None:
         """The fraction of the trainer's ``max_time`` used by training so far, or None without a time cap."""
-        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
-        if timer is None or timer.time_remaining("train") is None:
+        timer = budget_timer(self.trainer)
+        if timer is None:
             log.warning("the schedule follows a time budget, but the trainer has no max_time: it follows the steps")
             return None
 

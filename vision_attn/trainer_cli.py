@@ -20,13 +20,14 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
 from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind
 from vision_attn.io import replace_atomically
+from vision_attn.schedule import budget_timer
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
@@ -161,8 +162,8 @@ class StopAtTheLastValidation(L.Callback):
         if trainer.sanity_checking or self._started is None or trainer.state.fn != "fit":
             return
         took, self._started = time.monotonic() - self._started, None
-        timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
-        if timer is None or timer.time_remaining("train") is None:  # no max_time (the same on every rank)
+        timer = budget_timer(trainer)
+        if timer is None:  # no max_time (the same on every rank)
             return
         remaining = timer.time_remaining("train")
         budget = remaining + timer.time_elapsed("train")
@@ -245,7 +246,7 @@ class VisionAttnCLI(LightningCLI):
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()  # Lightning's default bar
         if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
             trainer.callbacks.append(FinalWeightsInLast())
-        if any(isinstance(callback, Timer) for callback in trainer.callbacks):  # max_time is set
+        if budget_timer(trainer) is not None:
             trainer.callbacks.append(StopAtTheLastValidation())
         warning = bf16_warning(trainer.precision, isinstance(trainer.accelerator, CPUAccelerator), cpu_flags())
         if warning:
