@@ -5,17 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import lightning as L
-from lightning.pytorch.callbacks import Timer
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
-
-
-def budget_timer(trainer: L.Trainer) -> Timer | None:
-    """Lightning's Timer when the trainer has a time budget (``max_time``), else None."""
-    timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
-    return timer if timer is not None and timer.time_remaining("train") is not None else None
 
 
 def warmup_cosine(optimizer: Optimizer, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from PIL import Image
 from torch import Tensor
 from torch.optim import Optimizer
@@ -31,9 +32,15 @@ from vision_attn.checkpoint import (
 )
 from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.overlay import log_figures
-from vision_attn.schedule import budget_timer, warmup_cosine
+from vision_attn.schedule import warmup_cosine
 
 log = logging.getLogger(__name__)
+
+
+def budget_timer(trainer: L.Trainer) -> Timer | None:
+    """Lightning's Timer when the trainer has a time budget (``max_time``), else None."""
+    timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+    return timer if timer is not None and timer.time_remaining("train") is not None else None
 
 
 class SkippedImagesReport(L.Callback):

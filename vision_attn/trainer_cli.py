@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind
 from vision_attn.io import replace_atomically
-from vision_attn.schedule import budget_timer
+from vision_attn.task import budget_timer
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
