@@ -33,8 +33,8 @@ chromium:
 	fi
 
 # The main job on the embedded default: pretrain the captioner's encoder on single Fashion-MNIST items drawn as
-# the scenes draw them (4 min), generate Fashion scenes and train the Show-Attend-Tell captioner from that
-# encoder (10 min; both fits within 15 on 2 cores), test it on SPEC §3's scenes (BLEU, METEOR, ROUGE-L, CIDEr-D,
+# the scenes draw them (6 min), generate Fashion scenes and train the Show-Attend-Tell captioner from that
+# encoder (7.5 min; both fits within 15 on 2 cores), test it on SPEC §3's scenes (BLEU, METEOR, ROUGE-L, CIDEr-D,
 # pointing, the scene metrics), score it again on scenes drawn another way (items anywhere, other shades of
 # each colour), draw its attention over a handful of scenes of both kinds, and write the attention explorer of
 # the test split's captions (a static site: open its index.html).
