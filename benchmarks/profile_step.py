@@ -22,7 +22,7 @@ from benchmarks.run import decoder_train_step, paired_median_seconds, random_cap
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.data.vocabulary import END_ID, START_ID
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 
 def coco_decoder(annotation_dim: int) -> AttentionDecoder:

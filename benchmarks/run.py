@@ -181,7 +181,7 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
     ``fused_attention=False`` (the explicit Softmax(QKᵀ/√d)V instead of the SDPA kernel)."""
     import timm.models.vision_transformer as timm_vit
 
-    from vision_attn.vit.model import VisionTransformer
+    from vision_attn.vit.vision_transformer import VisionTransformer
 
     config = dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
                   embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, global_pool=global_pool,
@@ -205,7 +205,7 @@ def vit_vs_timm(*, img_size: int, patch_size: int, in_chans: int, num_classes: i
     theirs.eval()
     with torch.inference_mode():
         timed = paired_median_seconds({"ours": lambda: ours(images), "timm": lambda: theirs(images),
-                                       "ours_maps": lambda: ours(images, return_attention=True)}, repeats=repeats)
+                                       "ours_maps": lambda: ours.forward_with_attention(images)}, repeats=repeats)
     for name in ("ours", "timm"):
         measured[f"{name}_inference_images_per_s"] = batch / timed[name]
     plain, with_maps = timed["ours"], timed["ours_maps"]

@@ -20,7 +20,7 @@ LAYERS = [
     {"vision_attn.checkpoint", "vision_attn.attention", "vision_attn.schedule", "vision_attn.data.*",
      "vision_attn.datamodules.*", "vision_attn.captioning", "vision_attn.captioning.encoder",
      "vision_attn.captioning.decoder", "vision_attn.captioning.beam_search", "vision_attn.captioning.losses",
-     "vision_attn.captioning.model", "vision_attn.vit", "vision_attn.vit.model", "vision_attn.vit.rollout",
+     "vision_attn.captioning.model", "vision_attn.vit", "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout",
      "vision_attn.vit.pretrained", "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.vit.inference", "vision_attn.gallery", "vision_attn.explorer"},

@@ -19,7 +19,7 @@ from vision_attn.attention import AdditiveAttention
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.cli import main
 from vision_attn.trainer_cli import bf16_warning
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 # bf16 keeps 8 bits of mantissa (relative error up to 2^-8 per rounding), fp16 11 bits
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
@@ -80,9 +80,9 @@ def test_the_vit_under_bf16_autocast_gives_fp32_logits_and_attention() -> None:
                               num_heads=2).eval()
     images = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
-        logits, attentions = model(images, return_attention=True)
+        logits, attentions = model.forward_with_attention(images)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            mixed_logits, mixed_attentions = model(images, return_attention=True)
+            mixed_logits, mixed_attentions = model.forward_with_attention(images)
     assert mixed_logits.dtype == torch.bfloat16
     torch.testing.assert_close(mixed_logits.float(), logits, atol=0.1, rtol=0.05)
     for got, want in zip(mixed_attentions, attentions, strict=True):

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.conftest import run_in_process, run_script
 from vision_attn.overlay import heat_panel, panel_grid, upsample_heatmap, write_gallery
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.vit.rollout import attention_rollout, class_map, discard_weakest, explain, fuse_heads
 
 # --- heat-map geometry ------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_explain_gives_maps_for_every_head_and_grid(global_pool) -> None:
     assert maps.rollout.shape == maps.gradient_rollout.shape == (2, 4, 4)
     assert torch.allclose(maps.logits, model(images), atol=1e-5)
     if global_pool == "token":  # the cls row of the last layer, per head
-        _, attentions = model(images, return_attention=True)
+        _, attentions = model.forward_with_attention(images)
         assert torch.allclose(maps.heads[:, :, 0, 0], attentions[-1][:, :, 0, 1], atol=1e-6)
     with pytest.raises(ValueError, match="class 9"):
         explain(model, images, gradient_class=9)

@@ -70,12 +70,12 @@ def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *ex
 
 CASES = {
     "captioner_tiny": ("captioner_tiny.yaml",),
-    "captioner_tiny_hard": ("captioner_tiny.yaml", "--model.init_args.attention_mode", "hard"),
-    "captioner_tiny_self_critical": ("captioner_tiny.yaml", "--model.init_args.self_critical_from_epoch", "0",
-                                     "--model.init_args.self_critical_samples", "2",
+    "captioner_tiny_hard": ("captioner_tiny.yaml", "--model.init_args.decoder.attention_mode", "hard"),
+    "captioner_tiny_self_critical": ("captioner_tiny.yaml", "--model.init_args.self_critical.from_epoch", "0",
+                                     "--model.init_args.self_critical.samples", "2",
                                      "--data.init_args.group_captions", "true"),
     "vit_tiny": ("vit_tiny.yaml",),
-    "vit_tiny_patch_drop": ("vit_tiny.yaml", "--model.init_args.patch_drop_rate", "0.5"),
+    "vit_tiny_patch_drop": ("vit_tiny.yaml", "--model.init_args.training.patch_drop_rate", "0.5"),
 }
 
 

@@ -27,7 +27,7 @@ from timm.layers import resample_abs_pos_embed
 from tests.conftest import CONFIGS, REPO, run_script
 from vision_attn.captioning.encoder import AnnotationEncoder, SmallCNN
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.vit.pretrained import load_pretrained
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -229,7 +229,7 @@ def test_timm_vit_weights_load_by_name_and_adapt_to_another_image_size(tmp_path)
     fill_hub_cache(tmp_path / "hf" / "hub", "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", written)
     code = f"""
 import json, sys, torch
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.vit.pretrained import load_pretrained
 same = VisionTransformer(img_size=224, in_chans=3, num_classes=10, **{TINY_VIT!r})
 smaller = VisionTransformer(img_size=112, in_chans=3, num_classes=10, **{TINY_VIT!r})

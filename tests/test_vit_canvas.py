@@ -224,7 +224,7 @@ def test_attention_grounding_is_minus_log_the_rollout_share_on_the_box() -> None
     images, labels = torch.randn(4, 1, 56, 56), torch.tensor([0, 3, 5, 9])
     boxes = torch.tensor([[8, 8, 16, 16]] * 4)
     loss, logits = task.grounded_loss(images, labels, boxes)
-    tokens, attentions = task.model.forward_features(images, return_attention=True)
+    tokens, attentions, _ = task.model.forward_intermediates(images)
     cls_row = attention_rollout(attentions)[:, 0, 2:].view(4, 7, 7)  # the cls token's row, past cls and register
     share = cls_row[:, 1:3, 1:3].sum((-2, -1)) / cls_row.sum((-2, -1))
     expected = F.cross_entropy(task.model.forward_head(tokens), labels) - 0.5 * share.log().mean()

@@ -11,7 +11,7 @@ from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import constructor_args, load_file
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 VOCABULARY = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag"]
 

@@ -12,7 +12,7 @@ from timm.layers import resample_abs_pos_embed
 
 from vision_attn.attention import scaled_dot_product_attention
 from vision_attn.checkpoint import CheckpointError, load_file
-from vision_attn.vit.model import VisionTransformer, patch_dropout
+from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout
 from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
 
 TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)
@@ -49,7 +49,7 @@ def test_attention_weights_are_opt_in_and_match_the_fused_path() -> None:
     x = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         fused = model(x)
-        explicit, attentions = model(x, return_attention=True)
+        explicit, attentions = model.forward_with_attention(x)
     assert isinstance(fused, torch.Tensor)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert len(attentions) == 3
@@ -71,7 +71,7 @@ def test_unfused_attention_trains_like_the_fused_kernel() -> None:
         gradients.append(torch.autograd.grad(loss, list(model.parameters())))
     for a, b in zip(*gradients, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
-    assert explicit(x, return_attention=True)[1][0].shape == (6, 4, 17, 17)
+    assert explicit.forward_with_attention(x)[1][0].shape == (6, 4, 17, 17)
 
 
 def test_patch_dropout_keeps_the_cls_token_and_a_random_subset_of_patches() -> None:

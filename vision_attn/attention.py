@@ -63,7 +63,14 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, *, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor) -> Tensor:
+        return self._attend(x, return_weights=False)[0]
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``, and the attention weights (B, H, N, N), by the explicit Softmax(QKᵀ/√d)V."""
+        return self._attend(x, return_weights=True)
+
+    def _attend(self, x: Tensor, *, return_weights: bool) -> tuple[Tensor, Tensor | None]:
         batch, tokens, dim = x.shape
         # (B, N, 3·D) -> (3, B, H, N, d)
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)

@@ -1,6 +1,6 @@
 """Boxes laid over a grid of cells: how much of each cell a box covers, and how a box's area falls into the
-cells. The captioner's object loss and grounding read annotation vectors by box (``captioning/losses.py``); the
-ViT's attention grounding keeps its maps on the item's box (``vit/module.py``).
+cells. The captioner's object loss and grounding read annotation vectors by box (``captioning/aids.py``); the
+ViT's attention grounding keeps its maps on the item's box (``tasks/classifiers.py``).
 """
 
 from __future__ import annotations

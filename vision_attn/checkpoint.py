@@ -7,7 +7,6 @@ refused with a one-line message.
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import re
@@ -101,10 +100,6 @@ VIT, CAPTIONER, ENCODER, CONVNET = "vit", "captioner", "encoder", "convnet"
 KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner",
               ENCODER: "captioner-encoder pretraining", CONVNET: "CNN classifier (a ViT's teacher)"}
 
-# Options that say where a model's first weights come from; a checkpoint's own weights replace them
-INITIAL_WEIGHT_OPTIONS = ("pretrained", "pretrained_encoder", "object_heads_from_encoder")
-
-
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:
     """Refuse a checkpoint written by the other model family (one that does not say passes). ``training``:
     the refusal says the config trains ``wanted``, else that ``wanted`` is needed."""
@@ -126,20 +121,126 @@ def stamp(checkpoint: dict[str, Any], kind: str) -> None:
     checkpoint[VERSION_KEY] = __version__
 
 
+# Where each flat hyper-parameter of a checkpoint written before the option groups (vision-attn 0.1) lives
+# today: "group.field", a top-level name, or None (no longer the model's: the feature cache is the DataModule's).
+_ENCODER = {"backbone": "encoder.backbone", "encoder_width": "encoder.width", "encoder_stride": "encoder.stride",
+            "channels_last": "encoder.channels_last"}
+_IMAGE = {"image_size": "image.size", "in_chans": "image.channels", "mean": "image.mean", "std": "image.std"}
+_OPTIMISER = {"lr": "optimiser.lr", "weight_decay": "optimiser.weight_decay", "betas": "optimiser.betas",
+              "warmup_epochs": "schedule.warmup_epochs", "min_lr_ratio": "schedule.min_lr_ratio",
+              "schedule_by_time": "schedule.by_time", "log_overlays": "log_overlays", "num_classes": "num_classes",
+              "class_names": "class_names"}
+_DECODER = ("embed_dim", "hidden_dim", "attention_dim", "dropout", "attention_mode", "initial_gate", "coverage",
+            "attend_with_word", "word_counts", "word_count_context", "attention_score", "attention_heads",
+            "hard_expectation_prob")
+_VIT = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "global_pool", "pos_embed_init",
+        "zero_init_head", "fused_attention", "stem", "reg_tokens", "dist_token", "channels_last")
+LEGACY_NAMES: dict[str, dict[str, str | None]] = {
+    CAPTIONER: {
+        **_IMAGE, **_OPTIMISER, **_ENCODER, "vocabulary": "vocabulary", "grid_size": "encoder.grid_size",
+        "pretrained_encoder": "encoder.pretrained", "vit": "encoder.vit",
+        "trainable_stages": "encoder.trainable_stages",
+        **{name: f"decoder.{name}" for name in _DECODER}, "attention": "decoder.attention_mode",
+        "beam_size": "decoding.beam_size", "max_decode_length": "decoding.max_length",
+        "length_penalty": "decoding.length_penalty",
+        **{name: f"objective.{name}" for name in ("doubly_stochastic_weight", "loss_normalisation", "reinforce_weight",
+                                                   "entropy_weight", "baseline_decay")},
+        **{name: f"aids.{name}" for name in ("concept_weight", "object_weight", "grounding_weight",
+                                              "object_heads_from_encoder")},
+        "self_critical_from_epoch": "self_critical.from_epoch",
+        "self_critical_from_time": "self_critical.from_progress",
+        "self_critical_samples": "self_critical.samples", "repeat_penalty": "self_critical.repeat_penalty",
+        "recall_reward": "self_critical.recall_reward", "encoder_lr": "optimiser.encoder_lr",
+        "object_classes": "objects.classes", "object_colours": "objects.colours", "feature_cache": None,
+        "feature_cache_shard_size": None,
+    },
+    VIT: {
+        **_IMAGE, **_OPTIMISER, **{name: f"architecture.{name}" for name in _VIT},
+        **{name: f"training.{name}" for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate",
+                                                  "patch_drop_rate_end", "label_smoothing", "attention_grounding")},
+        "teacher": "distillation.teacher", "distillation": "distillation.mode",
+        "distillation_weight": "distillation.weight", "distillation_tau": "distillation.tau",
+        "pretrained": "pretrained", "compile": "compile",
+    },
+    CONVNET: {**_IMAGE, **_OPTIMISER, "widths": "architecture.widths", "drop_rate": "training.drop_rate",
+              "label_smoothing": "training.label_smoothing"},
+    ENCODER: {**_IMAGE, **_OPTIMISER, **_ENCODER, "label_smoothing": "label_smoothing", "num_colours": "colour_names"},
+}
+# The groups each kind's hyper-parameters hold today: a checkpoint with one of them as a mapping is in today's form
+CURRENT_GROUPS = {CAPTIONER: "decoder", VIT: "architecture", CONVNET: "architecture", ENCODER: "encoder"}
+# The colours of the scenes' items when encoder pretraining checkpoints said only how many they had (num_colours)
+LEGACY_COLOURS = ("red", "green", "blue", "yellow", "white")
+# The options that say where a fit's first weights come from: a checkpoint's own weights replace them
+INITIAL_WEIGHTS = {CAPTIONER: ("encoder.pretrained", "aids.object_heads_from_encoder"), VIT: ("pretrained",),
+                   CONVNET: (), ENCODER: ("encoder.pretrained",)}
+
+
+def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat 0.1 hyper-parameters in today's groups (``LEGACY_NAMES``); today's are returned as they are, less
+    Lightning's ``_class_path`` and ``_instantiator`` (the class may have moved)."""
+    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
+    if kind not in LEGACY_NAMES or isinstance(hparams.get(CURRENT_GROUPS[kind]), Mapping):
+        return hparams
+    grouped: dict[str, Any] = {"image": {"channels": 3}} if kind == CAPTIONER else {}
+    for key, value in hparams.items():
+        target = LEGACY_NAMES[kind].get(key)
+        if key == "num_colours":
+            value = list(LEGACY_COLOURS[:value])
+        if target is None:
+            continue
+        group, _, name = target.rpartition(".")
+        (grouped.setdefault(group, {}) if group else grouped)[name] = value
+    return grouped
+
+
+def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A captioner's weights under today's names: under ``model.`` (0.1's first checkpoints had the encoder and
+    decoder at the top), the training aids' heads under ``aids.``, REINFORCE's baseline under ``reinforce.``, and a
+    ViT trunk's blocks without the wrapper that took their output's first element."""
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith(("encoder.", "decoder.")):
+            key = f"model.{key}"
+        elif key.startswith(("concept_head.", "object_head.", "object_colour_head.")):
+            key = f"aids.{key}"
+        elif key == "reward_baseline":
+            key = "reinforce.baseline"
+        key = re.sub(r"^(model\.encoder\.trunk\.\d+)\.block\.", r"\1.", key)
+        renamed[key] = value
+    return renamed
+
+
+def without_initial_weights(kind: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """``hparams`` with the initial-weight options (``INITIAL_WEIGHTS``) cleared: None, or False for a flag."""
+    cleared = {key: dict(value) if isinstance(value, Mapping) else value for key, value in hparams.items()}
+    for target in INITIAL_WEIGHTS.get(kind, ()):
+        group, _, name = target.rpartition(".")
+        holder = cleared.get(group) if group else cleared
+        if isinstance(holder, dict) and name in holder:
+            holder[name] = False if isinstance(holder[name], bool) else None
+    return cleared
+
+
 def upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """Bring a checkpoint written by an earlier vision-attn to today's names, in place: captioner weights under
-    ``model.`` (they were at the top level before the LightningModule held a ``Captioner``), and the decoder's
-    ``attention`` argument as ``attention_mode``."""
-    if checkpoint.get(KIND_KEY) != CAPTIONER:
-        return checkpoint
+    """Bring a checkpoint written by an earlier vision-attn to today's form, in place :
+    hyper-parameters in option groups (``LEGACY_NAMES``), and the weights under today's names. A checkpoint already in
+    today's form is left as it is."""
+    kind = checkpoint.get(KIND_KEY)
     state = checkpoint.get("state_dict")
-    if isinstance(state, dict) and any(key.startswith(("encoder.", "decoder.")) for key in state):
-        checkpoint["state_dict"] = {f"model.{key}" if key.startswith(("encoder.", "decoder.")) else key: value
-                                    for key, value in state.items()}
+    if kind == CAPTIONER and isinstance(state, dict):
+        checkpoint["state_dict"] = upgrade_state_dict(state)
     hparams = checkpoint.get("hyper_parameters")
-    if isinstance(hparams, dict) and "attention" in hparams:
-        hparams["attention_mode"] = hparams.pop("attention")
+    if isinstance(hparams, Mapping) and kind is not None:
+        checkpoint["hyper_parameters"] = upgrade_hyper_parameters(kind, hparams)
     return checkpoint
+
+
+def hyper_parameters(loaded: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyper-parameters of a loaded vision-attn checkpoint, in today's groups ({} when it has none)."""
+    hparams = loaded.get("hyper_parameters")
+    if not isinstance(hparams, Mapping):
+        return {}
+    return dict(upgrade({KIND_KEY: loaded.get(KIND_KEY), "hyper_parameters": dict(hparams)})["hyper_parameters"])
 
 
 class SavedModel(NamedTuple):
@@ -151,38 +252,28 @@ class SavedModel(NamedTuple):
 
 def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
                           loaded: Mapping[str, Any] | None = None) -> SavedModel:
-    """The hyper-parameters and the weights (without the LightningModule's ``model.`` prefix) of a checkpoint
-    written by ``vision-attn fit``, refusing one of the other model family by name.
+    """The hyper-parameters (in today's groups) and the weights (without the LightningModule's ``model.`` prefix)
+    of a checkpoint written by ``vision-attn fit``, refusing one of the other model family by name.
 
-    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice. Initial-weight
-    options (``INITIAL_WEIGHT_OPTIONS``) are dropped: the checkpoint's own weights replace them.
+    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice. The options that
+    say where a fit's first weights come from are cleared: the checkpoint's own weights replace them.
     """
     loaded = upgrade(dict(load_file(path) if loaded is None else loaded))
     require_kind(loaded.get(KIND_KEY), kind, source=path)
     if not isinstance(loaded.get("state_dict"), Mapping) or not isinstance(loaded.get("hyper_parameters"), Mapping):
         raise CheckpointError(f"{path}: not a vision-attn checkpoint (no state_dict and hyper_parameters)")
-    hparams = {k: v for k, v in loaded["hyper_parameters"].items()
-               if not k.startswith("_") and k not in INITIAL_WEIGHT_OPTIONS}
+    hparams = without_initial_weights(kind, loaded["hyper_parameters"])
     state = {k.removeprefix("model."): v for k, v in loaded["state_dict"].items() if k.startswith("model.")}
     return SavedModel(hparams, state)
 
 
-def constructor_args(cls: type, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``hparams`` that ``cls``'s constructor takes (a task's hyper-parameters hold more)."""
-    accepted = inspect.signature(cls).parameters
-    return {key: value for key, value in hparams.items() if key in accepted}
-
-
-def build_model(cls: type[torch.nn.Module], checkpoint: SavedModel, *, source: str | os.PathLike) -> Any:
-    """``cls`` built from the checkpoint's hyper-parameters that its constructor takes, with its weights."""
+def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], *, source: str | os.PathLike) -> Any:
+    """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when the weights do not fit."""
     try:
-        model = cls(**constructor_args(cls, checkpoint.hparams))
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{source}: its hyper-parameters do not fit {cls.__name__} ({error})") from None
-    try:
-        model.load_state_dict(checkpoint.state_dict)
+        model.load_state_dict(state)
     except RuntimeError as error:
-        raise CheckpointError(f"{source}: weights do not fit {cls.__name__} ({str(error).splitlines()[0]})") from None
+        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} "
+                              f"({str(error).splitlines()[0]})") from None
     return model
 
 

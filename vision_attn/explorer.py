@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from PIL import Image
 
+from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.evaluation import caption_files
-from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
 from vision_attn.data.coco import read_objects
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, open_image, readable_batches
@@ -123,7 +123,7 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
     top_k = max(1, min(top_k, len(classifier.class_names)))
     for chunk, batch in readable_batches(inputs, lambda item: classifier.preprocess(item[1]), batch_size=16,
                                          on_bad_image=on_bad_image, bad_images=bad_images):
-        logits, attentions = model(batch.to(classifier.device), return_attention=True)
+        logits, attentions = model.forward_with_attention(batch.to(classifier.device))
         probabilities, classes = logits.softmax(dim=-1).topk(top_k, dim=-1)
         for row, (image_id, path) in enumerate(chunk):
             number = len(index)

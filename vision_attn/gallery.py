@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from PIL import Image
 
+from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.evaluation import caption_files
-from vision_attn.captioning.model import Captioner
 from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError

@@ -1,9 +1,11 @@
-"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, atomic
-checkpoint writes, a ``last.ckpt`` that holds the final weights, a progress bar redrawn at most 5 times a second,
-no second validation past ``max_time``, and a check of ``--ckpt_path`` before Lightning reads it. Only public
-LightningCLI hooks are overridden (``parse_arguments``, ``add_arguments_to_parser``, ``instantiate_trainer``);
-the paced bar overrides ``TQDMProgressBar._should_update`` (Lightning 2.6), the one private method used, which
-its test calls directly.
+"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, the option
+groups' docs in ``--help``, atomic checkpoint writes, a ``last.ckpt`` that holds the final weights, a progress bar
+redrawn at most 5 times a second, and ``--ckpt_path`` checked and read safely.
+
+LightningCLI's public hooks are overridden (``parse_arguments``, ``add_arguments_to_parser``,
+``instantiate_trainer``), and two private methods of Lightning 2.6, each with a test: ``_parse_ckpt_path``, which
+reads a checkpoint's hyper-parameters into the model's config (here weights-only, upgraded to today's groups, and
+without the options that only matter when a fit starts), and ``TQDMProgressBar._should_update`` (the paced bar).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonargparse
 import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
@@ -25,22 +28,21 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind
+from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind, upgrade, without_initial_weights
 from vision_attn.io import replace_atomically
-from vision_attn.task import budget_timer
+
+# A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
 LINKED_FROM_DATA = {
+    "image_format": "image",
     "num_classes": "num_classes",
     "class_names": "class_names",
-    "in_chans": "in_chans",
-    "mean": "mean",
-    "std": "std",
-    "image_size": "image_size",
+    "colour_names": "colour_names",
     "vocab_tokens": "vocabulary",
-    "object_classes": "object_classes",
-    "object_colours": "object_colours",
+    "object_names": "objects",
 }
 NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 arithmetic
@@ -136,41 +138,6 @@ class FinalWeightsInLast(L.Callback):
                 trainer.save_checkpoint(callback.last_model_path)
 
 
-class StopAtTheLastValidation(L.Callback):
-    """A fit under ``max_time`` stops at a validation that leaves less time than it took, when that is also under
-    ``tail`` of the budget.
-
-    Lightning's Timer stops a fit at the first batch past ``max_time``, and Lightning validates at such a stop.
-    So when a validation (an epoch's end, say) ends just short of ``max_time``, the fit trained a few more
-    steps and then validated again, ending past ``max_time`` by a whole validation, for weights a few steps
-    on (the Fashion scenes captioner on the stand-in for the slower machine: steps 1,249 and 1,250 validated
-    ~21 s apart, the fit ending ~40 s past its 9.5 minutes). Stopping at the first of the two gives up less
-    training than one validation's time, and only in the budget's last ``tail`` (5%), where a cosine that
-    follows ``max_time`` has its rate under 1% of the peak. A validation that is a large part of a short budget
-    does not stop the fit early, and one that ends past ``max_time`` is left to Lightning (one more step, the
-    Timer's stop, a validation): a phase that the budget's clock starts, such as the captioner's self-critical
-    training, then still gets its step on a loaded machine."""
-
-    def __init__(self, tail: float = 0.05) -> None:
-        self.tail = tail
-        self._started: float | None = None
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._started = time.monotonic()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or self._started is None or trainer.state.fn != "fit":
-            return
-        took, self._started = time.monotonic() - self._started, None
-        timer = budget_timer(trainer)
-        if timer is None:  # no max_time (the same on every rank)
-            return
-        remaining = timer.time_remaining("train")
-        budget = remaining + timer.time_elapsed("train")
-        stop = 0 < remaining < min(took, self.tail * budget)  # past max_time, Lightning's own stop is next
-        trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
-
-
 def model_kind(class_path: str) -> str | None:
     """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
     module_name, _, class_name = class_path.rpartition(".")
@@ -231,6 +198,22 @@ class VisionAttnCLI(LightningCLI):
             if wanted:
                 require_kind(found, wanted, source=ckpt_path, training=True)
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's own (2.6) puts the checkpoint's hyper-parameters into the model's config, read with
+        ``torch.load``; here they are read weights-only (``checkpoint.load_file``), brought to today's groups
+        (a checkpoint written before them still tests), and the options that say where a fit's first weights come
+        from are cleared: the checkpoint's weights replace them, so it runs on any machine with only the data."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        loaded = upgrade(load_file(ckpt_path))
+        hparams = loaded.get("hyper_parameters") or {}
+        if hparams:
+            hparams = without_initial_weights(loaded.get(KIND_KEY), hparams)
+            model = {"class_path": self.config[subcommand]["model"]["class_path"], "init_args": hparams}
+            self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The configured Trainer, whose checkpoints are read safely and written atomically by ``SafeCheckpointIO``
         (added to the config's plugins unless they hold a CheckpointIO of their own)."""
@@ -246,8 +229,6 @@ class VisionAttnCLI(LightningCLI):
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()  # Lightning's default bar
         if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
             trainer.callbacks.append(FinalWeightsInLast())
-        if budget_timer(trainer) is not None:
-            trainer.callbacks.append(StopAtTheLastValidation())
         warning = bf16_warning(trainer.precision, isinstance(trainer.accelerator, CPUAccelerator), cpu_flags())
         if warning:
             rank_zero_warn(warning)
@@ -279,27 +260,26 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
 def cache_features(args: Sequence[str]) -> None:
     """``vision-attn cache-features --config C [overrides]``: fill the feature cache of every split ahead of
-    ``fit``, as ``fit`` would (the model's ``feature_cache`` folder, its frozen encoder part), printing the disk
-    size first and a progress bar per split. One process; ``fit`` under DDP fills in parallel instead."""
+    ``fit``, as ``fit`` would (the DataModule's ``feature_cache``, the model's frozen encoder part), printing the
+    disk size first and a progress bar per split. One process; ``fit`` under DDP fills in parallel instead."""
     cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                         subclass_mode_data=True, args=list(args), run=False, auto_configure_optimizers=False,
                         save_config_callback=None)
     model, datamodule = cli.model, cli.datamodule
-    root = getattr(model, "hparams", {}).get("feature_cache")
-    if not root:
-        raise ValueError("cache-features: the config sets no model.init_args.feature_cache folder (and a "
-                         "frozen encoder, trainable_stages); nothing to cache")
-    from vision_attn.captioning.module import feature_caches, fill_feature_caches
-
-    caches = feature_caches(model.model, datamodule, ("train", "val", "test"), root,
-                            shard_size=model.hparams.get("feature_cache_shard_size", 256))
+    options = getattr(datamodule, "feature_cache", None)
+    if options is None or not options.folder:
+        raise ValueError("cache-features: the config sets no data.init_args.feature_cache.folder (and the model no "
+                         "frozen encoder, encoder.trainable_stages); nothing to cache")
+    part = getattr(model, "frozen_encoder_part", lambda: None)()
+    if part is None:
+        raise ValueError("feature_cache needs a frozen encoder, whose output never changes: set the model's "
+                         "encoder.trainable_stages to 0 (all frozen) or to fewer stages than the trunk has")
+    caches = datamodule.feature_caches(part, ("train", "val", "test"))
     total = sum(cache.total_bytes for cache in caches.values())
     first = next(iter(caches.values()))
     print(f"feature cache: {sum(c.count for c in caches.values())} images x {first.bytes_per_image / 1000:.1f} KB = "
-          f"{total / 1e6:.1f} MB under {root} ({sum(len(c.missing()) for c in caches.values())} of "
+          f"{total / 1e6:.1f} MB under {options.folder} ({sum(len(c.missing()) for c in caches.values())} of "
           f"{sum(c.num_shards for c in caches.values())} shards to fill)", flush=True)
-    device = cli.trainer.strategy.root_device
-    model.to(device)
-    fill_feature_caches(model.model, datamodule, caches, device=device)
+    datamodule.fill_feature_caches(part, caches, device=cli.trainer.strategy.root_device)
     for role, cache in caches.items():
         print(f"{role}: {cache.count} images in {cache.folder}")

@@ -1,2 +1,3 @@
-"""Show, Attend and Tell: annotation encoder, attention decoder, beam search, losses, the whole ``Captioner``,
-its evaluation, and the LightningModule (``vision_attn.captioning.module.ShowAttendTell``)."""
+"""Show, Attend and Tell without Lightning: the option groups, annotation encoder, attention decoder, beam search,
+the whole ``Captioner``, its objectives (likelihood, REINFORCE, self-critical, the training aids) and its
+evaluation. The LightningModule is ``vision_attn.tasks.CaptionerTask``."""

@@ -15,12 +15,13 @@ the deep output and the vocabulary projection run once over all steps after the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from vision_attn.attention import ATTENTION_SCORES, annotation_attention
+from vision_attn.attention import annotation_attention
+from vision_attn.captioning.options import DecoderOptions
 
 
 @dataclass
@@ -83,62 +84,38 @@ class DecoderStep(NamedTuple):
     heads: Tensor | None = None
 
 
-AttentionMode = Literal["soft", "hard"]
-
-
 class AttentionDecoder(nn.Module):
-    def __init__(
-        self,
-        *,
-        vocab_size: int,
-        annotation_dim: int,
-        embed_dim: int = 512,
-        hidden_dim: int = 512,
-        attention_dim: int = 512,
-        dropout: float = 0.5,
-        attention_mode: AttentionMode = "soft",
-        hard_expectation_prob: float = 0.5,
-        initial_gate: float = 0.5,
-        coverage: bool = False,
-        attend_with_word: bool = False,
-        word_counts: bool = False,
-        attention_score: str = "additive",
-        attention_heads: int = 4,
-        word_count_context: bool = False,
-    ) -> None:
+    """The decoder of ``options`` (``DecoderOptions``) over annotation vectors of ``annotation_dim`` dimensions,
+    speaking a vocabulary of ``vocab_size`` words."""
+
+    def __init__(self, *, vocab_size: int, annotation_dim: int, options: DecoderOptions | None = None) -> None:
         super().__init__()
-        if word_count_context and not word_counts:
-            raise ValueError("word_count_context reads ρ from the state for the word counts: set word_counts: true")
-        if attention_score not in ATTENTION_SCORES:
-            raise ValueError(f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, got {attention_score!r}")
-        if not 0.0 < initial_gate < 1.0:
-            raise ValueError(f"initial_gate is the starting β and must be strictly between 0 and 1, got {initial_gate}")
-        if attention_mode not in ("soft", "hard"):
-            raise ValueError(f"attention_mode must be 'soft' or 'hard', got {attention_mode!r}")
-        self.attention_mode = attention_mode
-        self.hard_expectation_prob = hard_expectation_prob
-        self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
+        self.options = options = DecoderOptions.coerce(options)
+        self.attention_mode = options.attention_mode
+        self.hard_expectation_prob = options.hard_expectation_prob
+        self.embedding = nn.Embedding(vocab_size, options.embed_dim)  # E
         # e_ti = f_att(a_i, h_{t-1}): the paper's additive score, or a product score (attention.py)
-        self.attention = annotation_attention(attention_score, annotation_dim, hidden_dim, attention_dim,
-                                              heads=attention_heads, coverage=coverage,
-                                              word_dim=embed_dim if attend_with_word else 0)
-        self.gate = nn.Linear(hidden_dim, 1)  # w_β
+        self.attention = annotation_attention(options.attention_score, annotation_dim, options.hidden_dim,
+                                              options.attention_dim, heads=options.attention_heads,
+                                              coverage=options.coverage,
+                                              word_dim=options.embed_dim if options.attend_with_word else 0)
+        self.gate = nn.Linear(options.hidden_dim, 1)  # w_β
         # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
-        nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(initial_gate)).item())
-        self.init_hidden = nn.Linear(annotation_dim, hidden_dim)  # f_init,h
-        self.init_cell = nn.Linear(annotation_dim, hidden_dim)  # f_init,c
-        self.lstm = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)
-        self.output_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
-        self.output_context = nn.Linear(annotation_dim, embed_dim)  # L_z
-        self.output_dropout = nn.Dropout(dropout)
-        self.output_words = nn.Linear(embed_dim, vocab_size)  # L_o
+        nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(options.initial_gate)).item())
+        self.init_hidden = nn.Linear(annotation_dim, options.hidden_dim)  # f_init,h
+        self.init_cell = nn.Linear(annotation_dim, options.hidden_dim)  # f_init,c
+        self.lstm = nn.LSTMCell(options.embed_dim + annotation_dim, options.hidden_dim)
+        self.output_hidden = nn.Linear(options.hidden_dim, options.embed_dim)  # L_h
+        self.output_context = nn.Linear(annotation_dim, options.embed_dim)  # L_z
+        self.output_dropout = nn.Dropout(options.dropout)
+        self.output_words = nn.Linear(options.embed_dim, vocab_size)  # L_o
         # ρ: what each word's having been said already adds to its score (0 at the start: the paper's output)
-        self.repeat_weight = nn.Parameter(torch.zeros(vocab_size)) if word_counts else None
+        self.repeat_weight = nn.Parameter(torch.zeros(vocab_size)) if options.word_counts else None
         # ρ_t = ρ + U h_t with word_count_context: whether a word may be said again depends on where the sentence
         # is ("the red coat" may name the coat again, "and a red coat" may not); U = 0 at the start: ρ_t = ρ
         self.repeat_context = None
-        if word_count_context:
-            self.repeat_context = nn.Linear(hidden_dim, vocab_size)
+        if options.word_count_context:
+            self.repeat_context = nn.Linear(options.hidden_dim, vocab_size)
             nn.init.zeros_(self.repeat_context.weight)
             nn.init.zeros_(self.repeat_context.bias)
 

@@ -1,6 +1,6 @@
 """Captioner evaluation in one place: decode → SPEC §4 records → gather across ranks → score → write.
 
-``ShowAttendTell``'s validation and test hooks, and the ``caption`` command, all go through here, so a
+``CaptionerTask``'s validation and test hooks, and the ``caption`` command, all go through here, so a
 caption scored in ``vision-attn test`` and one written by ``vision-attn caption`` are made the same way.
 Nothing here needs Lightning: the ranks are gathered with ``torch.distributed`` when it is initialised.
 """
@@ -19,7 +19,7 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.captioning.beam_search import Hypothesis
-from vision_attn.captioning.model import Captioner
+from vision_attn.captioning.captioner import Captioner
 from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, load_coco, read_coco_captions, read_objects
 from vision_attn.data.images import (
     BadImageCounter,
@@ -30,20 +30,22 @@ from vision_attn.data.images import (
     readable_batches,
     to_pil,
 )
-from vision_attn.data.vocabulary import Vocabulary, tokenize, word_ids
+from vision_attn.data.vocabulary import tokenize
 from vision_attn.errors import Interrupted
 from vision_attn.io import input_file, output_file, write_json_atomically
-from vision_attn.metrics import CiderD, caption_scores, deduplicate, pointing_scores, scene_scores
+from vision_attn.metrics import caption_scores, deduplicate, pointing_scores, scene_scores
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, record_problem, write_results
 
 
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
-                  file_names: Sequence[str] | None = None, all_beams: bool = False) -> list[dict[str, Any]]:
-    """SPEC §4 records of a batch of normalised images (B, 3, S, S), one per image, in order; with
-    ``all_beams`` each also lists every beam of its search, best first, under ``beams`` (``beam_entry``)."""
-    decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams)
-    size = (images.shape[-2], images.shape[-1])
+                  file_names: Sequence[str] | None = None, all_beams: bool = False,
+                  features: bool = False) -> list[dict[str, Any]]:
+    """SPEC §4 records of a batch of normalised images (B, 3, S, S) (or, with ``features``, the encoder's frozen
+    part's output), one per image, in order; with ``all_beams`` each also lists every beam of its search, best
+    first, under ``beams`` (``beam_entry``)."""
+    decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams, features=features)
+    size = (captioner.image_size, captioner.image_size) if features else (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
     records = [caption_record(image_id, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas,
                               grid=decoded.grid, image_size=size, file_name=name, head_alphas=hypothesis.head_alphas)
@@ -142,7 +144,8 @@ class EvaluationRecords:
 
     def add(self, captioner: Captioner, batch: EvalCaptionBatch) -> list[dict[str, Any]]:
         """Decode a batch and keep its records (returned too, for the overlay of the first batch)."""
-        records = caption_batch(captioner, batch.images, batch.image_ids, file_names=list(batch.file_names) or None)
+        records = caption_batch(captioner, batch.images, batch.image_ids, file_names=list(batch.file_names) or None,
+                                features=batch.features)
         for record, references, objects in zip(records, batch.references, batch.objects, strict=True):
             record.update(references=list(references), objects=objects)
         self.records += records
@@ -179,13 +182,6 @@ def caption_figures(images: Tensor, records: Sequence[dict[str, Any]], mean: Seq
     return [(f"val_overlay/{index}", caption_overlay(to_pil(denormalize(image, list(mean), list(std))), record,
                                                      panel_size=128, columns=6))
             for index, (image, record) in enumerate(zip(images, records, strict=False))]
-
-
-def reference_reward(references: Sequence[Sequence[str]], vocab: Vocabulary, max_length: int) -> CiderD:
-    """The self-critical reward: CIDEr-D whose document frequencies are those of ``references`` (every training
-    image's captions), on word ids as the decoder emits them (at most ``max_length`` words)."""
-    return CiderD([[word_ids(vocab.encode(tokenize(caption), max_length)) for caption in captions]
-                   for captions in references])
 
 
 def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike, *,

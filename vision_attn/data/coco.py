@@ -78,16 +78,16 @@ class EvalCaptionItem(NamedTuple):
 
 
 class CaptionBatch(NamedTuple):
-    """A training batch: images (B, 3, H, W) (or, read from a feature cache, what the frozen encoder made of
-    them, fp16), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,)
-    counting <start> and <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to
-    image n (N = B)."""
+    """A training batch: images (B, 3, H, W) (or, with ``features``, what the frozen encoder part made of them,
+    read from a feature cache), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,) counting <start> and
+    <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to image n (N = B)."""
 
     images: Tensor
     captions: Tensor
     lengths: Tensor
     caption_images: Tensor | None = None
     objects: Tensor | None = None  # (B, K, 6) object targets of each image, rows of class −1 pad (ObjectTargets)
+    features: bool = False  # ``images`` are cached encoder features (fp16), not pixels (uint8)
 
     def word_ids_per_image(self) -> list[list[list[int]]]:
         """Each image's captions as word ids (no <start>, <end>, <pad>): its references, in a grouped batch."""
@@ -99,14 +99,15 @@ class CaptionBatch(NamedTuple):
 
 
 class EvalCaptionBatch(NamedTuple):
-    """A validation/test batch, one entry per image: images (B, 3, H, W), ids, raw reference captions, and
-    each image's objects (None without an instances file), and each image's file."""
+    """A validation/test batch, one entry per image: images (B, 3, H, W) (or, with ``features``, cached encoder
+    features), ids, raw reference captions, each image's objects (None without an instances file), and its file."""
 
     images: Tensor
     image_ids: list[int | str]
     references: list[list[str]]
     objects: list[list[SceneObject] | None]
     file_names: tuple[str, ...] = ()
+    features: bool = False
 
 
 def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
@@ -375,10 +376,17 @@ def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
         lengths = torch.cat(lengths)  # (N,)
         captions = torch.cat(captions)[:, : int(lengths.max())].long()  # (N, T)
         caption_images = torch.repeat_interleave(torch.arange(len(images)), counts)  # (N,)
-        return CaptionBatch(torch.stack(images), captions, lengths, caption_images, objects)
+        return CaptionBatch(torch.stack(images), captions, lengths, caption_images, objects,
+                            features=is_features(images[0]))
     lengths = torch.stack(lengths)  # (B,)
     captions = torch.stack(captions)[:, : int(lengths.max())].long()  # (B, T)
-    return CaptionBatch(torch.stack(images), captions, lengths, objects=objects)
+    return CaptionBatch(torch.stack(images), captions, lengths, objects=objects, features=is_features(images[0]))
+
+
+def is_features(item: Tensor) -> bool:
+    """Whether a dataset item is cached encoder features (a feature cache stores fp16) rather than an image's
+    pixels (uint8)."""
+    return item.dtype != torch.uint8
 
 
 def pad_objects(objects: Sequence[Tensor]) -> Tensor:
@@ -395,4 +403,5 @@ def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch 
     if not items:
         return None
     images, image_ids, references, objects, file_names = zip(*items, strict=True)
-    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names)
+    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names,
+                            features=is_features(images[0]))

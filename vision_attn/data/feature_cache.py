@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 DTYPE = np.float16
@@ -188,3 +191,62 @@ def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+class FrozenPart(NamedTuple):
+    """What a model lends the feature cache: the part of its encoder whose output never changes in training (frozen,
+    run in eval mode without gradient), and what names it besides its weights (its backbone, how many stages)."""
+
+    module: nn.Module
+    description: dict[str, Any]
+
+
+def split_caches(part: FrozenPart, paths: Mapping[str, Sequence[Path]], root: str | os.PathLike, *,
+                 image_size: int, mean: Sequence[float], std: Sequence[float],
+                 shard_size: int = 256) -> dict[str, FeatureCache]:
+    """The feature cache of each split's images (``paths``, by role) under ``part``: keyed by its weights and
+    description, the image size, normalisation and resizing, and the image files themselves. The part's output
+    shape and weights digest are computed once for all the splits."""
+    module = part.module.eval()  # frozen: in eval mode (BatchNorm keeps its statistics)
+    device = next(module.parameters()).device
+    with torch.no_grad():
+        shape = tuple(module(torch.zeros(1, 3, image_size, image_size, device=device)).shape[1:])
+    key = {**part.description, "weights": tensors_digest(sorted(module.state_dict().items())),
+           "image_size": image_size, "resize": "squashed to the square, bicubic", "mean": list(mean),
+           "std": list(std), "pooled_to": list(shape[-2:])}
+    return {role: FeatureCache(root, {**key, "images": images_digest(split)}, len(split), shape,
+                               shard_size=shard_size) for role, split in paths.items()}
+
+
+def fill_caches(part: FrozenPart, caches: Mapping[str, FeatureCache], *,
+                load: Callable[[str, int], Tensor | None], normalize: Callable[[Tensor], Tensor], batch_size: int,
+                rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
+                barrier: Callable[[], None] | None = None, progress: bool = True) -> None:
+    """Fill this rank's share of each cache in ``caches`` on ``device``: ``load(role, index)`` reads an image
+    (uint8, or None when unreadable and skipped), ``normalize`` scales a batch of them. Every cache is complete
+    on return (``barrier`` waits for the other ranks' shards)."""
+    from tqdm.auto import tqdm
+
+    module = part.module  # frozen: it stays in eval mode (BatchNorm keeps its statistics)
+    home = next(module.parameters()).device
+    module.to(device).eval()
+    for role, cache in caches.items():
+        todo = cache.missing(rank, world_size)
+        if todo and progress:
+            log.info("feature cache of the %s split (%d images, %.1f MB in all, %d KB per image): %s", role,
+                     cache.count, cache.total_bytes / 1e6, cache.bytes_per_image // 1000, cache.folder)
+        bar = tqdm(total=sum(len(cache.shard_rows(shard)) for shard in todo), desc=f"caching {role} features",
+                   disable=not (todo and progress), unit="img")
+        with torch.no_grad():
+            encoded = cache.fill(lambda index, role=role: load(role, index),
+                                 lambda images: module(normalize(images.to(device))), batch_size=batch_size,
+                                 rank=rank, world_size=world_size, progress=bar.update)
+        bar.close()
+        if todo:
+            log.info("rank %d of %d filled %d shards (%d images) of the %s feature cache", rank, world_size,
+                     len(todo), encoded, role)
+        if barrier is not None:
+            barrier()  # every rank's shards are in place
+        if not cache.complete:
+            raise RuntimeError(f"{cache.folder}: shards {cache.missing()[:5]} are still missing after the fill")
+    module.to(home)

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vision_attn.data.images import BadImageCounter, OnBadImage, normalize
+from vision_attn.option_groups import ImageFormat, Loader
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +64,26 @@ class ShardedEvalSampler(DistributedSampler):
 class SplitDataModule(L.LightningDataModule):
     """Loaders that differ only in the split and whether it trains; subclasses define ``_loader``.
 
-    Subclasses set ``train_set``/``val_set``/``test_set`` in ``setup`` and ``mean``/``std`` per channel.
+    Subclasses set ``loader`` (``option_groups.Loader``), ``train_set``/``val_set``/``test_set`` in ``setup``, and
+    the images' ``image_size``, ``in_chans`` and ``mean``/``std`` per channel, which ``image_format`` gives the
+    CLI to link into the model.
     """
 
     train_set: Dataset | None = None
     val_set: Dataset | None = None
     test_set: Dataset | None = None
+    loader: Loader
+    image_size: int
+    in_chans: int
     mean: list[float]
     std: list[float]
-    batch_size: int
-    eval_batch_size: int
-    num_workers: int
     on_bad_image: OnBadImage = "error"
     bad_images: BadImageCounter | None = None
+
+    @property
+    def image_format(self) -> ImageFormat:
+        """How this data's images reach the model: their size, channels and normalisation."""
+        return ImageFormat(size=self.image_size, channels=self.in_chans, mean=list(self.mean), std=list(self.std))
 
     def set_bad_image_policy(self, policy: OnBadImage) -> None:
         """"skip": unreadable images are left out, each with a warning, and counted; "error": they stop the run."""
@@ -107,15 +115,16 @@ class SplitDataModule(L.LightningDataModule):
     _batches_this_epoch: int = 0
     _train_batch_size: int = 1
 
-    def _make_loader(self, dataset: Dataset | None, *, train: bool, collate_fn: Callable, drop_last: bool = False,
-                     pin_memory: bool = False) -> DataLoader:
-        """The DataLoader of a split, with ``batch_size`` (``eval_batch_size`` when not training) and ``num_workers``
-        from the subclass's options. Training shuffles with a ``ResumableRandomSampler`` seeded from the run's
-        seed (``seed_everything``), and the loader has its own generator, so creating it consumes nothing of
-        the global random stream: both are what makes a resumed run bitwise equal to an uninterrupted one."""
+    def _make_loader(self, dataset: Dataset | None, *, train: bool, collate_fn: Callable,
+                     drop_last: bool = False) -> DataLoader:
+        """The DataLoader of a split, as ``loader`` says (its ``eval_batch_size`` when not training). Training
+        shuffles with a ``ResumableRandomSampler`` seeded from the run's seed (``seed_everything``), and the loader
+        has its own generator, so creating it consumes nothing of the global random stream: both are what makes a
+        resumed run bitwise equal to an uninterrupted one."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
-        batch_size, num_workers = (self.batch_size if train else self.eval_batch_size), self.num_workers
+        batch_size = self.loader.batch_size if train else self.loader.eval_size
+        num_workers = self.loader.num_workers
         sampler: Sampler[int] | None = None
         if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             sampler = ShardedEvalSampler(dataset)
@@ -134,7 +143,7 @@ class SplitDataModule(L.LightningDataModule):
             drop_last=drop_last,
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
-            pin_memory=pin_memory,
+            pin_memory=self.loader.pin_memory,
             collate_fn=collate_fn,
             generator=torch.Generator().manual_seed(self._shuffle_seed or 0),
         )

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vision_attn.captioning.options import ObjectNames
 from vision_attn.data.coco import (
-    ROLES,
     CaptionBatch,
     CaptionedImage,
     CaptionEvalDataset,
@@ -26,106 +27,74 @@ from vision_attn.data.coco import (
     ObjectTargets,
     collate_captions,
     collate_references,
+    load_caption_image,
     read_coco_captions,
     read_karpathy,
     read_object_targets,
     read_objects,
 )
-from vision_attn.data.feature_cache import FeatureCache
-from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
+from vision_attn.data.feature_cache import FeatureCache, FrozenPart, fill_caches, split_caches
+from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.datamodules.options import (
+    CocoLayout,
+    FeatureCacheOptions,
+    SceneGeneration,
+    VocabularyOptions,
+)
 from vision_attn.errors import DatasetNotFoundError
+from vision_attn.io import output_folder
+from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
 
 
 class CocoCaptionsDataModule(SplitDataModule):
-    """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits.
+    """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits, where
+    ``layout`` says (under ``root``). Images are squashed to ``image_size`` squares and normalised with ``mean`` and
+    ``std`` (ImageNet's by default).
 
-    ``annotation_format="coco"`` reads ``root/captions_file_pattern`` with images in ``root/image_dir_pattern``
-    (``{split}`` is the split name). ``"karpathy"`` reads ``karpathy_file`` (default ``root/dataset_coco.json``)
-    with images under ``karpathy_image_root/<filepath>/<filename>`` (default root); its restval joins train.
-    ``generate_scenes=True`` writes the Fashion scenes into ``root`` first when they are not there, each split
-    in the style ``scenes_styles`` gives it (``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``; SPEC §3's
-    by default); scenes already there must have been drawn in that style.
-    ``max_caption_length`` caps the words of a training caption; the default 24 keeps every Fashion scene
-    caption whole (the longest has 23 words). ``group_captions`` makes a training item one image with all
-    its captions (``batch_size`` then counts images): every caption is still seen each epoch, and the
-    encoder runs once per image instead of once per caption. ``on_bad_image="skip"`` leaves unreadable
-    images out with a warning naming each, and the count is reported at the end of the epoch; "error" stops.
-    ``object_targets`` gives each training image its objects from the train split's instances file (their
-    category, their colour where an attributes file names it, and their box): ``object_classes`` and
-    ``object_colours`` then name what the model's object loss predicts (empty lists without it).
+    ``group_captions`` makes a training item one image with all its captions (the loader's ``batch_size`` then
+    counts images): every caption is still seen each epoch, and the encoder runs once per image instead of once
+    per caption. ``object_targets`` gives each training image its objects from the train split's instances file
+    (their category, their colour where an attributes file names it, and their box): ``object_names`` then name
+    what the model's object loss predicts (empty without it). ``scenes`` generates the Fashion scenes first,
+    ``feature_cache`` serves a frozen encoder part's cached output instead of the images.
     """
 
     def __init__(
         self,
         root: str = "data/fashion_scenes",
         *,
-        annotation_format: Literal["coco", "karpathy"] = "coco",
-        train_split: str = "train",
-        val_split: str = "val",
-        test_split: str = "test",
-        captions_file_pattern: str = "annotations/captions_{split}.json",
-        image_dir_pattern: str = "images/{split}",
-        instances_file_pattern: str = "annotations/instances_{split}.json",
-        attributes_file_pattern: str = "annotations/attributes_{split}.json",
-        karpathy_file: str | None = None,
-        karpathy_image_root: str | None = None,
+        layout: CocoLayout = CocoLayout(),
         image_size: int = 96,
-        min_word_count: int = 1,
-        max_caption_length: int = 24,
-        vocab_file: str | None = None,
-        batch_size: int = 64,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        vocabulary: VocabularyOptions = VocabularyOptions(),
+        loader: Loader = Loader(batch_size=64),
         group_captions: bool = False,
-        generate_scenes: bool = False,
-        scenes_counts: dict[str, int] | None = None,
-        scenes_seed: int = 0,
-        scenes_styles: dict[str, dict] | None = None,
         object_targets: bool = False,
-        on_bad_image: OnBadImage = "skip",
+        scenes: SceneGeneration = SceneGeneration(),
+        feature_cache: FeatureCacheOptions = FeatureCacheOptions(),
     ) -> None:
         super().__init__()
-        self.set_bad_image_policy(on_bad_image)
-        for name, value in (("image_size", image_size), ("min_word_count", min_word_count),
-                            ("max_caption_length", max_caption_length), ("batch_size", batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if annotation_format not in ("coco", "karpathy"):
-            raise ValueError(f"annotation_format must be 'coco' or 'karpathy', got {annotation_format!r}")
-        for name, pattern in (("captions_file_pattern", captions_file_pattern),
-                              ("image_dir_pattern", image_dir_pattern),
-                              ("instances_file_pattern", instances_file_pattern),
-                              ("attributes_file_pattern", attributes_file_pattern)):
-            try:
-                pattern.format(split="train")
-            except (KeyError, IndexError, ValueError):
-                raise ValueError(f"{name} '{pattern}' may only contain the placeholder {{split}}") from None
+        self.layout, self.loader = CocoLayout.coerce(layout), Loader.coerce(loader)
+        self.vocabulary_options, scenes = VocabularyOptions.coerce(vocabulary), SceneGeneration.coerce(scenes)
+        self.feature_cache = FeatureCacheOptions.coerce(feature_cache)
+        self.set_bad_image_policy(self.loader.on_bad_image)
+        if image_size < 1:
+            raise ValueError(f"image_size must be at least 1, got {image_size}")
         self.root = Path(root)
-        self.annotation_format = annotation_format
-        self.splits = {"train": train_split, "val": val_split, "test": test_split}
-        if annotation_format == "karpathy":
-            for role, split in self.splits.items():
-                if split not in ROLES:
-                    raise ValueError(f"{role}_split '{split}' is not a Karpathy split; use one of {list(ROLES)} "
-                                     "(restval is always part of train)")
-        self.captions_file_pattern = captions_file_pattern
-        self.image_dir_pattern = image_dir_pattern
-        self.instances_file_pattern = instances_file_pattern
-        self.attributes_file_pattern = attributes_file_pattern
-        self.karpathy_file = Path(karpathy_file) if karpathy_file else self.root / "dataset_coco.json"
-        self.karpathy_image_root = Path(karpathy_image_root) if karpathy_image_root else self.root
+        self.annotation_format = self.layout.annotation_format
+        self.splits = self.layout.splits
+        self.karpathy_file = Path(self.layout.karpathy_file) if self.layout.karpathy_file \
+            else self.root / "dataset_coco.json"
+        self.karpathy_image_root = Path(self.layout.karpathy_image_root or self.root)
         self.image_size = image_size
-        self.max_caption_length = max_caption_length
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
+        self.in_chans = 3
+        self.max_caption_length = self.vocabulary_options.max_caption_length
         self.group_captions = group_captions
         self.mean = list(mean) if mean is not None else list(IMAGENET_MEAN)
         self.std = list(std) if std is not None else list(IMAGENET_STD)
@@ -135,33 +104,44 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.train_set: CaptionTrainDataset | None = None
         self.val_set: CaptionEvalDataset | None = None
         self.test_set: CaptionEvalDataset | None = None
-        if generate_scenes:
-            self._generate_scenes(scenes_counts, scenes_seed, scenes_styles)
-        if vocab_file:
-            self.vocab = Vocabulary.from_json(vocab_file)
-        else:
-            train_captions = [caption for record in self.records("train") for caption in record.captions]
-            self.vocab = Vocabulary.build(train_captions, min_count=min_word_count)
-            if len(self.vocab) == len(SPECIALS):
-                raise ValueError(f"min_word_count {min_word_count} keeps no word of the {len(train_captions)} "
-                                 f"{train_split} captions: a captioner needs words; lower it")
-            log.info("vocabulary of %d tokens from the %s split (min count %d)", len(self.vocab), train_split,
-                     min_word_count)
+        if scenes.generate:
+            self._generate_scenes(scenes.counts, scenes.seed, scenes.styles)
+        self.vocab = self._vocabulary()
         self._objects: ObjectTargets | None = self._read_object_targets() if object_targets else None
         self.object_classes = list(self._objects.classes) if self._objects else []
         self.object_colours = list(self._objects.colours) if self._objects else []
 
+    def _vocabulary(self) -> Vocabulary:
+        """The vocabulary file's, or the training split's captions' words used at least ``min_word_count`` times."""
+        options = self.vocabulary_options
+        if options.vocab_file:
+            return Vocabulary.from_json(options.vocab_file)
+        train_captions = [caption for record in self.records("train") for caption in record.captions]
+        vocab = Vocabulary.build(train_captions, min_count=options.min_word_count)
+        if len(vocab) == len(SPECIALS):
+            raise ValueError(f"vocabulary.min_word_count {options.min_word_count} keeps no word of the "
+                             f"{len(train_captions)} {self.splits['train']} captions: a captioner needs words; "
+                             "lower it")
+        log.info("vocabulary of %d tokens from the %s split (min count %d)", len(vocab), self.splits["train"],
+                 options.min_word_count)
+        return vocab
+
+    @property
+    def object_names(self) -> ObjectNames:
+        """The classes and colours of the training objects (``object_targets``), for the CLI to link into the model."""
+        return ObjectNames(classes=list(self.object_classes), colours=list(self.object_colours))
+
     def _read_object_targets(self) -> ObjectTargets:
         """The training split's object targets, from its instances (and attributes) file."""
         if self.annotation_format != "coco":
-            raise ValueError("object_targets needs annotation_format 'coco' with an instances file for the train "
-                             "split (instances_file_pattern)")
+            raise ValueError("object_targets needs layout.annotation_format 'coco' with an instances file for the "
+                             "train split (layout.instances_file_pattern)")
         split = self.splits["train"]
-        instances = self.root / self.instances_file_pattern.format(split=split)
+        instances = self.root / self.layout.instances_file_pattern.format(split=split)
         if not instances.is_file():
             raise DatasetNotFoundError(f"{instances}: no instances file for the {split} split, which "
                                        "object_targets reads")
-        attributes = self.root / self.attributes_file_pattern.format(split=split)
+        attributes = self.root / self.layout.attributes_file_pattern.format(split=split)
         objects = read_object_targets(instances, attributes if attributes.is_file() else None)
         log.info("object targets of %d %s images: %d classes, %d colours", len(objects.per_image), split,
                  len(objects.classes), len(objects.colours))
@@ -181,18 +161,19 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.vocab.to_json(path)
 
     def captions_file(self, split: str) -> Path:
-        return self.root / self.captions_file_pattern.format(split=split)
+        return self.root / self.layout.captions_file_pattern.format(split=split)
 
     def image_dir(self, split: str) -> Path:
-        return self.root / self.image_dir_pattern.format(split=split)
+        return self.root / self.layout.image_dir_pattern.format(split=split)
 
     def _generate_scenes(self, counts: dict[str, int] | None, seed: int, styles: dict[str, dict] | None) -> None:
         if self.annotation_format != "coco":
-            raise ValueError("generate_scenes needs annotation_format 'coco' (the scenes are COCO-format files)")
+            raise ValueError("scenes.generate needs layout.annotation_format 'coco' (the scenes are COCO-format "
+                             "files)")
         styles = {split: SceneStyle.of(style) for split, style in (styles or {}).items()}
         unknown = set(styles) - set(SPLIT_CODES)
         if unknown:
-            raise ValueError(f"scenes_styles names split(s) {sorted(unknown)}; use {list(SPLIT_CODES)}")
+            raise ValueError(f"scenes.styles names split(s) {sorted(unknown)}; use {list(SPLIT_CODES)}")
         missing = [split for split in self.splits.values() if not self.captions_file(split).is_file()]
         if missing:
             log.info("no Fashion scenes in %s (missing %s): generating them", self.root,
@@ -218,8 +199,8 @@ class CocoCaptionsDataModule(SplitDataModule):
                 self._records.update(read_karpathy(self.karpathy_file, self.karpathy_image_root))
                 if not self._records[role]:
                     raise ValueError(f"{self.karpathy_file}: no images in the {role} split")
-            instances = self.root / self.instances_file_pattern.format(split=self.splits[role])
-            attributes = self.root / self.attributes_file_pattern.format(split=self.splits[role])
+            instances = self.root / self.layout.instances_file_pattern.format(split=self.splits[role])
+            attributes = self.root / self.layout.attributes_file_pattern.format(split=self.splits[role])
             if role != "train" and instances.is_file():
                 boxes = read_objects(instances, attributes if attributes.is_file() else None)
                 self._records[role] = [replace(record, objects=boxes.get(record.image_id, []))
@@ -238,6 +219,42 @@ class CocoCaptionsDataModule(SplitDataModule):
         if stage in (None, "test", "predict") and self.test_set is None:
             self.test_set = CaptionEvalDataset(self.records("test"), image_size=self.image_size,
                                                **self.bad_image_options)
+        if self.feature_cache.folder and self.trainer is not None:
+            self._serve_cached_features(stage)
+
+    def _serve_cached_features(self, stage: str | None) -> None:
+        """Fill the feature cache of each split this stage reads (train and val for fit), every rank its share on
+        its own device, and serve the cached features instead of the images from then on."""
+        trainer = self.trainer
+        part = getattr(trainer.lightning_module, "frozen_encoder_part", lambda: None)()
+        if part is None:
+            raise ValueError("feature_cache needs a frozen encoder, whose output never changes: set the model's "
+                             "encoder.trainable_stages to 0 (all frozen) or to fewer stages than the trunk has")
+        roles = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), None: ("train", "val", "test")}
+        caches = self.feature_caches(part, roles.get(stage, ()))
+        self.fill_feature_caches(part, caches, rank=trainer.global_rank, world_size=trainer.world_size,
+                                 device=trainer.strategy.root_device, barrier=trainer.strategy.barrier,
+                                 progress=trainer.is_global_zero)
+        for role, cache in caches.items():
+            self.use_feature_cache(role, cache)
+
+    def feature_caches(self, part: FrozenPart, roles: Sequence[str]) -> dict[str, FeatureCache]:
+        """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``)."""
+        output_folder(self.feature_cache.folder)  # not a file, not under one: refused before any work
+        return split_caches(part, {role: [record.path for record in self.records(role)] for role in roles},
+                            self.feature_cache.folder, image_size=self.image_size, mean=self.mean, std=self.std,
+                            shard_size=self.feature_cache.shard_size)
+
+    def fill_feature_caches(self, part: FrozenPart, caches: dict[str, FeatureCache], **where: Any) -> None:
+        """Fill (this rank's share of) ``caches`` from this DataModule's images (``data.feature_cache.fill_caches``;
+        ``where``: its rank, world size, device, barrier and progress)."""
+        policy = self.loader.on_bad_image
+
+        def load(role: str, index: int) -> Tensor | None:
+            path = self.records(role)[index].path
+            return load_or_skip(lambda: load_caption_image(path, self.image_size), policy, None)
+
+        fill_caches(part, caches, load=load, normalize=self.normalize, batch_size=self.loader.eval_size, **where)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
         # every caption (and every evaluation image) once per epoch: no batch is dropped
@@ -248,7 +265,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
         self.count_train_batch()
-        if batch.images.dtype != torch.uint8:  # features from a feature cache, not pixels
+        if batch.features:  # features from a feature cache, not pixels
             return batch
         return batch._replace(images=self.normalize(batch.images))
 

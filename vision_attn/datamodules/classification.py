@@ -28,43 +28,27 @@ from vision_attn.data.classification import (
     scan_split,
     split_train_val,
 )
-from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, OnBadImage
+from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.scene_items import SceneItemDataset, check_item_style
 from vision_attn.data.scenes import SceneStyle
 from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.datamodules.options import Augmentation, Canvas
 from vision_attn.errors import DatasetNotFoundError
+from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
 
 
 class ClassificationDataModule(SplitDataModule):
-    """Base for the image classification DataModules; subclasses fill the datasets and metadata."""
+    """Base for the image classification DataModules; subclasses fill the datasets and metadata. ``loader`` says
+    how splits are batched, ``augmentation`` what training batches go through."""
 
-    def __init__(
-        self,
-        *,
-        batch_size: int = 128,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        pad_crop: int = 0,
-        hflip: bool = False,
-        erase_prob: float = 0.0,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, *, loader: Loader = Loader(batch_size=128),
+                 augmentation: Augmentation = Augmentation()) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if pad_crop < 0:
-            raise ValueError(f"pad_crop must be 0 or more pixels, got {pad_crop}")
-        if not 0.0 <= erase_prob <= 1.0:
-            raise ValueError(f"erase_prob must be between 0 and 1, got {erase_prob}")
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.pad_crop = pad_crop
-        self.hflip = hflip
-        self.erase_prob = erase_prob
-        self.pin_memory = pin_memory
+        self.loader = Loader.coerce(loader)
+        self.augmentation = Augmentation.coerce(augmentation)
+        self.set_bad_image_policy(self.loader.on_bad_image)
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -79,10 +63,8 @@ class ClassificationDataModule(SplitDataModule):
         return len(self.class_names)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        return self._make_loader(
-            dataset, train=train, collate_fn=collate_readable, pin_memory=self.pin_memory,
-            drop_last=train and dataset is not None and len(dataset) > self.batch_size,  # type: ignore[arg-type]
-        )
+        drop_last = train and dataset is not None and len(dataset) > self.loader.batch_size  # type: ignore[arg-type]
+        return self._make_loader(dataset, train=train, collate_fn=collate_readable, drop_last=drop_last)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
                                 dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
@@ -96,12 +78,13 @@ class ClassificationDataModule(SplitDataModule):
 
     def augment(self, images: Tensor, *, erase: bool = True) -> Tensor:
         """A training batch (B, C, H, W) uint8 with the configured random shifts, flips and erasing."""
-        if self.pad_crop:
-            images = random_pad_crop(images, self.pad_crop)
-        if self.hflip:
+        options = self.augmentation
+        if options.pad_crop:
+            images = random_pad_crop(images, options.pad_crop)
+        if options.hflip:
             images = random_hflip(images)
-        if erase and self.erase_prob:
-            images = random_erase(images, self.erase_prob)
+        if erase and options.erase_prob:
+            images = random_erase(images, options.erase_prob)
         return images
 
 
@@ -112,8 +95,8 @@ class HeldOutValidationDataModule(ClassificationDataModule):
     """
 
     def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
-                 eval_batch_size: int | None = 1000, **loader_options: Any) -> None:
-        super().__init__(eval_batch_size=eval_batch_size, **loader_options)
+                 loader: Loader = Loader(batch_size=128, eval_batch_size=1000), **options: Any) -> None:
+        super().__init__(loader=loader, **options)
         self.root = root
         self.val_size = val_size
         self.split_seed = split_seed
@@ -158,7 +141,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
 
     Training items get a new place in every batch (drawn on the device, after the batch arrives; shifts and flips
     act on the item before it is placed), and training batches are ``(images, labels, boxes)`` with each item's
-    place, (B, 4) [x, y, w, h] in pixels, for ``ViTClassifier``'s ``attention_grounding``. With ``train_window``
+    place, (B, 4) [x, y, w, h] in pixels, for ``ViTTask``'s ``training.attention_grounding``. With ``train_window``
     a training image is only a ``train_window`` square of its canvas around the item, at a random place whose
     corner is a multiple of ``window_step`` (set it to the ViT's patch size), and the batch also says where:
     ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window. The ViT then
@@ -172,27 +155,14 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     ``FashionMNISTDataModule``.
     """
 
-    def __init__(self, root: str = "data/fashion_mnist", *, canvas_size: int = 56, seed: int = 0,
-                 train_window: int | None = None, window_step: int = 8, background_noise: int = 0,
-                 **options: Any) -> None:
+    def __init__(self, root: str = "data/fashion_mnist", *, canvas: Canvas = Canvas(), **options: Any) -> None:
         super().__init__(root, **options)
-        item = fashion_mnist.ITEM_SIZE
-        if not 0 <= background_noise <= 255:
-            raise ValueError(f"background_noise is a grey level from 0 to 255, got {background_noise}")
-        if canvas_size < item:
-            raise ValueError(f"canvas_size must be at least {item} (an item's side), got {canvas_size}")
-        if train_window is not None and (window_step < 1 or not item + window_step - 1 <= train_window <= canvas_size
-                                         or (canvas_size - train_window) % window_step):
-            raise ValueError(f"train_window must be from {item} + window_step - 1 to canvas_size, and canvas_size "
-                             f"minus it a multiple of window_step, so that windows reach every place: got "
-                             f"train_window {train_window}, window_step {window_step}, canvas_size {canvas_size}")
-        self.canvas_size = canvas_size
-        self.train_window = train_window
-        self.window_step = window_step
-        self.background_noise = background_noise
-        self.seed = seed
-        self.image_size = canvas_size
-        mean, std = fashion_mnist.canvas_mean_std(canvas_size)
+        self.canvas = Canvas.coerce(canvas)
+        self.canvas_size, self.train_window, self.window_step = (self.canvas.size, self.canvas.train_window,
+                                                                 self.canvas.window_step)
+        self.background_noise, self.seed = self.canvas.background_noise, self.canvas.seed
+        self.image_size = self.canvas.size
+        mean, std = fashion_mnist.canvas_mean_std(self.canvas.size)
         self.mean, self.std = [mean], [std]
 
     def _placed(self, dataset: Dataset, seed: int) -> TensorImageDataset:
@@ -228,8 +198,8 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
                 levels = torch.randint(0, self.background_noise + 1, (len(items), 1, 1, 1), device=items.device)
                 grey = (torch.rand(canvases.shape, device=items.device) * (levels + 1)).to(torch.uint8)
                 canvases = torch.where(around, grey, canvases)
-            if self.erase_prob:
-                canvases = random_erase(canvases, self.erase_prob)
+            if self.augmentation.erase_prob:
+                canvases = random_erase(canvases, self.augmentation.erase_prob)
             boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)
             if self.train_window is None:
                 return self.normalize(canvases), labels, boxes
@@ -267,6 +237,11 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
         self.image_size = canvas_size
         self.mean, self.std = list(IMAGENET_MEAN), list(IMAGENET_STD)
 
+    @property
+    def colour_names(self) -> list[str]:
+        """The items' colours, in the order of the colour labels, for the CLI to link into the model."""
+        return list(scenes.COLOURS)
+
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         draw = {"style": self.style, "canvas_size": self.canvas_size}
@@ -281,8 +256,9 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
     """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test, with
     random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``."""
 
-    def __init__(self, root: str = "data/cifar10", *, pad_crop: int = 4, hflip: bool = True, **options: Any) -> None:
-        super().__init__(root, pad_crop=pad_crop, hflip=hflip, **options)
+    def __init__(self, root: str = "data/cifar10", *,
+                 augmentation: Augmentation = Augmentation(pad_crop=4, hflip=True), **options: Any) -> None:
+        super().__init__(root, augmentation=augmentation, **options)
         self.class_names = list(cifar10.CLASS_NAMES)
         self.in_chans = 3
         self.image_size = 32
@@ -313,23 +289,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         random_resized_crop: bool = True,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        batch_size: int = 64,
-        eval_batch_size: int | None = None,
-        num_workers: int = 2,
-        hflip: bool = True,
-        erase_prob: float = 0.0,
-        pin_memory: bool = False,
-        on_bad_image: OnBadImage = "skip",
+        loader: Loader = Loader(batch_size=64, num_workers=2),
+        augmentation: Augmentation = Augmentation(hflip=True),
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
-            hflip=hflip,
-            erase_prob=erase_prob,
-            pin_memory=pin_memory,
-        )
-        self.set_bad_image_policy(on_bad_image)
+        super().__init__(loader=loader, augmentation=augmentation)
         if in_chans not in (1, 3):
             raise ValueError(f"in_chans must be 1 or 3, got {in_chans}")
         self.root = Path(root)

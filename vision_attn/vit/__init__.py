@@ -1,6 +1,6 @@
-"""Patch-embedding Vision Transformer: the model, attention rollout, local weights, inference, and the
-LightningModule (``vision_attn.vit.module.ViTClassifier``)."""
+"""The patch-embedding Vision Transformer without Lightning: the model, its option groups, attention rollout, local
+and timm weights, distillation, and inference. The LightningModule is ``vision_attn.tasks.ViTTask``."""
 
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 __all__ = ["VisionTransformer"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
 from torch import Tensor
 
-from vision_attn.checkpoint import VIT, constructor_args, read_model_checkpoint
+from vision_attn.checkpoint import VIT, read_model_checkpoint
 from vision_attn.data.classification import eval_transform
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
 from vision_attn.data.images import (
@@ -27,14 +27,28 @@ from vision_attn.data.images import (
 )
 from vision_attn.errors import CheckpointError
 from vision_attn.metrics import mask_mass, pointing_game
+from vision_attn.option_groups import ImageFormat
 from vision_attn.overlay import fit_within, vit_figure
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.options import ViTArchitecture, ViTTraining
 from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
+from vision_attn.vit.vision_transformer import VisionTransformer
+
+
+def build_vit(image: ImageFormat, num_classes: int, architecture: ViTArchitecture,
+              training: ViTTraining | None = None) -> VisionTransformer:
+    """The ``VisionTransformer`` of a ViT task's groups: ``architecture`` as it is, for ``image``'s size and channels,
+    with ``training``'s dropout rates."""
+    training = training or ViTTraining()
+    return VisionTransformer(img_size=image.size, in_chans=image.channels, num_classes=num_classes,
+                             **asdict(architecture), drop_rate=training.drop_rate,
+                             attn_drop_rate=training.attn_drop_rate, drop_path_rate=training.drop_path_rate,
+                             patch_drop_rate=training.patch_drop_rate)
 
 
 def vit_from_hparams(hparams: Mapping[str, Any]) -> VisionTransformer:
-    """The ``VisionTransformer`` of a ViTClassifier's hyper-parameters (its ``image_size`` is timm's ``img_size``)."""
-    return VisionTransformer(**constructor_args(VisionTransformer, {**hparams, "img_size": hparams["image_size"]}))
+    """The ``VisionTransformer`` of a ViT checkpoint's hyper-parameters (``checkpoint.read_model_checkpoint``)."""
+    return build_vit(ImageFormat.coerce(hparams.get("image")), hparams["num_classes"],
+                     ViTArchitecture.coerce(hparams.get("architecture")), ViTTraining.coerce(hparams.get("training")))
 
 
 @dataclass
@@ -50,12 +64,12 @@ class Classifier:
 
     @classmethod
     def from_hparams(cls, model: VisionTransformer, hparams: Mapping[str, Any]) -> Classifier:
-        """The metadata of a ViTClassifier's hyper-parameters around ``model``, with the defaults filled in:
-        classes named by their index, and mean = std = 0.5 per channel."""
-        channels = hparams.get("in_chans", 1)
+        """The metadata of a ViT task's hyper-parameters around ``model``, with the defaults filled in: classes
+        named by their index, and mean = std = 0.5 per channel."""
+        image = ImageFormat.coerce(hparams.get("image"))
+        mean, std = image.normalisation([0.5] * image.channels, [0.5] * image.channels)
         return cls(model, list(hparams.get("class_names") or [str(i) for i in range(hparams["num_classes"])]),
-                   hparams["image_size"], channels, list(hparams.get("mean") or [0.5] * channels),
-                   list(hparams.get("std") or [0.5] * channels))
+                   image.size, image.channels, mean, std)
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.weights import is_weights_name, timm_pretrained_name, timm_weights
 
 TIMM_PREFIX = "timm:"

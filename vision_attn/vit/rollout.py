@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vision_attn.vit.model import VisionTransformer
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -129,7 +129,7 @@ def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion
     (read from the same forward pass)."""
     grid, pool, prefix = model.grid_size, model.global_pool, model.num_prefix_tokens
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
-        logits, attentions = model(images, return_attention=True)
+        logits, attentions = model.forward_with_attention(images)
         maps = AttentionMaps(
             logits=logits.detach(),
             heads=last_layer_maps([a.detach() for a in attentions], grid, pool, prefix),

@@ -2,58 +2,61 @@
 was: "the Oxford VGGnet pretrained on ImageNet ... we use the 14×14×512 feature map of the fourth
 convolutional layer before max pooling" (Xu et al. 2015, §4.3). On Fashion scenes the set is single
 Fashion-MNIST items drawn as the scenes draw them (``FashionSceneItemsDataModule``), with their class and
-colour as targets. The classifier is ``encoder.EncoderClassifier``; a captioner starts from its trunk with
-``pretrained_encoder: <this run's checkpoint>``, and the heads are dropped.
+colour as targets. The classifier is ``captioning.encoder.EncoderClassifier``; a captioner starts from its trunk
+with ``encoder.pretrained: <this run's checkpoint>`` (and its object heads from this one's heads with
+``aids.object_heads_from_encoder``).
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vision_attn.captioning.encoder import EncoderClassifier
+from vision_attn.captioning.options import EncoderOptions
 from vision_attn.checkpoint import ENCODER
-from vision_attn.data.scenes import COLOURS
-from vision_attn.schedule import decay_groups
-from vision_attn.task import BaseTask
+from vision_attn.option_groups import ImageFormat, Optimiser, Schedule
+from vision_attn.tasks.base import BaseTask, decay_groups
 
 
-class EncoderPretraining(BaseTask):
-    """Trains ``EncoderClassifier`` with AdamW, label smoothing and warm-up + cosine (over ``max_time`` with
-    ``schedule_by_time``); logs top-1 accuracy of the class (``<stage>/acc``) and of the colour
+class EncoderPretrainingTask(BaseTask):
+    """Trains ``EncoderClassifier``; logs top-1 accuracy of the class (``<stage>/acc``) and of the colour
     (``<stage>/colour_acc``). Targets are labels (B,), or ``[label, colour]`` pairs (B, 2) as
-    ``FashionSceneItemsDataModule`` gives them; ``num_colours: 0`` leaves colours out.
+    ``FashionSceneItemsDataModule`` gives them with its ``colour_names``; without colour names, colours are left
+    out. ``encoder`` must be the captioner's (its backbone, width and stride).
 
-    ``backbone``, ``encoder_width`` and ``encoder_stride`` must be the captioner's. ``num_classes``,
-    ``class_names``, ``image_size``, ``in_chans``, ``mean`` and ``std`` are linked from the DataModule and kept
-    with the checkpoint: a captioner refuses an encoder pretrained under another normalisation.
+    ``num_classes``, ``class_names``, ``colour_names`` and ``image`` are linked from the DataModule and kept with
+    the checkpoint: a captioner refuses an encoder pretrained under another normalisation, and starts its object
+    heads only from heads of its own classes and colours.
     """
 
     kind = ENCODER
 
     def __init__(
-        self, *, backbone: str = "small", encoder_width: int = 32, encoder_stride: int = 16, num_classes: int = 10,
-        num_colours: int = len(COLOURS), lr: float = 3e-3, weight_decay: float = 0.05, label_smoothing: float = 0.1,
-        warmup_epochs: float = 0.1, schedule_by_time: bool = False, class_names: list[str] | None = None,
-        image_size: int = 32, in_chans: int = 3, mean: list[float] | None = None, std: list[float] | None = None,
-        channels_last: bool = False,
+        self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
+        class_names: list[str] | None = None, colour_names: list[str] | None = None, image: ImageFormat | None = None,
+        label_smoothing: float = 0.1, optimiser: Optimiser = Optimiser(lr=3e-3, weight_decay=0.05),
+        schedule: Schedule = Schedule(warmup_epochs=0.1),
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(optimiser=Optimiser.coerce(optimiser), schedule=schedule)
+        encoder, image, colours = EncoderOptions.coerce(encoder), ImageFormat.coerce(image), list(colour_names or [])
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
-        if in_chans != 3:
-            raise ValueError(f"the captioner's encoder reads RGB images (in_chans 3), but the data has {in_chans}")
-        self.model = EncoderClassifier(backbone=backbone, encoder_width=encoder_width, encoder_stride=encoder_stride,
-                                       num_classes=num_classes, num_colours=num_colours,
-                                       channels_last=channels_last)
+        if image.channels != 3:
+            raise ValueError(f"the captioner's encoder reads RGB images (3 channels), but the data has "
+                             f"{image.channels}")
+        self.label_smoothing = label_smoothing
+        self.model = EncoderClassifier(encoder, num_classes=num_classes, num_colours=len(colours),
+                                       image_size=image.size)
         # top-1 accuracies per stage, keyed "<stage>_" ("train" is taken by nn.Module.train)
         self.accuracy = nn.ModuleDict({f"{stage}_": MulticlassAccuracy(num_classes, average="micro")
                                        for stage in ("train", "val", "test")})
-        self.colour_accuracy = nn.ModuleDict({f"{stage}_": MulticlassAccuracy(max(num_colours, 2), average="micro")
-                                              for stage in ("train", "val", "test")}) if num_colours else None
+        self.colour_accuracy = nn.ModuleDict({f"{stage}_": MulticlassAccuracy(max(len(colours), 2), average="micro")
+                                              for stage in ("train", "val", "test")}) if colours else None
+        self.save_options(encoder=self.model.encoder.options, num_classes=num_classes, class_names=class_names,
+                          colour_names=colours, image=image, label_smoothing=label_smoothing,
+                          optimiser=self.optimiser, schedule=self.schedule.options)
 
     def _step(self, batch: tuple[Tensor, Tensor] | None, stage: str) -> Tensor | None:
         if batch is None:
@@ -62,12 +65,12 @@ class EncoderPretraining(BaseTask):
         labels, colours = (targets[:, 0], targets[:, 1]) if targets.ndim == 2 else (targets, None)
         class_logits, colour_logits = self.model(images)
         training = stage == "train"
-        smoothing = self.hparams.label_smoothing if training else 0.0
+        smoothing = self.label_smoothing if training else 0.0
         loss = F.cross_entropy(class_logits, labels, label_smoothing=smoothing)
         self._count(self.accuracy[f"{stage}_"], class_logits, labels, f"{stage}/acc", training=training)
         if colour_logits is not None:
             if colours is None:
-                raise ValueError("num_colours is set, but the data gives no colours: use num_colours: 0")
+                raise ValueError("the task has colour names, but the data gives no colours")
             loss = loss + F.cross_entropy(colour_logits, colours, label_smoothing=smoothing)
             self._count(self.colour_accuracy[f"{stage}_"], colour_logits, colours, f"{stage}/colour_acc",
                         training=training, prog_bar=False)
@@ -103,10 +106,5 @@ class EncoderPretraining(BaseTask):
     def test_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
         self._step(batch, "test")
 
-    def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list:
-        return []  # classifiers on pooled features: no attention to draw
-
-    def configure_optimizers(self):  # noqa: ANN201 - Lightning's own return type
-        optimizer = torch.optim.AdamW(decay_groups(self.model, self.hparams.weight_decay), lr=self.hparams.lr)
-        return self.warmup_cosine(optimizer, warmup_epochs=self.hparams.warmup_epochs,
-                                  by_time=self.hparams.schedule_by_time)
+    def parameter_groups(self) -> list[dict]:
+        return decay_groups(self.model, self.optimiser.weight_decay)

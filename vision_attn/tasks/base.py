@@ -1,23 +1,21 @@
-"""What both LightningModules share, written once (torchgeo's ``BaseTask``): the guarded training step,
-warm-up and cosine, the checkpoint's model kind, version and random streams, and two callbacks every task
-brings along, the skipped-image report and the validation overlays.
+"""What every task shares, written once (torchgeo's ``BaseTask``): the guarded training step, the optimiser and the
+run's schedule, the checkpoint's model kind, version and random streams, and the callbacks every task brings along
+(the run's schedule, the skipped-image report and the validation overlays).
 
-A task subclasses ``BaseTask``, names its ``kind`` and defines ``training_loss``, ``overlay_figures`` and
-``configure_optimizers`` (which returns ``self.warmup_cosine(optimizer, ...)``).
+A task subclasses ``BaseTask``, names its ``kind``, builds ``self.model``, saves its option groups with
+``save_options``, and defines ``training_loss``, ``parameter_groups`` and (when it has attention to draw)
+``overlay_figures``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from PIL import Image
-from torch import Tensor
-from torch.optim import Optimizer
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from vision_attn.checkpoint import (
     KIND_KEY,
@@ -31,16 +29,9 @@ from vision_attn.checkpoint import (
     upgrade,
 )
 from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.option_groups import Optimiser, Schedule, plain
 from vision_attn.overlay import log_figures
-from vision_attn.schedule import warmup_cosine
-
-log = logging.getLogger(__name__)
-
-
-def budget_timer(trainer: L.Trainer) -> Timer | None:
-    """Lightning's Timer when the trainer has a time budget (``max_time``), else None."""
-    timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
-    return timer if timer is not None and timer.time_remaining("train") is not None else None
+from vision_attn.tasks.schedule import RunSchedule
 
 
 class SkippedImagesReport(L.Callback):
@@ -85,18 +76,45 @@ class ValidationOverlays(L.Callback):
         log_figures(pl_module.loggers, figures, step=pl_module.global_step, fallback_dir=trainer.default_root_dir)
 
 
+def decay_groups(model: nn.Module, weight_decay: float, skip: set[str] = frozenset()) -> list[dict]:
+    """Weight decay on matrices only; biases, norms and the names in ``skip`` are left undecayed."""
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 or name in skip else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 class BaseTask(L.LightningModule):
     """The part of a LightningModule that every vision-attn task repeats; see the module docstring."""
 
-    kind: ClassVar[str]  # the model family written into checkpoints: checkpoint.VIT or checkpoint.CAPTIONER
+    kind: ClassVar[str]  # the model family written into checkpoints: checkpoint.VIT, CAPTIONER, ENCODER or CONVNET
+
+    def __init__(self, *, optimiser: Optimiser, schedule: Schedule | None = None, log_overlays: int = 0) -> None:
+        super().__init__()
+        if log_overlays < 0:
+            raise ValueError(f"log_overlays must be 0 or more, got {log_overlays}")
+        self.optimiser = optimiser
+        self.schedule = RunSchedule(schedule)
+        self.log_overlays = log_overlays
+
+    def save_options(self, **options: Any) -> None:
+        """Save the task's arguments (its groups as plain dicts) as the checkpoint's hyper-parameters."""
+        self.save_hyperparameters(plain(options))
 
     def training_loss(self, batch: Any) -> Tensor:
         """The loss of one training batch (never None: ``training_step`` skips empty batches)."""
         raise NotImplementedError
 
-    def overlay_figures(self, batch: Any, outputs: Any, count: int) -> list[tuple[str, Image.Image]]:
-        """(tag, figure) of the attention of the first ``count`` images of a validation batch and its step output."""
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups."""
         raise NotImplementedError
+
+    def overlay_figures(self, batch: Any, outputs: Any, count: int) -> list[tuple[str, Image.Image]]:
+        """(tag, figure) of the attention of the first ``count`` images of a validation batch and its step output
+        (none by default: a model without attention draws nothing)."""
+        return []
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
@@ -109,7 +127,16 @@ class BaseTask(L.LightningModule):
                                             strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        return [SkippedImagesReport(), ValidationOverlays(self.hparams.get("log_overlays", 0))]
+        return [SkippedImagesReport(), ValidationOverlays(self.log_overlays), self.schedule]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW over ``parameter_groups``, its rate following the run's schedule at every step."""
+        options = self.optimiser
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=options.lr, betas=tuple(options.betas),
+                                      weight_decay=options.weight_decay)
+        self.schedule.attach(self.trainer)
+        scheduler = LambdaLR(optimizer, self.schedule.lr_factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
@@ -128,27 +155,3 @@ class BaseTask(L.LightningModule):
         upgrade(checkpoint)
         require_kind(checkpoint.get(KIND_KEY), self.kind, training=True)
         restore_rng_state(checkpoint.get(RNG_KEY))
-
-    def warmup_cosine(self, optimizer: Optimizer, *, warmup_epochs: float, min_lr_ratio: float = 0.0,
-                      by_time: bool = False) -> dict[str, Any]:
-        """Lightning's optimiser config: linear warm-up over ``warmup_epochs``, then cosine to ``min_lr_ratio``
-        over the run's steps, or (``by_time``) over its ``max_time`` budget when that is further along."""
-        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        steps_per_epoch = total_steps / max(1, self.trainer.max_epochs or 1)
-        warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
-        schedule = warmup_cosine(optimizer, warmup_steps=warmup_steps, total_steps=total_steps,
-                                 min_lr_ratio=min_lr_ratio, time_progress=self._time_budget_used() if by_time else None)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    def _time_budget_used(self) -> Callable[[], float] | None:
-        """The fraction of the trainer's ``max_time`` used by training so far, or None without a time cap."""
-        timer = budget_timer(self.trainer)
-        if timer is None:
-            log.warning("the schedule follows a time budget, but the trainer has no max_time: it follows the steps")
-            return None
-
-        def used() -> float:
-            elapsed, remaining = timer.time_elapsed("train"), timer.time_remaining("train")
-            return elapsed / max(1e-9, elapsed + remaining)
-
-        return used

@@ -7,12 +7,21 @@ Parameter names and shapes equal timm's ``VisionTransformer``, so timm state dic
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from vision_attn.attention import MultiHeadSelfAttention
+
+
+class Intermediates(NamedTuple):
+    """What ``forward_intermediates`` returns: the final tokens (B, P + K, D), each block's attention
+    (B, heads, T, T) first block first, and the patches PatchDropout kept ((B, K) indices, None when all)."""
+
+    tokens: Tensor
+    attentions: list[Tensor]
+    kept: Tensor | None
 
 
 def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
@@ -145,11 +154,15 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.drop_path = drop_path
 
-    def forward(self, x: Tensor, *, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
-        attended, weights = self.attn(self.norm1(x), return_weights=return_attention)
-        x = x + drop_path(attended, self.drop_path, self.training)  # z' = MSA(LN(z)) + z
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
-        return x, weights
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + drop_path(self.attn(self.norm1(x)), self.drop_path, self.training)  # z' = MSA(LN(z)) + z
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``, and the attention weights (B, heads, T, T) it used (the explicit Softmax(QKᵀ/√d)V path)."""
+        attended, weights = self.attn.forward_with_weights(self.norm1(x))
+        x = x + drop_path(attended, self.drop_path, self.training)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training), weights
 
 
 def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
@@ -168,9 +181,10 @@ def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature:
 class VisionTransformer(nn.Module):
     """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits.
 
-    Attention weights are opt-in: ``model(x, return_attention=True)`` returns ``(logits, attentions)``
-    with one (B, heads, N, N) tensor per block; the default path runs the fused SDPA kernel
-    (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V, faster on a CPU for a few tokens).
+    Attention weights come through an explicit call: ``forward_intermediates`` (tokens, each block's (B, heads,
+    N, N) attention, the kept patches) or ``forward_with_attention`` (logits and the attentions); ``forward`` and
+    ``forward_features`` run the fused SDPA kernel (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V,
+    faster on a CPU for a few tokens).
     ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout, as timm names it).
     ``stem="conv"`` embeds patches with a small convolutional stem instead of one patch-sized conv (``PatchEmbed``).
     ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"; timm's
@@ -288,14 +302,10 @@ class VisionTransformer(nn.Module):
         if self.dist_token is not None:
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else None
 
-    def forward_features(
-        self, x: Tensor, *, return_attention: bool = False, return_kept: bool = False,
-        window_origin: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, ...]:
-        """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
-        the registers, then the patches (P = ``num_prefix_tokens``). With ``return_attention`` also each block's
-        attention (B, heads, T, T); with ``return_kept`` also the patches PatchDropout kept, (B, K) indices into
-        the N (None when all are kept), in that order after the tokens.
+    def embed(self, x: Tensor, *, window_origin: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Image (B, C, H, W) -> the blocks' input tokens (B, P + K, D): the prefix tokens, then the patches with
+        their position embeddings, z_0 = [x_cls; x_p E] + E_pos; in training PatchDropout keeps K of the N patches
+        (``kept``, (B, K) indices into the N; None when all are kept).
 
         ``window_origin`` (B, 2) [x, y] in pixels, multiples of the patch size: each ``x`` is a window of a
         larger ``img_size`` image with its top-left corner there, and its patches take the position embeddings
@@ -306,16 +316,26 @@ class VisionTransformer(nn.Module):
         x = torch.cat([prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0]), x], dim=1)
         position = self.pos_embed if window is None else self.window_position_embedding(window_origin, window)
         x = self.pos_drop(x + position)  # z_0 = [x_cls; x_p E] + E_pos
-        x, kept = patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens,
-                                return_indices=True)
+        return patch_dropout(x, self.patch_drop_rate, self.training, prefix_tokens=self.num_prefix_tokens,
+                             return_indices=True)
+
+    def forward_features(self, x: Tensor, *, window_origin: Tensor | None = None) -> Tensor:
+        """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
+        the registers, then the patches (P = ``num_prefix_tokens``), through the fused attention kernel."""
+        x, _ = self.embed(x, window_origin=window_origin)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward_intermediates(self, x: Tensor, *, window_origin: Tensor | None = None) -> Intermediates:
+        """``forward_features`` with what the maps need: each block's attention (B, heads, T, T), through the
+        explicit Softmax(QKᵀ/√d)V, and the patches PatchDropout kept."""
+        x, kept = self.embed(x, window_origin=window_origin)
         attentions = []
         for block in self.blocks:
-            x, weights = block(x, return_attention=return_attention)
-            if return_attention:
-                attentions.append(weights)
-        x = self.norm(x)
-        extra = ([attentions] if return_attention else []) + ([kept] if return_kept else [])
-        return (x, *extra) if extra else x
+            x, weights = block.forward_with_attention(x)
+            attentions.append(weights)
+        return Intermediates(self.norm(x), attentions, kept)
 
     def window_position_embedding(self, origin: Tensor, window: tuple[int, int]) -> Tensor:
         """(B, P + h·w, D): the prefix tokens' position embeddings, then those of the h×w patches of each image's
@@ -347,8 +367,10 @@ class VisionTransformer(nn.Module):
             return logits, distilled
         return (logits + distilled) / 2
 
-    def forward(self, x: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        if return_attention:
-            tokens, attentions = self.forward_features(x, return_attention=True)
-            return self.forward_head(tokens), attentions
+    def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """(logits, each block's attention (B, heads, T, T)): what rollout and the overlays read."""
+        intermediates = self.forward_intermediates(x)
+        return self.forward_head(intermediates.tokens), intermediates.attentions

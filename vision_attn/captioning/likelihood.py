@@ -1,0 +1,86 @@
+"""The likelihood objective of "Show, Attend and Tell" (Xu et al. 2015, eq. 14): the negative log-likelihood of
+the captions under teacher forcing, and the doubly stochastic penalty λ Σ_i (1 − Σ_t α_ti)², which asks every
+location to be attended over the caption. ``ObjectiveOptions`` (``options.py``) sets λ and the normalisation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from vision_attn.captioning.options import LossNormalisation
+from vision_attn.data.vocabulary import PAD_ID
+
+
+class TokenLikelihood(NamedTuple):
+    """Teacher-forced likelihood of a batch of captions: ``loss``, the mean −log p(y_t) over real tokens (the
+    objective); ``per_caption`` −log p(y | a) (B,); ``mask`` (B, T), 1 on real tokens (<end> included); and
+    ``tokens``, their count (at least 1)."""
+
+    loss: Tensor
+    per_caption: Tensor
+    mask: Tensor
+    tokens: Tensor
+
+
+def token_likelihood(logits: Tensor, captions: Tensor) -> TokenLikelihood:
+    """The likelihood terms of ``logits`` (B, T, V) predicting ``captions[:, 1:]`` of (B, T+1) padded ids."""
+    targets = captions[:, 1:]
+    mask = (targets != PAD_ID).to(logits.dtype)  # (B, T): real tokens, <end> included
+    tokens = mask.sum().clamp_min(1)
+    nll = caption_nll(logits, targets, mask)  # (B,)
+    return TokenLikelihood(nll.sum() / tokens, nll, mask, tokens)
+
+
+def caption_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Per-caption negative log-likelihood −log p(y | a), (B,), over real tokens only (``mask`` (B, T))."""
+    token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, V, T) -> (B, T)
+    return (token_nll * mask).sum(dim=1)
+
+
+def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
+    """Σ_i (1 − Σ_t α_ti)², (B,): pushes every location to receive attention over the caption (eq. 14)."""
+    return attention_shortfall(alphas, mask).sum(dim=1)
+
+
+def attention_shortfall(alphas: Tensor, mask: Tensor) -> Tensor:
+    """(1 − Σ_t α_ti)² per caption and location, (B, L), summing α over real steps only (``mask`` (B, T))."""
+    attention_per_location = (alphas * mask.unsqueeze(-1)).sum(dim=1)  # Σ_t α_ti, (B, L)
+    return (1.0 - attention_per_location) ** 2
+
+
+class LikelihoodTerms(NamedTuple):
+    """The likelihood term, the doubly stochastic penalty (before λ; None when λ = 0), and ``caption_scale``, what
+    a sum over the batch's captions is divided by at this normalisation (the captions, or the tokens)."""
+
+    nll: Tensor
+    penalty: Tensor | None
+    caption_scale: Tensor | int
+
+
+def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_stochastic_weight: float,
+                         normalisation: LossNormalisation = "paper") -> LikelihoodTerms:
+    """The negative log-likelihood term and the doubly stochastic penalty (eq. 14, before λ; None when λ = 0).
+
+    ``paper``, the scale of the authors' code (arctic-captions, ``capgen.py``), where λ is ``alpha_c``::
+
+        cost = (masked_cost).sum(0)       # -log p(y_t) summed over each caption's steps
+        cost = cost.mean()                # ... and averaged over the captions of the batch
+        alpha_reg = alpha_c * ((1.-alphas.sum(0))**2).sum(0).mean()   # alphas: (T, B, L)
+
+    i.e. NLL = (1/B) Σ_b Σ_t −log p(y_bt) and penalty = (1/L) Σ_i Σ_b (1 − Σ_t α_bti)²: summed over the
+    batch's captions and averaged over the L locations, so λ weighs it as much per caption at any L (and, as
+    there, in proportion to the per-device batch). ``token``, this project's first normalisation: NLL averaged
+    over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 and ~12 words is ~170 per
+    caption against an NLL of ~2.5 per token.
+    """
+    paper = normalisation == "paper"
+    scale = len(likelihood.per_caption) if paper else likelihood.tokens
+    nll = likelihood.per_caption.mean() if paper else likelihood.loss
+    if not doubly_stochastic_weight:
+        return LikelihoodTerms(nll, None, scale)
+    shortfall = attention_shortfall(alphas, likelihood.mask)  # (B, L)
+    penalty = shortfall.mean(dim=1).sum() if paper else shortfall.sum(dim=1).mean()
+    return LikelihoodTerms(nll, penalty, scale)

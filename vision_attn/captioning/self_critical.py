@@ -1,0 +1,120 @@
+"""Self-critical sequence training (Rennie et al. 2017): REINFORCE on the caption metric. ``samples`` captions are
+drawn per image from the decoder, each is rewarded by its CIDEr-D against the image's references (less
+``repeat_penalty`` per word repeated beyond any reference, plus ``recall_reward`` × the share of the consensus words
+it says), and its baseline is the mean reward of its siblings. ``SelfCriticalOptions`` (``options.py``) sets it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from vision_attn.captioning.beam_search import sample_captions
+from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.options import SelfCriticalOptions
+from vision_attn.data.coco import CaptionBatch
+from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize, word_ids
+from vision_attn.metrics import CiderD
+
+
+def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
+    """How often the candidate repeats a word more than any reference does: Σ_w max(0, c(w) − max(1, max_r
+    c_r(w))). A word used once never counts. "a coat next to a bag and a bag" against references with two "a"s
+    and one "bag" each counts 2 (the third "a" and the second "bag")."""
+    most: Counter = Counter()
+    for reference in references:
+        for word, count in Counter(reference).items():
+            most[word] = max(most[word], count)
+    return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
+
+
+def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
+    """The fraction of the consensus words, those every reference uses, that the candidate uses: |C ∩ w| / |C|,
+    C = ∩_r set(r). On Fashion scenes C holds each object's colour and class word (every caption names them
+    all); on COCO, the words all five annotators chose. 1.0 when the references share no word."""
+    if not references:
+        return 1.0
+    consensus = set(references[0]).intersection(*map(set, references[1:]))
+    return len(consensus.intersection(candidate)) / len(consensus) if consensus else 1.0
+
+
+def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:
+    """Self-critical sequence training (Rennie et al. 2017), per sampled caption (N,); its gradient is
+    −(r(w^s) − b) ∇ log p(w^s | a), REINFORCE on the caption metric.
+
+    ``rewards`` (N,) score ``per_image`` adjacent samples of each image. The baseline b of a sample is the
+    mean reward of its image's other samples (Luo 2020's variant of the greedy caption's reward): no extra
+    decoding pass, and a sample is pushed up only when it beats its siblings.
+    """
+    if per_image < 2:
+        raise ValueError(f"the self-critical baseline needs at least 2 samples per image, got {per_image}")
+    grouped = rewards.detach().view(-1, per_image)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (per_image - 1)  # mean of the other samples
+    advantage = (grouped - baseline).view(-1)
+    return -advantage * (log_probs * mask).sum(dim=1)
+
+
+def reference_reward(references: Sequence[Sequence[str]], vocab: Vocabulary, max_length: int) -> CiderD:
+    """The self-critical reward: CIDEr-D whose document frequencies are those of ``references`` (every training
+    image's captions), on word ids as the decoder emits them (at most ``max_length`` words)."""
+    return CiderD([[word_ids(vocab.encode(tokenize(caption), max_length)) for caption in captions]
+                   for captions in references])
+
+
+class SampledTerms(NamedTuple):
+    """A self-critical step: the loss (per token), the rewards (N,), and the samples' tokens (N, T), α (N, T, L)
+    and images (N,), which the training aids read as they read teacher-forced captions."""
+
+    loss: Tensor
+    rewards: Tensor
+    tokens: Tensor
+    alphas: Tensor
+    sample_images: Tensor
+
+
+class SelfCriticalObjective:
+    """The self-critical loss of a batch of grouped captions; ``use_references`` gives it the training split's
+    references, whose document frequencies CIDEr-D weighs words by, before the first step."""
+
+    def __init__(self, options: SelfCriticalOptions, vocab: Vocabulary, max_length: int) -> None:
+        self.options, self.vocab, self.max_length = options, vocab, max_length
+        self.reward: CiderD | None = None
+
+    def use_references(self, references: Sequence[Sequence[str]]) -> None:
+        self.reward = reference_reward(references, self.vocab, self.max_length)
+
+    def rewards(self, candidates: list[list[int]], references: list[list[list[int]]]) -> list[float]:
+        """r = CIDEr-D − repeat_penalty × the words used more often than any reference does + recall_reward × the
+        share of the words every reference uses that the candidate uses."""
+        scores = self.reward(candidates, references)
+        if self.options.repeat_penalty:
+            scores = [score - self.options.repeat_penalty * excess_words(candidate, refs)
+                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
+        if self.options.recall_reward:
+            scores = [score + self.options.recall_reward * consensus_recall(candidate, refs)
+                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
+        return scores
+
+    def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch) -> SampledTerms:
+        """n captions sampled per image, rewarded against the image's references in the batch, each compared with
+        the mean reward of its siblings; the loss per sampled token."""
+        if batch.caption_images is None:
+            raise ValueError("self-critical training needs every reference of an image in its batch: set the "
+                             "DataModule's group_captions: true")
+        if self.reward is None:
+            raise RuntimeError("self-critical training needs the training references first (use_references)")
+        per_image = self.options.samples
+        sampled = sample_captions(decoder, annotations, per_image=per_image, start_id=START_ID, end_id=END_ID,
+                                  pad_id=PAD_ID, max_length=self.max_length)
+        references = batch.word_ids_per_image()
+        candidates = [word_ids(caption) for caption in sampled.tokens.tolist()]
+        scores = self.rewards(candidates, [references[n // per_image] for n in range(len(candidates))])
+        rewards = torch.tensor(scores, dtype=sampled.log_probs.dtype, device=sampled.log_probs.device)
+        loss = self_critical_loss(sampled.log_probs, sampled.mask, rewards, per_image).sum()
+        sample_images = torch.arange(len(annotations), device=annotations.device).repeat_interleave(per_image)
+        return SampledTerms(loss / sampled.mask.sum().clamp_min(1), rewards, sampled.tokens, sampled.alphas,
+                            sample_images)

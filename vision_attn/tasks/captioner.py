@@ -1,0 +1,201 @@
+"""The Show-Attend-Tell captioner as a LightningModule: its training, validation and test steps, what they log, and
+its optimiser's groups. The network is ``captioning.captioner.Captioner``; the objectives live in
+``captioning/likelihood.py``, ``reinforce.py``, ``self_critical.py`` and ``aids.py``; decoding, scoring and writing
+the results in ``captioning/evaluation.py``; the feature cache with the DataModule.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from torch import Tensor
+
+from vision_attn.captioning.aids import AidTerm, TrainingAids
+from vision_attn.captioning.captioner import Captioner
+from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, score_records
+from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
+from vision_attn.captioning.options import (
+    CaptionerOptimiser,
+    DecoderOptions,
+    DecodingOptions,
+    EncoderOptions,
+    ObjectiveOptions,
+    ObjectNames,
+    SelfCriticalOptions,
+    TrainingAidsOptions,
+)
+from vision_attn.captioning.reinforce import HardAttentionReinforce
+from vision_attn.captioning.self_critical import SelfCriticalObjective
+from vision_attn.checkpoint import CAPTIONER
+from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
+from vision_attn.data.feature_cache import FrozenPart
+from vision_attn.option_groups import ImageFormat, Schedule
+from vision_attn.results import write_results
+from vision_attn.tasks.base import BaseTask
+
+log = logging.getLogger(__name__)
+
+
+class CaptionerTask(BaseTask):
+    """Trains a ``Captioner`` by likelihood with teacher forcing (plus the doubly stochastic term, and REINFORCE for
+    hard attention), or, from the point ``self_critical`` names, by self-critical training; decodes with beam
+    search in validation and test, which log the COCO metrics, pointing and the scene metrics.
+
+    ``vocabulary``, ``image`` and ``objects`` are linked from the DataModule by the CLI and kept in the checkpoint
+    with every group, so ``caption`` needs nothing else. ``test`` writes the results (``docs/formats.md``) to
+    ``<log dir>/results_test.json``.
+    """
+
+    kind = CAPTIONER
+
+    def __init__(
+        self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
+        objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
+        decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
+        objective: ObjectiveOptions = ObjectiveOptions(), aids: TrainingAidsOptions = TrainingAidsOptions(),
+        self_critical: SelfCriticalOptions = SelfCriticalOptions(),
+        optimiser: CaptionerOptimiser = CaptionerOptimiser(lr=4e-4), schedule: Schedule = Schedule(),
+        log_overlays: int = 4,
+    ) -> None:
+        super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser), schedule=schedule, log_overlays=log_overlays)
+        image, objects, encoder = ImageFormat.coerce(image), ObjectNames.coerce(objects), EncoderOptions.coerce(encoder)
+        aids, decoding = TrainingAidsOptions.coerce(aids), DecodingOptions.coerce(decoding)
+        self.objective = ObjectiveOptions.coerce(objective)
+        self.model = Captioner(vocabulary=vocabulary or [], image=image, encoder=encoder, decoder=decoder,
+                               decoding=decoding)
+        self.aids = TrainingAids(aids, objects, self.model.vocab, self.model.encoder.annotation_dim)
+        if aids.object_heads_from_encoder:
+            self.aids.start_from_pretraining(encoder.pretrained, self.model.encoder.pretrained_with)
+        self.reinforce = HardAttentionReinforce(self.objective)
+        self.self_critical = SelfCriticalObjective(SelfCriticalOptions.coerce(self_critical), self.model.vocab,
+                                                   decoding.max_length)
+        self.evaluation = EvaluationRecords()
+        self.save_options(vocabulary=list(self.model.vocab.tokens), image=image, objects=objects,
+                          encoder=self.model.encoder.options, decoder=self.model.decoder.options, decoding=decoding,
+                          objective=self.objective, aids=aids, self_critical=self.self_critical.options,
+                          optimiser=self.optimiser,
+                          schedule=self.schedule.options, log_overlays=log_overlays)
+
+    # ----------------------------------------------------------------------------------------- training
+    def training_loss(self, batch: CaptionBatch) -> Tensor:
+        switch = self.self_critical.options
+        if switch.enabled and self.schedule.phase_started("self-critical training", epoch=switch.from_epoch,
+                                                          share=switch.from_progress):
+            return self._self_critical_loss(batch)
+        return self._likelihood_loss(batch.images, batch.captions, "train", batch.caption_images, batch.objects,
+                                     features=batch.features)
+
+    def _likelihood_loss(self, images: Tensor, captions: Tensor, stage: str, caption_images: Tensor | None = None,
+                         objects: Tensor | None = None, *, features: bool = False) -> Tensor:
+        captions = captions.long()
+        annotations, grid = self.model.encoder.encode(images, features=features)
+        output = self.model.teacher_forced(annotations, captions, caption_images)
+        likelihood = token_likelihood(output.logits, captions)
+        weight = self.objective.doubly_stochastic_weight
+        terms = likelihood_objective(likelihood, output.alphas, weight, self.objective.loss_normalisation)
+        loss = terms.nll + self._aid(self.aids.concept(annotations, captions, caption_images), stage) \
+            + self._aid(self.aids.object_classes(annotations, grid, objects), stage) \
+            + self._aid(self.aids.grounding(captions[:, 1:], output.alphas, objects, caption_images, grid), stage)
+        if terms.penalty is not None:  # + λ Σ_i (1 − Σ_t α_ti)², normalised
+            loss = loss + weight * terms.penalty
+            self.log(f"{stage}/ds_penalty", terms.penalty, batch_size=len(captions))
+        if output.location_log_probs is not None:  # hard attention: − REINFORCE's surrogate, scaled as the NLL
+            loss = loss - self.reinforce(output, likelihood) / terms.caption_scale
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
+        return loss
+
+    def _self_critical_loss(self, batch: CaptionBatch) -> Tensor:
+        if self.self_critical.reward is None:  # CIDEr-D's document frequencies: every training image's references
+            references = [record.captions for record in self.trainer.datamodule.records("train")]
+            self.self_critical.use_references(references)
+            log.info("self-critical training from step %d (epoch %d): CIDEr-D reward over the references of %d "
+                     "training images", self.global_step, self.current_epoch, len(references))
+        annotations, grid = self.model.encoder.encode(batch.images, features=batch.features)
+        sampled = self.self_critical(self.model.decoder, annotations, batch)
+        loss = sampled.loss + self._aid(self.aids.concept(annotations, batch.captions.long(), batch.caption_images),
+                                        "train") \
+            + self._aid(self.aids.object_classes(annotations, grid, batch.objects), "train") \
+            + self._aid(self.aids.grounding(sampled.tokens, sampled.alphas, batch.objects, sampled.sample_images,
+                                            grid), "train")
+        self.log("train/reward", sampled.rewards.mean(), prog_bar=True, batch_size=len(sampled.rewards))
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(sampled.rewards))
+        return loss
+
+    def _aid(self, term: AidTerm | None, stage: str) -> Tensor | float:
+        """A training aid's weighted loss (0 when it is off), its figures logged."""
+        if term is None:
+            return 0.0
+        for name, (value, count) in term.logs.items():
+            self.log(f"{stage}/{name}", value, batch_size=count, sync_dist=stage != "train")
+        return term.loss
+
+    # ------------------------------------------------------------------------------------- evaluation
+    def _evaluation_step(self, batch: EvalCaptionBatch | None, stage: str) -> list[dict[str, Any]]:
+        if batch is None:
+            return []
+        references = self.model.encode_captions([refs[0] for refs in batch.references])
+        self._likelihood_loss(batch.images, references, stage, features=batch.features)
+        return self.evaluation.add(self.model, batch)
+
+    def validation_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
+        return self._evaluation_step(batch, "val")
+
+    def test_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
+        return self._evaluation_step(batch, "test")
+
+    def _finish_evaluation(self, stage: str) -> list[dict[str, Any]]:
+        """Gather every rank's records; rank 0 scores them, every rank logs the scores."""
+        records = self.evaluation.gather()
+        if not self.trainer.sanity_checking:
+            scores = score_records(records) if self.trainer.is_global_zero and records else {}
+            for name, value in self.trainer.strategy.broadcast(scores, src=0).items():
+                if not math.isnan(value):  # NaN: pointing on a split whose captions name no object
+                    self.log(f"{stage}/{name}", value, rank_zero_only=False, sync_dist=False)
+        return records
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish_evaluation("val")
+
+    def on_test_epoch_end(self) -> None:
+        records = self._finish_evaluation("test")
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "results_test.json"  # a collective
+        if self.trainer.is_global_zero and records:
+            log.info("wrote %d results to %s", len(records), write_results(path, records))
+
+    def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
+                        count: int) -> list[tuple[str, Image.Image]]:
+        if batch.features:  # the batch holds cached features, not pixels to draw on
+            log.info("no attention overlays: validation reads cached features, not the images")
+            return []
+        return caption_figures(batch.images[:count], outputs[:count], self.model.mean, self.model.std)
+
+    # ----------------------------------------------------------------------------------- plumbing
+    def frozen_encoder_part(self) -> FrozenPart | None:
+        """The encoder's frozen part, whose output a DataModule may cache (``feature_cache``); None if none."""
+        return self.model.encoder.frozen_features()
+
+    def on_fit_start(self) -> None:
+        """Save the vocabulary as plain JSON next to the checkpoints (it is inside them too, as a list)."""
+        folder = getattr(self.trainer.checkpoint_callback, "dirpath", None)
+        vocab = getattr(self.trainer.datamodule, "vocab", None)  # the DataModule's knows its min_count
+        if self.trainer.is_global_zero and folder:
+            (vocab if vocab is not None and vocab.tokens == self.model.vocab.tokens else self.model.vocab).to_json(
+                Path(folder) / "vocab.json")
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint whose words differ from this run's vocabulary: its ids would mean other words."""
+        super().on_load_checkpoint(checkpoint)
+        self.model.vocab.require_same(checkpoint.get("hyper_parameters", {}).get("vocabulary"))
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The decoder with the training aids' heads at ``lr``, the encoder's trainable stages at ``encoder_lr``."""
+        aids = [p for head in self.aids.heads() for p in head.parameters()]
+        groups = [{"params": list(self.model.decoder.parameters()) + aids, "lr": self.optimiser.lr}]
+        encoder_params = [p for p in self.model.encoder.parameters() if p.requires_grad]
+        if encoder_params:
+            groups.append({"params": encoder_params, "lr": self.optimiser.encoder_lr or self.optimiser.lr})
+        return groups

@@ -1,0 +1,137 @@
+"""The one owner of a run's schedule: its progress, by steps or by a time budget, and everything that follows it.
+
+``RunSchedule`` is a Lightning callback that every task brings along (``BaseTask.configure_callbacks``). The tasks
+read it; none of them reads the trainer's timer:
+
+- the learning rate: a linear warm-up, then a cosine to ``min_lr_ratio`` of the peak (``lr_factor``);
+- the phases that start part-way (``phase_started``): the captioner's switch to self-critical training;
+- continuous schedules (``progress``): the ViT's PatchDropout rate;
+- the stop at the last validation of a time budget (``on_validation_end``).
+
+Progress is the share of the run's steps done, or, with ``Schedule.by_time`` and a ``trainer.max_time``, the
+further along of that and the share of the time budget spent: a run capped by time then ends its schedule at the
+cap however fast the machine is (budgeted training, Li et al. 2020).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Timer
+
+from vision_attn.option_groups import Schedule
+
+log = logging.getLogger(__name__)
+
+
+def budget_timer(trainer: L.Trainer) -> Timer | None:
+    """Lightning's Timer when the trainer has a time budget (``max_time``), else None."""
+    timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+    return timer if timer is not None and timer.time_remaining("train") is not None else None
+
+
+class RunSchedule(L.Callback):
+    """The schedule of one run, as ``options`` (``Schedule``) define it; ``attach`` reads the trainer's steps and
+    time budget when the optimiser is configured.
+
+    The stop at the last validation: Lightning's Timer stops a fit at the first batch past ``max_time``, and
+    Lightning validates at such a stop, so a validation (an epoch's end, say) that ends just short of
+    ``max_time`` was followed by a few more steps and a second validation, ending past the budget by a whole
+    validation for weights a few steps on. A validation that leaves less time than it took, within the budget's
+    last ``tail``, ends the fit instead: that gives up less training than one validation's time, where the
+    cosine's rate is under 1% of its peak. One that ends past ``max_time`` is left to Lightning's own stop (one
+    more step, then a validation), so a phase the budget's clock starts still gets its step on a loaded machine.
+    """
+
+    def __init__(self, options: Schedule | None = None, *, tail: float = 0.05) -> None:
+        self.options = Schedule.coerce(options)
+        self.tail = tail
+        self.total_steps, self.warmup_steps = 1, 1
+        self._trainer: L.Trainer | None = None
+        self._timer: Timer | None = None
+        self._phases: dict[str, int] = {}  # a phase that started part-way -> the step it started at
+        self._validation_started: float | None = None
+
+    # ------------------------------------------------------------------------------------------ reading it
+    def attach(self, trainer: L.Trainer) -> None:
+        """Read the run's length (its steps, and its time budget) from ``trainer``, as the optimiser is set up."""
+        self._trainer = trainer
+        self.total_steps = max(1, int(trainer.estimated_stepping_batches))
+        steps_per_epoch = self.total_steps / max(1, trainer.max_epochs or 1)
+        self.warmup_steps = max(1, round(self.options.warmup_epochs * steps_per_epoch))
+        self._timer = budget_timer(trainer)
+        if self.options.by_time and self._timer is None:
+            log.warning("the schedule follows a time budget (schedule.by_time), but the trainer has no max_time: "
+                        "it follows the steps")
+
+    def time_share(self) -> float | None:
+        """The share of the time budget spent (None without one, or when the schedule does not follow it)."""
+        if not self.options.by_time or self._timer is None:
+            return None
+        elapsed, remaining = self._timer.time_elapsed("train"), self._timer.time_remaining("train")
+        return elapsed / max(1e-9, elapsed + remaining)
+
+    def progress(self) -> float:
+        """The share of the run done, from 0 to 1: of its steps, or of its time budget when that is further on."""
+        done = min(1.0, self._trainer.global_step / self.total_steps) if self._trainer is not None else 0.0
+        spent = self.time_share()
+        return done if spent is None else max(done, min(1.0, spent))
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate at optimiser step ``step`` as a share of the peak: (step + 1) / warm-up steps, then
+        min + (1 − min)·½(1 + cos(π·p)), p the share of the decay's steps done (or of the time budget)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        spent = self.time_share()
+        if spent is not None:
+            progress = max(progress, min(1.0, spent))
+        floor = self.options.min_lr_ratio
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def phase_started(self, name: str, *, epoch: int | None = None, share: float | None = None) -> bool:
+        """Whether the phase ``name`` has started: from ``epoch``, or from the step at which ``share`` of the run
+        was done (and from then on). The share is read on rank 0 and sent to every rank, so all switch at the same
+        step (Lightning's Timer stops them together too)."""
+        trainer = self._trainer
+        if trainer is None:
+            return False
+        if epoch is not None and trainer.current_epoch >= epoch:
+            return True
+        if share is None:
+            return False
+        if name not in self._phases:
+            due = self.progress() >= share
+            if trainer.world_size > 1:
+                due = bool(trainer.strategy.broadcast(due, src=0))
+            if due:
+                self._phases[name] = trainer.global_step
+                log.info("%.0f%% of the run done at step %d: %s from here", 100 * share, trainer.global_step, name)
+        return name in self._phases and trainer.global_step >= self._phases[name]
+
+    # ---------------------------------------------------------------------------- the last validation
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._validation_started = time.monotonic()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self._validation_started is None or trainer.state.fn != "fit":
+            return
+        took, self._validation_started = time.monotonic() - self._validation_started, None
+        timer = budget_timer(trainer)
+        if timer is None:  # no max_time (the same on every rank)
+            return
+        remaining = timer.time_remaining("train")
+        budget = remaining + timer.time_elapsed("train")
+        stop = 0 < remaining < min(took, self.tail * budget)  # past max_time, Lightning's own stop is next
+        trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
+
+    # ------------------------------------------------------------------------------------- resuming
+    def state_dict(self) -> dict[str, Any]:
+        return {"phases": dict(self._phases)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._phases = dict(state_dict.get("phases", {}))
