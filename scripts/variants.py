@@ -1,12 +1,14 @@
 """Train and score a variant of a config under its own budget, for side-by-side tables.
 
-    python scripts/variants.py NAME [--config CONFIG] [--set KEY=VALUE ...]
+    python scripts/variants.py NAME [--config CONFIG ...] [--set KEY=VALUE ...]
 
-CONFIG defaults to the Fashion scenes captioner (configs/captioner/fashion_scenes.yaml). NAME is the run's folder
-under runs/: every path of the config under its own run folder moves there. Each ``--set`` overrides one option;
-KEY is ``model.X``, ``data.X``, ``trainer.X`` or ``seed_everything``, or a bare ``X`` for ``model.X`` (the value
-is read as YAML: ``--set attention_score=dot``, ``--set data.train_window=40``). The script writes
-runs/NAME.yaml, then runs through the console script what ``make demo`` runs for a default:
+The CONFIGs are composed as `vision-attn fit` composes them (default: the Fashion scenes captioner,
+configs/trainer/cpu.yaml, configs/tasks/captioner.yaml and configs/captioner/fashion_scenes.yaml). NAME is the run's
+folder under runs/: every path of the config under its own run folder moves there. Each ``--set`` overrides one
+option; KEY is ``model.X``, ``data.X``, ``trainer.X`` or ``seed_everything``, or a bare ``X`` for ``model.X``, X a
+dotted path into the option groups (the value is read as YAML: ``--set decoder.attention_score=dot``,
+``--set data.canvas.train_window=40``). The script writes the whole config to runs/NAME.yaml, then runs through
+the console script what ``make demo`` runs for a default:
 
 - ``fit`` and ``test``;
 - a captioner: ``caption`` + ``evaluate`` on 1000 test scenes with items anywhere and other shades
@@ -16,7 +18,7 @@ runs/NAME.yaml, then runs through the console script what ``make demo`` runs for
 - a ViT on Fashion-MNIST canvases: ``rollout-mass`` (each map's mass on the item and its pointing game).
 
 Each JSON line also gives the optimiser steps the budget gave. A captioner that keeps the default's
-``pretrained_encoder`` needs the encoder pretraining (configs/captioner/fashion_scene_items.yaml) first. Run it
+``encoder.pretrained`` needs the encoder pretraining (configs/captioner/fashion_scene_items.yaml) first. Run it
 on an otherwise idle machine: the budget is wall time.
 """
 
@@ -32,7 +34,7 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENES_CONFIG = "configs/captioner/fashion_scenes.yaml"
+SCENES_CONFIGS = ["configs/trainer/cpu.yaml", "configs/tasks/captioner.yaml", "configs/captioner/fashion_scenes.yaml"]
 SHIFTED_SCENES = {  # folder under data/ -> the make-scenes options that draw it (test split only)
     "fashion_scenes_free": ["--layout", "free", "--shade-jitter", "1"],
     **{f"palette_{name}": ["--palette", name] for name in ("css", "tab10", "dark", "pale")},
@@ -52,7 +54,7 @@ def move_run(node, old: str, new: str):
 
 def apply_sets(config: dict, pairs: list[str]) -> dict:
     """``KEY=VALUE`` overrides: ``model.X`` / ``data.X`` (their init_args), ``trainer.X``, ``seed_everything``,
-    or a bare ``X`` (model)."""
+    or a bare ``X`` (model); X may be a dotted path into a group (``decoder.attention_score``)."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -62,12 +64,15 @@ def apply_sets(config: dict, pairs: list[str]) -> dict:
             config[key] = overrides[key] = yaml.safe_load(value)
             continue
         section, dot, option = key.partition(".")
-        if not dot:
+        if section not in ("model", "data", "trainer"):
             section, option = "model", key
-        if section not in ("model", "data", "trainer") or not option:
+        if not option or "" in option.split("."):
             raise ValueError(f"--set KEY is model.X, data.X, trainer.X, seed_everything or X, got {key!r}")
-        target = config[section] if section == "trainer" else config[section]["init_args"]
-        target[option] = overrides[key] = yaml.safe_load(value)
+        target = config[section] if section == "trainer" else config[section].setdefault("init_args", {})
+        *groups, name = option.split(".")
+        for group in groups:
+            target = target.setdefault(group, {})
+        target[name] = overrides[key] = yaml.safe_load(value)
     return overrides
 
 
@@ -108,15 +113,26 @@ def score_captioner(cli: str, run_dir: str, test_root: str, steps: int | None, h
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name")
-    parser.add_argument("--config", default=SCENES_CONFIG)
+    parser.add_argument("--config", dest="configs", action="append", metavar="CONFIG",
+                        help="a config to compose, in order (default: the Fashion scenes captioner's)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     if not args.name.replace("_", "").replace("-", "").isalnum():
         parser.error(f"NAME must be letters, digits, - and _: got {args.name!r}")
-    source = ROOT / args.config
-    if not source.is_file():
-        parser.error(f"{args.config}: no such config")
-    config = yaml.safe_load(source.read_text(encoding="utf-8"))
+    try:
+        apply_sets({"model": {}, "data": {}, "trainer": {}}, args.sets)  # the keys' form, before any work
+    except ValueError as error:
+        parser.error(str(error))
+    configs = args.configs or SCENES_CONFIGS
+    for name in configs:
+        if not (ROOT / name).is_file():
+            parser.error(f"{name}: no such config")
+    cli = str(Path(sys.executable).parent / "vision-attn")
+    composed = subprocess.run([cli, "fit", *(arg for name in configs for arg in ("--config", name)), "--print_config"],
+                              cwd=ROOT, capture_output=True, text=True)
+    if composed.returncode:
+        parser.error(f"the configs do not compose: {composed.stderr.strip().splitlines()[-1]}")
+    config = yaml.safe_load(composed.stdout)
     run_dir = f"runs/{args.name}"
     config = move_run(config, config["trainer"]["default_root_dir"], run_dir)
     try:
@@ -127,14 +143,13 @@ def main() -> None:
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
-    cli = str(Path(sys.executable).parent / "vision-attn")
     ckpt = f"{run_dir}/checkpoints/best.ckpt"
     run(cli, "fit", "--config", str(config_path), "--overwrite", "true")
     run(cli, "test", "--config", str(config_path), "--ckpt_path", ckpt)
     steps = torch.load(ROOT / run_dir / "checkpoints" / "last.ckpt", map_location="cpu",
                        weights_only=False).get("global_step")
     header = {"run": args.name, **overrides}
-    if config["model"]["class_path"].endswith("ShowAttendTell"):
+    if config["model"]["class_path"].endswith("CaptionerTask"):
         score_captioner(cli, run_dir, config["data"]["init_args"]["root"], steps, header)
     elif config["data"]["class_path"].endswith("FashionMNISTCanvasDataModule"):
         run(cli, "rollout-mass", "--ckpt", ckpt)

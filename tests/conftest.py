@@ -17,6 +17,18 @@ CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[1]
 
 
+def tiny(*names: str | Path) -> list[str]:
+    """The ``--config`` flags of a tiny test config: ``tiny_trainer.yaml``, then each of ``names`` (in
+    ``tests/configs`` unless a path)."""
+    return ["--config", str(CONFIGS / "tiny_trainer.yaml"),
+            *(arg for name in names for arg in ("--config", str(CONFIGS / name))), ]
+
+
+def shipped(*names: str) -> list[str]:
+    """The ``--config`` flags of shipped configs (``configs/...``), in order."""
+    return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
+
+
 def console_script() -> str:
     """The installed ``vision-attn`` entry point of the interpreter running the tests."""
     script = Path(sys.executable).parent / "vision-attn"
@@ -48,7 +60,7 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
 def vit_checkpoint(tmp_path_factory) -> Path:
     """A tiny ViT trained for a few steps on Fashion-MNIST through the in-process CLI."""
     run_dir = tmp_path_factory.mktemp("vit_run")
-    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(run_dir)])
+    main(["fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir", str(run_dir)])
     checkpoint = next(run_dir.rglob("best.ckpt"))
     assert (checkpoint.parent / "last.ckpt").exists()
     return checkpoint
@@ -58,9 +70,10 @@ def vit_checkpoint(tmp_path_factory) -> Path:
 def pretrained_encoder(tmp_path_factory) -> Path:
     """configs/captioner/fashion_scene_items.yaml for 6 steps: an encoder pretraining checkpoint (width 24)."""
     run_dir = tmp_path_factory.mktemp("encoder_run")
-    main(["fit", "--config", str(CONFIGS.parents[1] / "configs" / "captioner" / "fashion_scene_items.yaml"),
+    main(["fit", *shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "captioner/fashion_scene_items.yaml"),
+          "--trainer.max_time", "null",
           "--trainer.limit_train_batches", "6", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "2",
-          "--data.init_args.eval_batch_size", "50",
+          "--data.init_args.loader.eval_batch_size", "50",
           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(run_dir),
           "--trainer.default_root_dir", str(run_dir), "--trainer.callbacks.init_args.dirpath", str(run_dir / "ckpt")])
     return run_dir / "ckpt" / "best.ckpt"
@@ -71,6 +84,6 @@ def trained_captioner(tmp_path_factory) -> dict[str, Path]:
     """A tiny captioner fitted for a few steps on a tiny generated scenes set, through the in-process CLI."""
     work = tmp_path_factory.mktemp("captioner")
     scenes, run = work / "scenes", work / "run"
-    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+    main(["fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
           "--trainer.default_root_dir", str(run)])
     return {"scenes": scenes, "run": run, "ckpt": next(run.rglob("best.ckpt"))}

@@ -16,20 +16,21 @@ PACKAGE = REPO / "vision_attn"
 # Lower layers never import higher ones: models and data, then metrics/overlay/evaluation, then the Lightning
 # tasks, then the command line. A module may import its own layer and the ones below.
 LAYERS = [
-    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.options"},
-    {"vision_attn.checkpoint", "vision_attn.attention", "vision_attn.schedule", "vision_attn.data.*",
-     "vision_attn.datamodules.*", "vision_attn.captioning", "vision_attn.captioning.encoder",
-     "vision_attn.captioning.decoder", "vision_attn.captioning.beam_search", "vision_attn.captioning.losses",
-     "vision_attn.captioning.model", "vision_attn.vit", "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout",
-     "vision_attn.vit.pretrained", "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
+    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.options", "vision_attn.option_groups"},
+    {"vision_attn.checkpoint", "vision_attn.attention", "vision_attn.data.*", "vision_attn.datamodules.*",
+     "vision_attn.captioning", "vision_attn.captioning.options", "vision_attn.captioning.encoder",
+     "vision_attn.captioning.vit_trunk", "vision_attn.captioning.decoder", "vision_attn.captioning.beam_search",
+     "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce", "vision_attn.captioning.aids",
+     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.options",
+     "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
+     "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
-     "vision_attn.vit.inference", "vision_attn.gallery", "vision_attn.explorer"},
-    {"vision_attn.task", "vision_attn.captioning.module", "vision_attn.captioning.pretraining",
-     "vision_attn.vit.module"},
-    {"vision_attn.trainer_cli", "vision_attn.cli"},
+     "vision_attn.captioning.self_critical", "vision_attn.vit.inference", "vision_attn.vit.distillation",
+     "vision_attn.gallery", "vision_attn.explorer"},
+    {"vision_attn.tasks.*"},
+    {"vision_attn.trainer_cli", "vision_attn.cli", "vision_attn.commands.*"},
 ]
-LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.task", "vision_attn.captioning.module",
-                     "vision_attn.captioning.pretraining", "vision_attn.vit.module", "vision_attn.trainer_cli"}
+LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.tasks.*", "vision_attn.trainer_cli"}
 
 
 def module_name(path: Path) -> str:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import CONFIGS, run_script
+from tests.conftest import run_script, tiny
 from vision_attn.cli import main
 from vision_attn.data.coco import load_caption_image, read_coco_captions, read_karpathy
 from vision_attn.data.images import BadImageError, open_image
@@ -107,7 +107,7 @@ def test_training_skips_and_counts_unreadable_and_missing_images(tmp_path, caplo
     (root / "images" / "train" / "truncated.jpg").write_bytes(bad.read_bytes())
     write_coco(root, {1: ("1.png", ["a square"])}, split="val")
     solid(root / "images" / "val" / "1.png")
-    data = CocoCaptionsDataModule(str(root), image_size=32, batch_size=3, group_captions=True)
+    data = CocoCaptionsDataModule(str(root), image_size=32, loader={"batch_size": 3}, group_captions=True)
     data.setup("fit")
     with caplog.at_level(logging.WARNING):
         batches = [batch for batch in data.train_dataloader() if batch is not None]
@@ -117,12 +117,12 @@ def test_training_skips_and_counts_unreadable_and_missing_images(tmp_path, caplo
     assert "missing.png: file not found" in messages and "truncated.jpg: cannot decode image" in messages
     assert "train epoch 0: skipped 2 unreadable images" in messages
 
-    strict = CocoCaptionsDataModule(str(root), image_size=32, batch_size=8, on_bad_image="error")
+    strict = CocoCaptionsDataModule(str(root), image_size=32, loader={"batch_size": 8, "on_bad_image": "error"})
     strict.setup("fit")
     with pytest.raises(BadImageError, match="missing.png: file not found"):
         list(strict.train_dataloader())
-    with pytest.raises(ValueError, match="on_bad_image must be 'skip' or 'error'"):
-        CocoCaptionsDataModule(str(root), on_bad_image="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="loader.on_bad_image must be 'skip' or 'error'"):
+        CocoCaptionsDataModule(str(root), loader={"on_bad_image": "ignore"})
 
 
 def test_missing_image_of_a_coco_split_is_a_one_line_error_in_caption(trained_captioner, tmp_path, capsys) -> None:
@@ -195,8 +195,8 @@ def test_invalid_annotations_through_the_cli_are_one_line(tmp_path, capsys) -> N
     root = tmp_path / "coco"
     path = write_coco(root, {1: ("a.png", ["a square"])})
     path.write_text("not json at all")
-    message = one_line_error(capsys, ["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"),
-                                      "--data.init_args.root", str(root), "--data.init_args.generate_scenes", "false",
+    message = one_line_error(capsys, ["fit", *tiny("captioner_tiny.yaml"),
+                                      "--data.init_args.root", str(root), "--data.init_args.scenes.generate", "false",
                                       "--trainer.default_root_dir", str(tmp_path / "run")])
     assert "captions_train.json: not a readable JSON file" in message
 
@@ -229,7 +229,7 @@ def test_a_500_word_caption_is_cut_to_the_maximum_and_said_so(tmp_path, caplog) 
     long_caption = " ".join(["word"] * 500)
     write_coco(root, {1: ("a.png", [long_caption, "a short one"])})
     solid(root / "images" / "train" / "a.png")
-    data = CocoCaptionsDataModule(str(root), image_size=16, max_caption_length=12)
+    data = CocoCaptionsDataModule(str(root), image_size=16, vocabulary={"max_caption_length": 12})
     from vision_attn.data.coco import CaptionTrainDataset
 
     with caplog.at_level(logging.WARNING):
@@ -257,7 +257,7 @@ def test_a_vit_checkpoint_given_to_caption_and_the_reverse(vit_checkpoint, train
     assert "this is a ViT classifier checkpoint, but a Show-Attend-Tell captioner is needed" in message
     message = one_line_error(capsys, ["classify", "--ckpt", str(trained_captioner["ckpt"]), str(image)])
     assert "this is a Show-Attend-Tell captioner checkpoint, but a ViT classifier is needed" in message
-    message = one_line_error(capsys, ["test", "--config", str(CONFIGS / "vit_tiny.yaml"),
+    message = one_line_error(capsys, ["test", *tiny("vit_tiny.yaml"),
                                       "--ckpt_path", str(trained_captioner["ckpt"]),
                                       "--trainer.default_root_dir", str(tmp_path / "run")])
     assert "Show-Attend-Tell captioner checkpoint, but the config trains a ViT classifier" in message
@@ -270,25 +270,25 @@ def test_a_vocabulary_that_does_not_match_the_checkpoint(trained_captioner, tmp_
     swapped = tokens[:4] + [tokens[5], tokens[4]] + tokens[6:]  # two words trade ids: same size, other meaning
     other = tmp_path / "other_vocab.json"
     Vocabulary(swapped).to_json(other)
-    message = one_line_error(capsys, ["test", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+    message = one_line_error(capsys, ["test", *tiny("captioner_tiny.yaml"),
                                       "--data.init_args.root", str(trained_captioner["scenes"]),
-                                      "--data.init_args.vocab_file", str(other),
+                                      "--data.init_args.vocabulary.vocab_file", str(other),
                                       "--ckpt_path", str(trained_captioner["ckpt"]),
                                       "--trainer.default_root_dir", str(tmp_path / "run")])
     assert "vocabulary" in message and "does not match" in message and "first difference at id 4" in message
 
 
 def test_a_config_key_typo_is_lightningclis_error_without_a_traceback(tmp_path) -> None:
-    result = run_script("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--model.init_args.embed_dimm", "8",
+    result = run_script("fit", *tiny("vit_tiny.yaml"), "--model.init_args.architecture.embed_dimm", "8",
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 2
     assert "embed_dimm" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_missing_dataset_names_where_it_looked(tmp_path, capsys, monkeypatch) -> None:
-    message = one_line_error(capsys, ["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+    message = one_line_error(capsys, ["fit", *tiny("captioner_tiny.yaml"),
                                       "--data.init_args.root", str(tmp_path / "nowhere"),
-                                      "--data.init_args.generate_scenes", "false",
+                                      "--data.init_args.scenes.generate", "false",
                                       "--trainer.default_root_dir", str(tmp_path / "run")])
     assert f"{tmp_path / 'nowhere'}/annotations/captions_train.json: captions file not found" in message
     from vision_attn.data import fashion_mnist

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.conftest import CONFIGS
+from tests.conftest import tiny
 from vision_attn.cli import main
 from vision_attn.data.images import open_image
 from vision_attn.errors import BadImageError
@@ -80,7 +80,7 @@ def test_a_bad_input_path(command: str, kind: str, tmp_path: Path, capsys, vit_c
         "overlay image": ["overlay", "--ckpt", ckpt, bad, "--out", str(out)],
         "overlay results": ["overlay", bad, "--out", str(out)],
         "rollout-mass --ckpt": ["rollout-mass", "--ckpt", bad, "--count", "4"],
-        "test --ckpt_path": ["test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", bad,
+        "test --ckpt_path": ["test", *tiny("vit_tiny.yaml"), "--ckpt_path", bad,
                              "--trainer.default_root_dir", str(out)],
         "evaluate results": ["evaluate", bad, "--annotations",
                              str(trained_captioner["scenes"] / "annotations" / "captions_test.json"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import CONFIGS, run_script
+from tests.conftest import run_script, tiny
 
 RESULT_KEYS = {"image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas"}
 
@@ -34,7 +34,7 @@ def test_fit_writes_checkpoints_and_the_vocabulary_json(trained_captioner) -> No
 
 
 def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(trained_captioner, tmp_path) -> None:
-    result = run_script("test", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+    result = run_script("test", *tiny("captioner_tiny.yaml"),
                         "--data.init_args.root", str(trained_captioner["scenes"]),
                         "--ckpt_path", str(trained_captioner["ckpt"]),
                         "--trainer.default_root_dir", str(tmp_path))
@@ -101,9 +101,9 @@ def _printed_metrics(stdout: str) -> dict[str, str]:
 
 
 def test_two_ddp_processes_score_exactly_like_one(trained_captioner, tmp_path) -> None:
-    common = ["test", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    common = ["test", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
               str(trained_captioner["scenes"]), "--ckpt_path", str(trained_captioner["ckpt"]),
-              "--data.init_args.eval_batch_size", "1"]
+              "--data.init_args.loader.eval_batch_size", "1"]
     one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
     two = run_script(*common, "--trainer.strategy", "ddp", "--trainer.devices", "2",
                      "--trainer.default_root_dir", str(tmp_path / "two"))
@@ -126,9 +126,9 @@ def test_self_critical_epochs_train_on_sampled_captions_with_the_cider_reward(tr
 
     from vision_attn.cli import main
 
-    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    main(["fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
           str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
-          "--model.init_args.self_critical_from_epoch", "1", "--trainer.max_epochs", "2",
+          "--model.init_args.self_critical.from_epoch", "1", "--trainer.max_epochs", "2",
           "--trainer.log_every_n_steps", "1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
           "--trainer.logger.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path)])
     rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
@@ -143,17 +143,17 @@ def test_self_critical_epochs_train_on_sampled_captions_with_the_cider_reward(tr
 
 
 def test_hard_attention_trains_self_critically_from_the_start_of_the_time_budget(trained_captioner, tmp_path) -> None:
-    """self_critical_from_time is a fraction of max_time: 0 turns training self-critical from the first step (the
-    scenes default test shows the switch mid-run). Hard attention trains self-critically too: its sampled
-    locations share the caption's reward."""
+    """self_critical.from_progress is a share of the run (of max_time, with schedule.by_time): 0 turns training
+    self-critical from the first step (the scenes default test shows the switch mid-run). Hard attention trains
+    self-critically too: its sampled locations share the caption's reward."""
     import csv
 
     from vision_attn.cli import main
 
-    main(["fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    main(["fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
           str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
-          "--model.init_args.attention_mode", "hard", "--model.init_args.self_critical_from_time", "0.0",
-          "--model.init_args.schedule_by_time", "true", "--trainer.max_time", "00:01:00:00",
+          "--model.init_args.decoder.attention_mode", "hard", "--model.init_args.self_critical.from_progress", "0.0",
+          "--model.init_args.schedule.by_time", "true", "--trainer.max_time", "00:01:00:00",
           "--trainer.max_epochs", "1", "--trainer.log_every_n_steps", "1",
           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
           "--trainer.default_root_dir", str(tmp_path)])
@@ -162,31 +162,11 @@ def test_hard_attention_trains_self_critically_from_the_start_of_the_time_budget
 
 
 def test_self_critical_training_needs_grouped_captions_in_one_line(trained_captioner, tmp_path) -> None:
-    result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
-                        str(trained_captioner["scenes"]), "--model.init_args.self_critical_from_epoch", "0",
+    result = run_script("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
+                        str(trained_captioner["scenes"]), "--model.init_args.self_critical.from_epoch", "0",
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode != 0
     assert "group_captions: true" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_a_checkpoint_from_before_the_captioner_module_captions_the_same(trained_captioner, tmp_path) -> None:
-    """Checkpoints written before ShowAttendTell held a ``Captioner`` had the encoder and decoder at the top level
-    of the state dict, and ``attention`` for ``attention_mode``: they still load, to the same captions."""
-    import torch
-
-    from vision_attn.captioning.evaluation import caption_files
-    from vision_attn.captioning.model import Captioner
-
-    checkpoint = torch.load(trained_captioner["ckpt"], map_location="cpu", weights_only=True)
-    assert any(key.startswith("model.decoder.") for key in checkpoint["state_dict"])
-    checkpoint["state_dict"] = {key.removeprefix("model."): value for key, value in checkpoint["state_dict"].items()}
-    checkpoint["hyper_parameters"]["attention"] = checkpoint["hyper_parameters"].pop("attention_mode")
-    legacy = tmp_path / "legacy.ckpt"
-    torch.save(checkpoint, legacy)
-    images = [(path.name, path) for path in sorted((trained_captioner["scenes"] / "images" / "test").glob("*.png"))]
-    new, old = (list(caption_files(Captioner.from_checkpoint(path), images)) for path in (trained_captioner["ckpt"],
-                                                                                          legacy))
-    assert new == old and len(new) == len(images)
 
 
 def test_evaluate_scores_caption_results_and_a_bare_coco_results_list(trained_captioner, tmp_path, capsys) -> None:
@@ -236,7 +216,7 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder
     """configs/captioner/fashion_scenes.yaml as it is (an encoder pretrained by fashion_scene_items.yaml, styled
     training scenes, coverage, concept loss, the time-budgeted schedule), on 160 scenes and a 20-second budget:
     both phases run, a best checkpoint is kept, and it captions without the concept head (a training aid only).
-    20 s, not 10: a validation that ends in the budget's last 5% stops the fit (StopAtTheLastValidation), and on
+    20 s, not 10: a validation that ends in the budget's last 5% stops the fit (``RunSchedule``), and on
     a loaded machine one of several seconds (the first starts Java for METEOR and the tokenizer) could run from
     before the switch at 40% of 10 s to there: it did, in two runs of four beside the other tests."""
     import csv
@@ -245,19 +225,19 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder
 
     import torch
 
+    from tests.conftest import shipped
+    from vision_attn.captioning.captioner import Captioner
     from vision_attn.captioning.evaluation import caption_files
-    from vision_attn.captioning.model import Captioner
     from vision_attn.cli import main
 
-    config = Path(__file__).parents[1] / "configs" / "captioner" / "fashion_scenes.yaml"
     started = time.monotonic()
-    main(["fit", "--config", str(config), "--data.init_args.root", str(tmp_path / "scenes"),
-          "--data.init_args.scenes_counts", '{"train": 160, "val": 8, "test": 8}', "--data.init_args.batch_size", "8",
-          "--model.init_args.pretrained_encoder", str(pretrained_encoder),
+    main(["fit", *shipped("trainer/cpu.yaml", "tasks/captioner.yaml", "captioner/fashion_scenes.yaml"),
+          "--data.init_args.root", str(tmp_path / "scenes"),
+          "--data.init_args.scenes.counts", '{"train": 160, "val": 8, "test": 8}',
+          "--data.init_args.loader.batch_size", "8", "--model.init_args.encoder.pretrained", str(pretrained_encoder),
           "--trainer.max_time", "00:00:00:20", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
           "--trainer.logger.save_dir", str(tmp_path / "run"), "--trainer.log_every_n_steps", "1",
-          "--trainer.default_root_dir", str(tmp_path / "run"),
-          "--trainer.callbacks.init_args.dirpath", str(tmp_path / "run" / "checkpoints")])
+          "--trainer.default_root_dir", str(tmp_path / "run")])
     assert time.monotonic() - started < 120
     info = json.loads((tmp_path / "scenes" / "annotations" / "captions_train.json").read_text())["info"]
     assert info["style"]["layout"] == "mixed"
@@ -269,9 +249,9 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder
     # The checkpoint holds the coverage weights and the concept head; the captioner loads without the head.
     checkpoint = tmp_path / "run" / "checkpoints" / "best.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    assert "concept_head.weight" in saved and "model.decoder.attention.coverage_proj.weight" in saved
+    assert "aids.concept_head.weight" in saved and "model.decoder.attention.coverage_proj.weight" in saved
     captioner = Captioner.from_checkpoint(checkpoint)
-    assert not any(name.startswith("concept_head") for name, _ in captioner.named_parameters())
+    assert not any("concept_head" in name for name, _ in captioner.named_parameters())
     image = next((tmp_path / "scenes" / "images" / "test").glob("*.png"))
     [record] = caption_files(captioner, [(1, image)])
     assert record["caption"] and len(record["alphas"]) == len(record["tokens"]) > 0
@@ -282,9 +262,10 @@ def test_two_ddp_processes_switch_to_self_critical_training_by_the_time_budget(t
     runs both phases and ends by its budget, with no rank left waiting."""
     import csv
 
-    result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    result = run_script("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
                         str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
-                        "--model.init_args.self_critical_from_time", "0.3", "--trainer.max_time", "00:00:00:12",
+                        "--model.init_args.self_critical.from_progress", "0.3",
+                        "--model.init_args.schedule.by_time", "true", "--trainer.max_time", "00:00:00:12",
                         "--trainer.max_epochs", "1000", "--trainer.strategy", "ddp", "--trainer.devices", "2",
                         "--trainer.accelerator", "cpu", "--trainer.log_every_n_steps", "1",
                         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
@@ -298,14 +279,14 @@ def test_two_ddp_processes_switch_to_self_critical_training_by_the_time_budget(t
 def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pretrained_encoder, tmp_path) -> None:
     """configs/captioner/fashion_scene_items.yaml logs class and colour accuracy and writes an encoder
     checkpoint; a captioner loads its trunk exactly, and refuses it, in one line, under another normalisation
-    or encoder width, and names the pretraining config when the default's file is missing."""
+    or encoder width, or when the file is missing."""
     import csv
 
     import torch
 
-    from vision_attn.captioning.module import ITEMS_RUN, ShowAttendTell
     from vision_attn.data.vocabulary import SPECIALS
     from vision_attn.errors import CheckpointError
+    from vision_attn.tasks import CaptionerTask
 
     rows = list(csv.DictReader(next(pretrained_encoder.parents[1].rglob("metrics.csv")).open()))
     [val] = [row for row in rows if row.get("val/acc")]
@@ -315,19 +296,23 @@ def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pre
     assert int(train["step"]) == 5  # the 6 steps' epoch
     saved = torch.load(pretrained_encoder, map_location="cpu", weights_only=True)
     assert saved["vision_attn_kind"] == "encoder"
-    options = {"vocabulary": [*SPECIALS, "a", "red", "top"], "encoder_width": 24, "image_size": 96}
-    captioner = ShowAttendTell(pretrained_encoder=str(pretrained_encoder), **options)
-    trunk = captioner.model.encoder.trunk.state_dict()
+    assert saved["hyper_parameters"]["colour_names"] == ["red", "green", "blue", "yellow", "white"]
+
+    def captioner(pretrained: str, width: int = 24, **image) -> CaptionerTask:
+        return CaptionerTask(vocabulary=[*SPECIALS, "a", "red", "top"], image={"size": 96, **image},
+                             encoder={"width": width, "pretrained": pretrained})
+
+    trunk = captioner(str(pretrained_encoder)).model.encoder.trunk.state_dict()
     assert len(trunk) == 4 * 6  # 4 stages: conv, BN weight, bias, running mean, var and count
     for name, tensor in trunk.items():
         assert torch.equal(tensor, saved["state_dict"][f"model.encoder.trunk.{name}"]), name
     with pytest.raises(CheckpointError, match=r"pretrained on images normalised with mean \[0.485"):
-        ShowAttendTell(pretrained_encoder=str(pretrained_encoder), mean=[0.5] * 3, std=[0.5] * 3, **options)
+        captioner(str(pretrained_encoder), mean=[0.5] * 3, std=[0.5] * 3)
     with pytest.raises(CheckpointError, match="shapes differ"):
-        ShowAttendTell(pretrained_encoder=str(pretrained_encoder), **{**options, "encoder_width": 16})
-    missing = f"{tmp_path}/{ITEMS_RUN}checkpoints/best.ckpt"
-    with pytest.raises(CheckpointError, match="pretrain the encoder first with `vision-attn fit --config configs/"):
-        ShowAttendTell(pretrained_encoder=missing, **options)
+        captioner(str(pretrained_encoder), width=16)
+    missing = tmp_path / "runs" / "encoder" / "best.ckpt"
+    with pytest.raises(CheckpointError, match=f"{missing}: no such file"):
+        captioner(str(missing))
 
 
 def test_all_beams_lists_every_beam_of_the_search_best_first(trained_captioner, tmp_path) -> None:

@@ -10,19 +10,13 @@ import torch
 import torchvision
 from torch import nn
 
+from vision_attn.captioning.aids import concept_loss, concept_targets
 from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.losses import (
-    caption_nll,
-    concept_loss,
-    concept_targets,
-    consensus_recall,
-    doubly_stochastic_penalty,
-    excess_words,
-    reinforce_surrogate,
-    self_critical_loss,
-)
+from vision_attn.captioning.likelihood import caption_nll, doubly_stochastic_penalty
+from vision_attn.captioning.reinforce import reinforce_surrogate
+from vision_attn.captioning.self_critical import consensus_recall, excess_words, self_critical_loss
 from vision_attn.metrics import CiderD
 
 PAD, START, END = 0, 1, 2
@@ -192,7 +186,7 @@ def test_doubly_stochastic_penalty_by_hand() -> None:
 
 
 def test_both_loss_normalisations_by_hand() -> None:
-    from vision_attn.captioning.losses import likelihood_objective, token_likelihood
+    from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
 
     # two captions, T = 3 steps, V = 4 words, L = 2 locations; the second caption has 2 real tokens
     logits = torch.log(torch.tensor([[[0.25, 0.25, 0.0, 0.5], [0.25, 0.0, 0.25, 0.5], [0.1, 0.1, 0.4, 0.4]],
@@ -211,8 +205,10 @@ def test_both_loss_normalisations_by_hand() -> None:
     assert torch.isclose(penalty_token, torch.tensor((0.25 + 0.25 + 0.0) / 2))  # sum over L, mean over captions
     assert scale_paper == 2 and scale_token == 5  # what the hard-attention surrogate's caption sum is divided by
     assert likelihood_objective(likelihood, alphas, 0.0, "paper").penalty is None
-    with pytest.raises(ValueError, match="loss_normalisation must be one of paper, token"):
-        likelihood_objective(likelihood, alphas, 1.0, "sum")
+    from vision_attn.captioning.options import ObjectiveOptions
+
+    with pytest.raises(ValueError, match="objective.loss_normalisation must be one of paper, token"):
+        ObjectiveOptions.coerce({"loss_normalisation": "sum"})
 
 
 def test_padding_is_excluded_from_the_loss() -> None:

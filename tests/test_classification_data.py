@@ -32,7 +32,7 @@ def _transfer(datamodule, batch, *, training: bool):
 
 
 def test_fashion_mnist_splits_and_batches() -> None:
-    dm = FashionMNISTDataModule(val_size=5000, batch_size=64)
+    dm = FashionMNISTDataModule(val_size=5000, loader={"batch_size": 64})
     assert (dm.num_classes, dm.in_chans, dm.image_size) == (10, 1, 28)  # known before setup, for CLI links
     dm.setup("fit")
     dm.setup("test")
@@ -49,7 +49,7 @@ def test_fashion_mnist_splits_and_batches() -> None:
 
 
 def test_augmentation_runs_in_training_only() -> None:
-    dm = FashionMNISTDataModule(pad_crop=3, hflip=True)
+    dm = FashionMNISTDataModule(augmentation={"pad_crop": 3, "hflip": True})
     dm.setup("test")
     images, labels = next(iter(dm.test_dataloader()))
     torch.manual_seed(0)
@@ -84,7 +84,7 @@ def test_random_erase_blanks_one_rectangle_in_the_chosen_share_of_images() -> No
         assert 0.02 * 784 * 0.5 <= height * width <= 0.34 * 784 * 1.2  # the area range, up to rounding
     assert torch.equal(erased[~touched], images[~touched])
     with pytest.raises(ValueError, match="erase_prob"):
-        FashionMNISTDataModule(erase_prob=1.5)
+        FashionMNISTDataModule(augmentation={"erase_prob": 1.5})
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
@@ -146,7 +146,7 @@ def _write_cifar(root: Path, *, binary: bool, per_batch: int = 6) -> None:
 @pytest.mark.parametrize("binary", [True, False])
 def test_cifar10_reads_both_releases(tmp_path, binary) -> None:
     _write_cifar(tmp_path, binary=binary)
-    dm = CIFAR10DataModule(str(tmp_path), val_size=6, download=False, batch_size=4)
+    dm = CIFAR10DataModule(str(tmp_path), val_size=6, download=False, loader={"batch_size": 4})
     assert (dm.num_classes, dm.in_chans, dm.image_size) == (10, 3, 32)
     dm.setup("fit")
     dm.setup("test")
@@ -184,7 +184,7 @@ def _write_image_folder(root: Path, split: str, per_class: int = 3) -> None:
 def test_image_folder_with_val_split(tmp_path) -> None:
     _write_image_folder(tmp_path, "train")
     _write_image_folder(tmp_path, "val", per_class=2)
-    dm = ImageFolderDataModule(str(tmp_path), image_size=32, batch_size=4, num_workers=0)
+    dm = ImageFolderDataModule(str(tmp_path), image_size=32, loader={"batch_size": 4})
     assert dm.class_names == ["cat", "dog"] and dm.num_classes == 2
     dm.setup("fit")
     assert (len(dm.train_set), len(dm.val_set)) == (6, 4)
@@ -195,7 +195,7 @@ def test_image_folder_with_val_split(tmp_path) -> None:
 
 def test_image_folder_holds_out_validation_when_there_is_no_val_folder(tmp_path) -> None:
     _write_image_folder(tmp_path, "train", per_class=5)
-    dm = ImageFolderDataModule(str(tmp_path), image_size=16, in_chans=1, val_fraction=0.2, num_workers=0)
+    dm = ImageFolderDataModule(str(tmp_path), image_size=16, in_chans=1, val_fraction=0.2, loader={"num_workers": 0})
     dm.setup("fit")
     assert (len(dm.train_set), len(dm.val_set)) == (8, 2)
     image, _ = dm.train_set[0]

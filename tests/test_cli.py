@@ -2,30 +2,68 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from PIL import Image
 
-from tests.conftest import CONFIGS, REPO, run_in_process, run_script
+from tests.conftest import REPO, run_in_process, run_script, shipped, tiny
 from vision_attn.data.fashion_mnist import CLASS_NAMES, find_fashion_mnist, load_fashion_mnist
 
 
 def test_fast_dev_run_through_the_console_script(tmp_path) -> None:
-    result = run_script("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.fast_dev_run", "2",
-                        "--model.init_args.patch_drop_rate", "0.5",  # the default config's PatchDropout path
+    result = run_script("fit", *tiny("vit_tiny.yaml"), "--trainer.fast_dev_run", "2",
+                        "--model.init_args.training.patch_drop_rate", "0.5",  # the default config's PatchDropout
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "fast_dev_run" in result.stderr + result.stdout
 
 
-def test_shipped_configs_parse(tmp_path) -> None:
-    for config in sorted((REPO / "configs" / "vit").glob("*.yaml")):
-        result = run_in_process("fit", "--config", str(config), "--print_config")
-        assert result.returncode == 0, f"{config.name}: {result.stderr[-1500:]}"
-        assert "vision_attn.vit.module." in result.stdout
+SHIPPED = {  # each experiment with the bases it is run on, as its header says
+    "captioner/fashion_scene_items.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml"),
+    "captioner/fashion_scenes.yaml": ("trainer/cpu.yaml", "tasks/captioner.yaml"),
+    "captioner/coco_vgg19.yaml": ("trainer/gpu.yaml", "tasks/captioner.yaml", "data/coco.yaml"),
+    "captioner/coco_resnet101.yaml": ("trainer/gpu.yaml", "tasks/captioner.yaml", "data/coco.yaml"),
+    "vit/fashion_mnist.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml"),
+    "vit/fashion_mnist_canvas.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml"),
+    "vit/fashion_mnist_teacher.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml"),
+    "vit/cifar10.yaml": ("trainer/gpu.yaml", "tasks/classifier.yaml"),
+    "vit/imagefolder.yaml": ("trainer/gpu.yaml", "tasks/classifier.yaml"),
+}
+
+
+def test_shipped_configs_parse_with_the_bases_their_header_names() -> None:
+    experiments = {str(path.relative_to(REPO / "configs")) for path in (REPO / "configs").rglob("*.yaml")
+                   if path.parent.name in ("captioner", "vit")}
+    assert experiments == set(SHIPPED)
+    for experiment, bases in SHIPPED.items():
+        configs = [*bases, experiment]
+        header = " ".join(line.lstrip("# ").rstrip("\\ ") for line in
+                          (REPO / "configs" / experiment).read_text().split("\ntrainer:")[0].splitlines())
+        assert " ".join(f"--config configs/{name}" for name in configs) in " ".join(header.split()), experiment
+        result = run_in_process("fit", *shipped(*configs), "--print_config")
+        assert result.returncode == 0, f"{experiment}: {result.stderr[-1500:]}"
+        assert "class_path: vision_attn.tasks." in result.stdout
+
+
+def test_no_config_repeats_more_than_ten_lines_of_another() -> None:
+    """The configs compose (a trainer, a task, shared data, a short experiment): no two of them, shipped or the
+    tests', share more than 10 non-comment lines."""
+    import itertools
+    from collections import Counter
+
+    def lines(path: Path) -> Counter:
+        text = path.read_text().splitlines()
+        kept = (line.split(" #")[0].strip() for line in text if not line.lstrip().startswith("#"))
+        return Counter(line for line in kept if line)
+
+    configs = sorted((REPO / "configs").rglob("*.yaml")) + sorted((REPO / "tests" / "configs").glob("*.yaml"))
+    shared = {(a.name, b.name): sum((lines(a) & lines(b)).values()) for a, b in itertools.combinations(configs, 2)}
+    assert max(shared.values()) <= 10, {pair: count for pair, count in shared.items() if count > 10}
 
 
 def test_test_command_prints_test_accuracy(vit_checkpoint, tmp_path) -> None:
-    result = run_script("test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
+    result = run_script("test", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test/acc" in result.stdout
@@ -69,7 +107,7 @@ def test_last_checkpoint_holds_the_final_weights_when_the_last_validation_did_no
     callbacks = ('[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": "'
                  + str(tmp_path / "checkpoints") + '", "filename": "best", "monitor": "val/loss", "mode": "max", '
                  '"save_last": true}}]')
-    result = run_in_process("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.max_epochs", "3",
+    result = run_in_process("fit", *tiny("vit_tiny.yaml"), "--trainer.max_epochs", "3",
                             "--trainer.callbacks", callbacks, "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     best, last = (torch.load(tmp_path / "checkpoints" / f"{name}.ckpt", map_location="cpu", weights_only=False)
@@ -93,7 +131,7 @@ def test_the_cli_paces_lightnings_default_progress_bar_and_keeps_a_configured_on
         cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                             subclass_mode_data=True, run=False, auto_configure_optimizers=False,
                             save_config_callback=None,
-                            args=["--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir",
+                            args=[*tiny("vit_tiny.yaml"), "--trainer.default_root_dir",
                                   str(tmp_path), "--trainer.logger", "false", *overrides])
         return [callback for callback in cli.trainer.callbacks if isinstance(callback, ProgressBar)]
 
@@ -125,7 +163,8 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from vision_attn.trainer_cli import StopAtTheLastValidation, VisionAttnCLI
+    from vision_attn.tasks.schedule import RunSchedule
+    from vision_attn.trainer_cli import VisionAttnCLI
 
     class Sleepy(L.LightningModule):
         def __init__(self) -> None:
@@ -145,7 +184,7 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    def fit(callback: StopAtTheLastValidation) -> tuple[Sleepy, L.Trainer, float]:
+    def fit(callback: RunSchedule) -> tuple[Sleepy, L.Trainer, float]:
         data = DataLoader(TensorDataset(torch.zeros(10_000, 1)), batch_size=1)
         model = Sleepy()
         trainer = L.Trainer(max_time=timedelta(seconds=3), val_check_interval=10, limit_val_batches=1,
@@ -155,13 +194,15 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
         trainer.fit(model, data, DataLoader(TensorDataset(torch.zeros(1, 1))))
         return model, trainer, time.monotonic() - start
 
-    model, trainer, took = fit(StopAtTheLastValidation(tail=0.3))
+    model, trainer, took = fit(RunSchedule(tail=0.3))
     assert model.validations == 2 and trainer.global_step == 20 and took < 3.0
-    model, trainer, took = fit(StopAtTheLastValidation())
+    model, trainer, took = fit(RunSchedule())
     assert model.validations >= 3 and trainer.global_step > 20 and took > 3.0
 
     cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         run=False, auto_configure_optimizers=False, save_config_callback=None,
-                        args=["--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.logger", "false",
+                        args=[*tiny("vit_tiny.yaml"), "--trainer.logger", "false",
                               "--trainer.max_time", "00:00:01:00"])
-    assert sum(isinstance(callback, StopAtTheLastValidation) for callback in cli.trainer.callbacks) == 1
+    # every task brings the one schedule along: it is the callback that stops at the last validation
+    assert [callback for callback in cli.model.configure_callbacks() if isinstance(callback, RunSchedule)] == \
+        [cli.model.schedule]

@@ -123,7 +123,7 @@ def test_encode_batch_matches_encoding_one_by_one() -> None:
 
 
 def test_coco_splits_items_and_train_only_vocabulary(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=4)
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, loader={"batch_size": 4})
     assert dm.vocab_size == len(dm.vocab) > 4  # known before setup, for LightningCLI's link into the model
     assert dm.vocab_tokens == dm.vocab.tokens and dm.vocab_tokens[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
     assert "zebra" not in dm.vocab and "dog" in dm.vocab and "square" in dm.vocab  # zebra is only in val
@@ -140,13 +140,14 @@ def test_coco_splits_items_and_train_only_vocabulary(coco_root: Path) -> None:
 
 
 def test_min_word_count(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, min_word_count=2)
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, vocabulary={"min_word_count": 2})
     assert {"a", "cat", "cyan", "dog", "square"} <= set(dm.vocab.tokens)
     assert not {"grass", "mat", "block", "sits"} & set(dm.vocab.tokens)
 
 
 def test_train_batches_are_padded_with_lengths(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=7, max_caption_length=4)
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, vocabulary={"max_caption_length": 4},
+                                loader={"batch_size": 7})
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert isinstance(batch, CaptionBatch)
@@ -163,7 +164,7 @@ def test_train_batches_are_padded_with_lengths(coco_root: Path) -> None:
 
 
 def test_grouped_batches_hold_every_caption_of_each_image_once(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=2, group_captions=True)
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, group_captions=True, loader={"batch_size": 2})
     dm.setup("fit")
     assert len(dm.train_set) == len(CAPTIONS["train"])  # one item per image
     seen = []
@@ -182,7 +183,7 @@ def test_grouped_batches_hold_every_caption_of_each_image_once(coco_root: Path) 
 
 
 def test_images_become_rgb_squares_whatever_their_mode(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=8, eval_batch_size=8)
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, loader={"batch_size": 8, "eval_batch_size": 8})
     dm.setup("fit")
     dm.setup("test")
     by_path = {dm.train_set.paths[int(i)].name: dm.train_set[n][0] for n, i in enumerate(dm.train_set.image_index)}
@@ -204,8 +205,8 @@ def test_images_become_rgb_squares_whatever_their_mode(coco_root: Path) -> None:
 
 
 def test_batches_normalised_after_transfer(coco_root: Path) -> None:
-    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, batch_size=2, mean=[0.5, 0.4, 0.3],
-                                std=[0.2, 0.2, 0.2])
+    dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2],
+                                loader={"batch_size": 2})
     dm.setup("fit")
     train = next(iter(dm.train_dataloader()))
     val = next(iter(dm.val_dataloader()))
@@ -224,7 +225,8 @@ def test_vocab_file_round_trip(coco_root: Path, tmp_path: Path) -> None:
     dm = CocoCaptionsDataModule(str(coco_root), image_size=SIZE)
     dm.save_vocab(tmp_path / "vocab.json")
     (coco_root / "annotations" / "captions_train.json").unlink()  # a vocab file needs no training captions
-    reloaded = CocoCaptionsDataModule(str(coco_root), image_size=SIZE, vocab_file=str(tmp_path / "vocab.json"))
+    reloaded = CocoCaptionsDataModule(str(coco_root), image_size=SIZE,
+                                      vocabulary={"vocab_file": str(tmp_path / "vocab.json")})
     assert reloaded.vocab.tokens == dm.vocab.tokens and reloaded.vocab_size == dm.vocab_size
     reloaded.setup("validate")
     assert len(reloaded.val_set) == 2
@@ -243,7 +245,7 @@ def test_missing_and_malformed_annotation_files(tmp_path: Path) -> None:
         CocoCaptionsDataModule(str(tmp_path / "nowhere"))
     root = _write_coco(tmp_path / "coco")
     with pytest.raises(DatasetNotFoundError, match=r"pictures: image folder not found \(the images of .*train"):
-        CocoCaptionsDataModule(str(root), image_dir_pattern="pictures")
+        CocoCaptionsDataModule(str(root), layout={"image_dir_pattern": "pictures"})
     (root / "annotations" / "captions_train.json").write_text('{"images": [], "annotations": [{"id": 1}]}')
     with pytest.raises(ValueError, match="captions_train.json: not a COCO captions file"):
         CocoCaptionsDataModule(str(root))
@@ -251,13 +253,14 @@ def test_missing_and_malformed_annotation_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="captions_train.json: not a readable JSON file"):
         CocoCaptionsDataModule(str(root))
     with pytest.raises(ValueError, match="may only contain the placeholder"):
-        CocoCaptionsDataModule(str(root), captions_file_pattern="annotations/{part}.json")
+        CocoCaptionsDataModule(str(root), layout={"captions_file_pattern": "annotations/{part}.json"})
 
 
 def test_karpathy_splits_with_restval_in_train(tmp_path: Path) -> None:
     root = _karpathy(tmp_path / "k", {"grey.png": "train", "rgba.png": "restval", "cmyk.jpg": "val",
                                       "wide.jpg": "test", "palette.png": "test"})
-    dm = CocoCaptionsDataModule(str(root), annotation_format="karpathy", image_size=SIZE, batch_size=8)
+    dm = CocoCaptionsDataModule(str(root), image_size=SIZE, layout={"annotation_format": "karpathy"},
+                                loader={"batch_size": 8})
     assert {"grey", "rgba", "photo", "another"} <= set(dm.vocab.tokens)  # train and restval captions
     assert "cmyk" not in dm.vocab and "wide" not in dm.vocab  # val and test words stay out
     dm.setup("fit")
@@ -272,20 +275,20 @@ def test_karpathy_splits_with_restval_in_train(tmp_path: Path) -> None:
 def test_karpathy_bad_input_is_refused(tmp_path: Path) -> None:
     root = _karpathy(tmp_path / "k", {"grey.png": "train", "rgba.png": "dev"})
     with pytest.raises(ValueError, match=r"dataset_coco.json: images\[1\]: unknown split 'dev'"):
-        CocoCaptionsDataModule(str(root), annotation_format="karpathy")
+        CocoCaptionsDataModule(str(root), layout={"annotation_format": "karpathy"})
     with pytest.raises(ValueError, match="val_split 'restval' is not a Karpathy split"):
-        CocoCaptionsDataModule(str(root), annotation_format="karpathy", val_split="restval")
+        CocoCaptionsDataModule(str(root), layout={"annotation_format": "karpathy", "val_split": "restval"})
     data = json.loads((root / "dataset_coco.json").read_text())
     data["images"] = [{**data["images"][0], "filepath": "../.."}]
     (root / "dataset_coco.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="points outside the image folder"):
-        CocoCaptionsDataModule(str(root), annotation_format="karpathy")
+        CocoCaptionsDataModule(str(root), layout={"annotation_format": "karpathy"})
 
 
 def test_generate_scenes_creates_and_then_reuses_a_scenes_root(tmp_path: Path) -> None:
     root = tmp_path / "fashion_scenes"
     counts = {"train": 6, "val": 2, "test": 2}
-    dm = CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, batch_size=30)
+    dm = CocoCaptionsDataModule(str(root), loader={"batch_size": 30}, scenes={"generate": True, "counts": counts})
     captions_file = root / "annotations" / "captions_train.json"
     assert captions_file.is_file() and len(list((root / "images" / "train").glob("*.png"))) == 6
     assert set(dm.vocab.tokens) >= {"a", "to", "of"} and set(dm.vocab.tokens) & set(CLASS_WORDS)
@@ -299,21 +302,21 @@ def test_generate_scenes_creates_and_then_reuses_a_scenes_root(tmp_path: Path) -
     assert all(colour in ("red", "green", "blue", "yellow", "white") for _, _, colour in val[1])
     assert all(record.objects is None for record in dm.records("train"))
     stamp = captions_file.stat().st_mtime_ns
-    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)
+    CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts})
     assert captions_file.stat().st_mtime_ns == stamp  # already there: not generated again
 
 
 def test_generated_scenes_take_their_style_per_split_and_a_root_of_another_style_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "varied"
     counts, styles = {"train": 6, "val": 2, "test": 2}, {"train": {"layout": "free", "shade_jitter": 1.0}}
-    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)
+    CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts, "styles": styles})
     infos = {split: json.loads((root / "annotations" / f"captions_{split}.json").read_text())["info"]
              for split in counts}
     assert infos["train"]["style"] == {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.0, "hue_jitter": 0.0,
                                              "palette": "exact"}
     assert "style" not in infos["val"] and "style" not in infos["test"]  # SPEC §3 scenes for evaluation
-    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts, scenes_styles=styles)  # reused
+    CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts, "styles": styles})  # reused
     with pytest.raises(ValueError, match="train scenes in .* were drawn with style .*layout='free'"):
-        CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts=counts)
-    with pytest.raises(ValueError, match="scenes_styles names split"):
-        CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_styles={"dev": {}})
+        CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts})
+    with pytest.raises(ValueError, match="scenes.styles names split"):
+        CocoCaptionsDataModule(str(root), scenes={"generate": True, "styles": {"dev": {}}})

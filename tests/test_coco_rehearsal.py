@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import REPO, run_script
+from tests.conftest import run_script, shipped
 from vision_attn.trainer_cli import NATIVE_BF16_FLAGS, cpu_flags
 
 SPLITS = {"train": 4, "restval": 2, "val": 4, "test": 4}  # small: the frozen trunks run at the real 224 px
@@ -107,12 +107,11 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # ... comes from that cache, never from the network
     imagenet = fill_torch_hub_cache(tmp_path / "torch_home", config.removeprefix("coco_"))
     common = [
-        "--config", str(REPO / "configs" / "captioner" / f"{config}.yaml"),
+        *shipped("trainer/gpu.yaml", "tasks/captioner.yaml", "data/coco.yaml", f"captioner/{config}.yaml"),
         "--trainer.accelerator", "cpu", "--trainer.precision", precision,
-        "--data.init_args.root", str(coco), "--data.init_args.karpathy_file", str(coco / "dataset_coco.json"),
-        "--data.init_args.karpathy_image_root", str(coco), "--data.init_args.num_workers", "0",
-        "--data.init_args.batch_size", "4", "--data.init_args.eval_batch_size", "4",
-        "--model.init_args.feature_cache", str(cache),
+        "--data.init_args.root", str(coco), "--data.init_args.loader.num_workers", "0",
+        "--data.init_args.loader.batch_size", "4", "--data.init_args.loader.eval_batch_size", "4",
+        "--data.init_args.feature_cache.folder", str(cache),
     ]
     fit = run_script("fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
                      "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(run),

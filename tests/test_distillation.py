@@ -7,29 +7,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import CONFIGS, REPO, run_in_process
+from tests.conftest import REPO, run_in_process, shipped, tiny
 from vision_attn.cli import main
 from vision_attn.errors import CheckpointError
+from vision_attn.tasks import ViTTask
 from vision_attn.vit.convnet import ConvNet
-from vision_attn.vit.module import ViTClassifier
 
-TEACHER_CONFIG = REPO / "configs" / "vit" / "fashion_mnist_teacher.yaml"
-MEAN, STD = [0.2860], [0.3530]
+TEACHER_CONFIG = ("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml",
+                  "vit/fashion_mnist_teacher.yaml")
+IMAGE = {"size": 28, "channels": 1, "mean": [0.2860], "std": [0.3530]}
 
 
 @pytest.fixture(scope="module")
 def teacher_checkpoint(tmp_path_factory):
     """configs/vit/fashion_mnist_teacher.yaml for 4 steps through the in-process CLI."""
     run_dir = tmp_path_factory.mktemp("teacher")
-    main(["fit", "--config", str(TEACHER_CONFIG), "--trainer.limit_train_batches", "4", "--trainer.max_epochs", "1",
+    main(["fit", *shipped(*TEACHER_CONFIG), "--trainer.max_time", "null",
+          "--trainer.limit_train_batches", "4", "--trainer.max_epochs", "1",
           "--trainer.limit_val_batches", "2", "--trainer.logger", "false", "--trainer.default_root_dir", str(run_dir),
           "--trainer.callbacks.init_args.dirpath", str(run_dir / "ckpt"), "--trainer.enable_progress_bar", "false"])
     return run_dir / "ckpt" / "best.ckpt"
 
 
-def student(teacher, **options) -> ViTClassifier:
-    module = ViTClassifier(image_size=28, patch_size=7, embed_dim=32, depth=1, num_heads=2, teacher=str(teacher),
-                           label_smoothing=0.1, mean=MEAN, std=STD, log_overlays=0, **options)
+def student(teacher, dist_token: bool = False, **distillation) -> ViTTask:
+    module = ViTTask(image=IMAGE, architecture={"patch_size": 7, "embed_dim": 32, "depth": 1, "num_heads": 2,
+                                                "dist_token": dist_token},
+                     distillation={"teacher": str(teacher), **distillation}, training={"label_smoothing": 0.1},
+                     log_overlays=0)
     module.setup("fit")
     return module
 
@@ -47,8 +51,7 @@ def test_convnet_is_the_paper_shaped_cnn_and_refuses_no_stages() -> None:
 @pytest.mark.parametrize("distillation", ["hard", "soft"])
 def test_distillation_losses_are_deits(teacher_checkpoint, distillation) -> None:
     torch.manual_seed(0)
-    module = student(teacher_checkpoint, dist_token=True, distillation=distillation, distillation_weight=0.3,
-                     distillation_tau=2.0).train()
+    module = student(teacher_checkpoint, dist_token=True, mode=distillation, weight=0.3, tau=2.0).train()
     teacher = module._teacher[0]
     assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.training
     assert not any(key.startswith("_teacher") or "teacher" in key for key in module.state_dict())
@@ -72,9 +75,10 @@ def test_distillation_losses_are_deits(teacher_checkpoint, distillation) -> None
 
 
 def test_a_teacher_for_other_images_or_of_another_kind_is_refused(teacher_checkpoint, tmp_path) -> None:
-    with pytest.raises(CheckpointError, match="teacher's image_size is 28, the student's 56"):
-        ViTClassifier(image_size=56, patch_size=7, embed_dim=32, depth=1, num_heads=2, teacher=str(teacher_checkpoint),
-                      mean=MEAN, std=STD).setup("fit")
+    with pytest.raises(CheckpointError, match="teacher's image size is 28, the student's 56"):
+        ViTTask(image={**IMAGE, "size": 56}, architecture={"patch_size": 7, "embed_dim": 32, "depth": 1,
+                                                           "num_heads": 2},
+                distillation={"teacher": str(teacher_checkpoint)}).setup("fit")
     captioner = tmp_path / "captioner.ckpt"
     torch.save({"vision_attn_kind": "captioner", "state_dict": {}, "hyper_parameters": {}}, captioner)
     with pytest.raises(CheckpointError, match="a teacher is a CNN classifier"):
@@ -84,9 +88,9 @@ def test_a_teacher_for_other_images_or_of_another_kind_is_refused(teacher_checkp
 def test_the_default_trains_with_a_teacher_through_the_cli(teacher_checkpoint, tmp_path) -> None:
     """The teacher config's checkpoint under the ViT default's config, two steps; the student's checkpoint
     holds no teacher and classifies alone."""
-    result = run_in_process("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir",
-                            str(tmp_path), "--model.init_args.teacher", str(teacher_checkpoint),
-                            "--model.init_args.dist_token", "true", "--trainer.limit_train_batches", "2")
+    result = run_in_process("fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir",
+                            str(tmp_path), "--model.init_args.distillation.teacher", str(teacher_checkpoint),
+                            "--model.init_args.architecture.dist_token", "true", "--trainer.limit_train_batches", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     checkpoint = next(tmp_path.rglob("last.ckpt"))
     state = torch.load(checkpoint, weights_only=True)["state_dict"]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.conftest import CONFIGS, run_script
+from tests.conftest import run_script, tiny
 
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
 
@@ -18,8 +18,8 @@ def printed_metrics(stdout: str, stage: str) -> dict[str, str]:
 
 def test_vit_accuracy_with_two_processes_equals_one_on_an_odd_sized_split(vit_checkpoint, tmp_path) -> None:
     # 999 validation images: shards of 500 and 499, so padding (a repeated image) would change the accuracy.
-    common = ["validate", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
-              "--data.init_args.val_size", "999", "--data.init_args.eval_batch_size", "100",
+    common = ["validate", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
+              "--data.init_args.val_size", "999", "--data.init_args.loader.eval_batch_size", "100",
               "--trainer.limit_val_batches", "1.0"]
     one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
     two = run_script(*common, *DDP, "--trainer.default_root_dir", str(tmp_path / "two"))
@@ -33,7 +33,7 @@ def test_vit_accuracy_with_two_processes_equals_one_on_an_odd_sized_split(vit_ch
 
 def test_a_two_process_fit_checkpoints_once(tmp_path) -> None:
     run = tmp_path / "run"
-    result = run_script("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), *DDP, "--trainer.default_root_dir",
+    result = run_script("fit", *tiny("vit_tiny.yaml"), *DDP, "--trainer.default_root_dir",
                         str(run))  # one epoch of 4 steps, then validation
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoints = sorted(path.name for path in run.rglob("*.ckpt"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, REPO, console_script
+from tests.conftest import CONFIGS, REPO, console_script, tiny
 from vision_attn.checkpoint import load_file
 from vision_attn.io import replace_atomically, write_json_atomically
 
@@ -32,7 +32,7 @@ def resume_config(tmp_path: Path, name: str, *, slow: bool) -> tuple[Path, Path]
 
 def fit(config: Path, root: Path, *extra: str, wait: bool = True) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([console_script(), "fit", "--config", str(config), "--trainer.default_root_dir",
+    process = subprocess.Popen([console_script(), "fit", *tiny("vit_tiny.yaml", config), "--trainer.default_root_dir",
                                 str(root), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     if wait:
@@ -82,8 +82,8 @@ def test_a_run_killed_mid_epoch_resumes_to_bitwise_the_same_weights(tmp_path) ->
 def test_a_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path) -> None:
     config, checkpoints = resume_config(tmp_path, "nan", slow=False)
     result = subprocess.run(
-        [console_script(), "fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path / "nan"),
-         "--model.init_args.lr", "1e30", "--model.init_args.weight_decay", "0"],
+        [console_script(), "fit", *tiny("vit_tiny.yaml", config), "--trainer.default_root_dir", str(tmp_path / "nan"),
+         "--model.init_args.optimiser.lr", "1e30", "--model.init_args.optimiser.weight_decay", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 2, result.stderr[-3000:]

@@ -11,27 +11,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, run_in_process, run_script
-from vision_attn.captioning.module import ShowAttendTell, feature_caches, fill_feature_caches
+from tests.conftest import run_in_process, run_script, tiny
 from vision_attn.data.coco import load_caption_image
 from vision_attn.data.feature_cache import FeatureCache
 from vision_attn.datamodules import CocoCaptionsDataModule
+from vision_attn.tasks import CaptionerTask
 
 
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cache_scenes") / "scenes"
-    CocoCaptionsDataModule(str(root), generate_scenes=True, scenes_counts={"train": 24, "val": 6, "test": 6})
+    CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": {"train": 24, "val": 6, "test": 6}})
     return root
 
 
 def data_and_model(scenes: Path, cache: Path, trainable_stages: int, **data) -> tuple:
-    datamodule = CocoCaptionsDataModule(str(scenes), batch_size=8, eval_batch_size=5, **data)
+    datamodule = CocoCaptionsDataModule(str(scenes), loader={"batch_size": 8, "eval_batch_size": 5},
+                                        feature_cache={"folder": str(cache)}, **data)
     datamodule.setup("fit")
     torch.manual_seed(0)
-    module = ShowAttendTell(vocabulary=datamodule.vocab_tokens, encoder_width=8, embed_dim=16, hidden_dim=32,
-                            attention_dim=16, image_size=datamodule.image_size, trainable_stages=trainable_stages,
-                            feature_cache=str(cache))
+    module = CaptionerTask(vocabulary=datamodule.vocab_tokens, image=datamodule.image_format,
+                           encoder={"width": 8, "trainable_stages": trainable_stages},
+                           decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16})
     return datamodule, module
 
 
@@ -39,8 +40,10 @@ def data_and_model(scenes: Path, cache: Path, trainable_stages: int, **data) -> 
 def test_cached_features_are_what_the_frozen_encoder_computes(scenes, tmp_path, trainable_stages) -> None:
     datamodule, module = data_and_model(scenes, tmp_path / "cache", trainable_stages)
     encoder = module.model.encoder.eval()
-    caches = feature_caches(module.model, datamodule, ["train"], tmp_path / "cache")
-    [cache] = fill_feature_caches(module.model, datamodule, caches, progress=False).values()
+    part = module.frozen_encoder_part()
+    caches = datamodule.feature_caches(part, ["train"])
+    datamodule.fill_feature_caches(part, caches, progress=False)
+    cache = caches["train"]
     records = datamodule.records("train")
     images = datamodule.normalize(torch.stack([load_caption_image(r.path, 96) for r in records]))
     with torch.no_grad():
@@ -49,9 +52,7 @@ def test_cached_features_are_what_the_frozen_encoder_computes(scenes, tmp_path, 
         cached = torch.stack([cache[i] for i in range(len(records))])
         assert cached.dtype == torch.float16 and cached.shape == expected.shape
         torch.testing.assert_close(cached.float(), expected, atol=2e-3, rtol=2e-3)
-        encoder.cached_input = True
-        from_cache, cached_grid = encoder(cached)  # the rest of the encoder on the cache
-        encoder.cached_input = False
+        from_cache, cached_grid = encoder.from_frozen(cached)  # the rest of the encoder on the cache
     assert cached_grid == grid == (6, 6)
     torch.testing.assert_close(from_cache, direct, atol=1e-2, rtol=1e-2)
     # the training set now serves the cached features in place of the images
@@ -108,22 +109,26 @@ def test_ranks_fill_disjoint_shards_and_together_complete_the_cache(tmp_path) ->
 
 def test_a_changed_setting_or_image_never_reads_the_old_cache(scenes, tmp_path) -> None:
     datamodule, module = data_and_model(scenes, tmp_path, 0)
-    first = feature_caches(module.model, datamodule, ["val"], tmp_path)["val"]
+
+    def caches(datamodule: CocoCaptionsDataModule = datamodule) -> FeatureCache:
+        return datamodule.feature_caches(module.frozen_encoder_part(), ["val"])["val"]
+
+    first = caches()
     other_size, _ = data_and_model(scenes, tmp_path, 0, image_size=64)
     other_std, _ = data_and_model(scenes, tmp_path, 0, std=[0.5, 0.5, 0.5])
-    assert feature_caches(module.model, other_size, ["val"], tmp_path)["val"].folder != first.folder
-    assert feature_caches(module.model, other_std, ["val"], tmp_path)["val"].folder != first.folder
+    assert caches(other_size).folder != first.folder
+    assert caches(other_std).folder != first.folder
     with torch.no_grad():
         module.model.encoder.trunk[0][0].weight[0, 0, 0, 0] += 1e-3  # other weights
-    assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder != first.folder
+    assert caches().folder != first.folder
     with torch.no_grad():
         module.model.encoder.trunk[0][0].weight[0, 0, 0, 0] -= 1e-3
-    assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder == first.folder
+    assert caches().folder == first.folder
     image = datamodule.records("val")[0].path
     stat = image.stat()
     os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # an image rewritten since
     try:
-        assert feature_caches(module.model, datamodule, ["val"], tmp_path)["val"].folder != first.folder
+        assert caches().folder != first.folder
     finally:
         os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     # a folder whose key.json disagrees with its name (edited, or another format) is emptied, not read
@@ -136,8 +141,8 @@ def test_a_changed_setting_or_image_never_reads_the_old_cache(scenes, tmp_path) 
 
 def test_fit_and_test_read_the_cache_through_the_cli(scenes, tmp_path) -> None:
     cache, run = tmp_path / "cache", tmp_path / "run"
-    common = ["--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
-              "--model.init_args.trainable_stages", "0", "--model.init_args.feature_cache", str(cache)]
+    common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+              "--model.init_args.encoder.trainable_stages", "0", "--data.init_args.feature_cache.folder", str(cache)]
     ahead = run_in_process("cache-features", *common)
     assert ahead.returncode == 0, ahead.stderr[-3000:]
     assert "36 images x" in ahead.stdout and "(3 of 3 shards to fill)" in ahead.stdout
@@ -157,12 +162,13 @@ def test_fit_and_test_read_the_cache_through_the_cli(scenes, tmp_path) -> None:
 
 
 def test_a_feature_cache_needs_a_frozen_encoder(tmp_path) -> None:
-    result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
-                            str(tmp_path / "s"), "--model.init_args.feature_cache", str(tmp_path / "cache"))
+    result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
+                            str(tmp_path / "s"), "--data.init_args.feature_cache.folder", str(tmp_path / "cache"),
+                            "--trainer.default_root_dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: feature_cache needs a frozen encoder, whose output never changes: set trainable_stages to 0 "
-        "(all frozen) or to fewer stages than the trunk has")
+        "error: feature_cache needs a frozen encoder, whose output never changes: set the model's "
+        "encoder.trainable_stages to 0 (all frozen) or to fewer stages than the trunk has")
     assert not (tmp_path / "cache").exists()
 
 
@@ -177,9 +183,10 @@ def test_features_beyond_fp16s_range_are_refused_before_a_shard_is_written(tmp_p
 
 def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes, tmp_path) -> None:
     checkpoint_run = tmp_path / "run"
-    common = ["--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
-              "--model.init_args.trainable_stages", "0", "--model.init_args.feature_cache", str(tmp_path / "cache"),
-              "--model.init_args.feature_cache_shard_size", "2", "--data.init_args.eval_batch_size", "1"]
+    common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+              "--model.init_args.encoder.trainable_stages", "0",
+              "--data.init_args.feature_cache.folder", str(tmp_path / "cache"),
+              "--data.init_args.feature_cache.shard_size", "2", "--data.init_args.loader.eval_batch_size", "1"]
     fitted = run_in_process("fit", *common, "--trainer.default_root_dir", str(checkpoint_run),
                             "--trainer.limit_val_batches", "0")
     assert fitted.returncode == 0, fitted.stderr[-3000:]
@@ -203,13 +210,13 @@ def test_a_bad_cache_folder_or_shard_size_is_one_line_before_any_work(scenes, tm
     (tmp_path / "a_file").write_text("x")
     folder = {"a_file": tmp_path / "a_file", "under_a_file": tmp_path / "a_file" / "cache",
               "shard_size_0": tmp_path / "cache"}[bad]
-    result = run_in_process("cache-features", "--config", str(CONFIGS / "captioner_tiny.yaml"),
-                            "--data.init_args.root", str(scenes), "--model.init_args.trainable_stages", "0",
-                            "--model.init_args.feature_cache", str(folder),
-                            "--model.init_args.feature_cache_shard_size", "0" if bad == "shard_size_0" else "4")
+    result = run_in_process("cache-features", *tiny("captioner_tiny.yaml"),
+                            "--data.init_args.root", str(scenes), "--model.init_args.encoder.trainable_stages", "0",
+                            "--data.init_args.feature_cache.folder", str(folder),
+                            "--data.init_args.feature_cache.shard_size", "0" if bad == "shard_size_0" else "4")
     assert result.returncode == 2
     expected = {"a_file": f"error: {folder}: is a file, not a folder to write into",
                 "under_a_file": f"error: {folder}: cannot be written, {tmp_path / 'a_file'} is a file, not a folder",
-                "shard_size_0": "error: feature_cache_shard_size must be at least 1, got 0"}[bad]
+                "shard_size_0": "error: feature_cache.shard_size must be at least 1, got 0"}[bad]
     assert result.stderr.strip().splitlines()[-1] == expected
     assert (tmp_path / "a_file").read_text() == "x" and not (tmp_path / "cache").exists()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import CONFIGS, run_script
+from tests.conftest import run_script, tiny
 from tests.test_captioner_model import captions_batch, tiny_decoder
 from vision_attn.attention import AdditiveAttention
 from vision_attn.captioning.beam_search import beam_search
@@ -111,13 +111,13 @@ def test_the_captioner_trains_in_bf16_mixed_and_its_checkpoint_tests_captions_an
         tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("vision_attn.trainer_cli.cpu_flags", lambda: {"sse2", "avx2"})  # a CPU without bf16
     scenes, run = tmp_path / "scenes", tmp_path / "run"
-    common = ["--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
+    common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
               "--trainer.precision", "bf16-mixed"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         main(["fit", *common, "--trainer.max_epochs", "10", "--trainer.log_every_n_steps", "1",
               "--trainer.check_val_every_n_epoch", "10",
-              "--model.init_args.lr", "0.01", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+              "--model.init_args.optimiser.lr", "0.01", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
               "--trainer.logger.save_dir", str(run), "--trainer.default_root_dir", str(run)])
     said = [str(w.message) for w in caught if "without bf16 arithmetic" in str(w.message)]
     assert len(said) == 1, said  # one warning at start-up, not one per step
@@ -148,7 +148,7 @@ def test_the_captioner_trains_in_bf16_mixed_and_its_checkpoint_tests_captions_an
 
 def test_the_vit_trains_in_bf16_mixed(tmp_path) -> None:
     run = tmp_path / "run"
-    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.precision", "bf16-mixed",
+    main(["fit", *tiny("vit_tiny.yaml"), "--trainer.precision", "bf16-mixed",
           "--trainer.limit_train_batches", "60", "--trainer.log_every_n_steps", "1",
           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(run),
           "--trainer.default_root_dir", str(run)])

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import CONFIGS, run_in_process
+from tests.conftest import run_in_process, tiny
 from vision_attn.boxes import box_cell_coverage, box_cell_weights
-from vision_attn.captioning.losses import grounding_loss, grounding_targets, object_loss
+from vision_attn.captioning.aids import grounding_loss, grounding_targets, object_loss
 from vision_attn.data.coco import pad_objects, read_object_targets
 from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
 from vision_attn.data.vocabulary import SPECIALS
@@ -108,14 +108,15 @@ def test_object_targets_hold_the_instances_boxes_classes_and_colours(scenes):
 
 
 def test_datamodule_batches_carry_each_images_objects(scenes):
-    data = CocoCaptionsDataModule(str(scenes), image_size=96, batch_size=4, group_captions=True, object_targets=True)
+    data = CocoCaptionsDataModule(str(scenes), image_size=96, loader={"batch_size": 4}, group_captions=True,
+                                  object_targets=True)
     assert data.object_classes == CLASS_WORDS and data.object_colours == list(COLOURS)
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     assert batch.objects.shape[0] == 4 and batch.objects.shape[2] == 6
     counts = (batch.objects[..., 0] >= 0).sum(1)
     assert ((counts >= 2) & (counts <= 3)).all()  # 2 or 3 items per scene
-    plain = CocoCaptionsDataModule(str(scenes), image_size=96, batch_size=4)
+    plain = CocoCaptionsDataModule(str(scenes), image_size=96, loader={"batch_size": 4})
     assert plain.object_classes == [] and plain.object_colours == []
     plain.setup("fit")
     assert next(iter(plain.train_dataloader())).objects is None
@@ -126,15 +127,15 @@ def test_object_targets_without_an_instances_file_is_one_line(tmp_path):
     make_scenes(root, counts={"train": 4, "val": 2, "test": 2})
     make_scenes(plain, counts={"train": 4, "val": 2, "test": 2})
     (root / "annotations" / "instances_train.json").unlink()
-    result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
                             str(root), "--data.init_args.object_targets", "true",
                             "--trainer.default_root_dir", str(tmp_path / "run"))
     assert result.returncode != 0
     error = result.stderr.strip().splitlines()[-1]
     assert "instances_train.json" in error and "object_targets" in error and "Traceback" not in result.stderr
     for option in ("object_weight", "grounding_weight"):
-        result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
-                                str(plain), f"--model.init_args.{option}", "1.0",
+        result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
+                                str(plain), f"--model.init_args.aids.{option}", "1.0",
                                 "--trainer.default_root_dir", str(tmp_path / "run2"))
         assert result.returncode != 0
         error = result.stderr.strip().splitlines()[-1]
@@ -144,16 +145,18 @@ def test_object_targets_without_an_instances_file_is_one_line(tmp_path):
 def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_the_heads(scenes, tmp_path):
     """Through the CLI, with grounding and self-critical training too: both losses are logged in training, and
     the heads stay out of the captioner."""
-    from vision_attn.captioning.model import Captioner
+    from vision_attn.captioning.captioner import Captioner
 
     run = tmp_path / "run"
-    result = run_in_process("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root",
+    result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
                             str(scenes), "--data.init_args.object_targets", "true", "--data.init_args.group_captions",
-                            "true", "--model.init_args.object_weight", "1.0",
-                            "--model.init_args.grounding_weight", "1.0", "--model.init_args.word_counts", "true",
-                            "--model.init_args.attend_with_word", "true", "--model.init_args.self_critical_from_epoch",
-                            "1", "--model.init_args.self_critical_samples", "2", "--trainer.max_epochs", "2",
-                            "--data.init_args.scenes_styles", '{"train": {"layout": "mixed"}}',
+                            "true", "--model.init_args.aids.object_weight", "1.0",
+                            "--model.init_args.aids.grounding_weight", "1.0",
+                            "--model.init_args.decoder.word_counts", "true",
+                            "--model.init_args.decoder.attend_with_word", "true",
+                            "--model.init_args.self_critical.from_epoch", "1",
+                            "--model.init_args.self_critical.samples", "2", "--trainer.max_epochs", "2",
+                            "--data.init_args.scenes.styles", '{"train": {"layout": "mixed"}}',
                             "--trainer.default_root_dir", str(run), "--trainer.log_every_n_steps", "1",
                             "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
                             "--trainer.logger.save_dir", str(run))
@@ -162,8 +165,8 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
     assert "train/object_loss" in logged and "train/object_acc" in logged and "train/grounding_loss" in logged
     checkpoint = next(run.rglob("best.ckpt"))
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    assert state["state_dict"]["object_head.weight"].shape[0] == len(CLASS_WORDS)
-    assert state["state_dict"]["object_colour_head.weight"].shape[0] == len(COLOURS)
+    assert state["state_dict"]["aids.object_head.weight"].shape[0] == len(CLASS_WORDS)
+    assert state["state_dict"]["aids.object_colour_head.weight"].shape[0] == len(COLOURS)
     captioner = Captioner.from_checkpoint(checkpoint)
     assert not any("object" in name for name in captioner.state_dict())
 
@@ -172,17 +175,18 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
 def test_every_trainable_parameter_is_optimised_the_training_aids_heads_too(trainable_stages):
     """The concept, object and colour heads are the LightningModule's, not the captioner's: they must still be in
     the optimiser's groups (once each), or their losses train the encoder against fixed random heads."""
-    from vision_attn.captioning.module import ShowAttendTell
+    from vision_attn.tasks import CaptionerTask
 
-    module = ShowAttendTell(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], encoder_width=8, embed_dim=16,
-                            hidden_dim=32, attention_dim=16, image_size=96, trainable_stages=trainable_stages,
-                            concept_weight=1.0, object_weight=1.0, grounding_weight=1.0,
-                            object_classes=list(CLASS_WORDS), object_colours=list(COLOURS))
+    module = CaptionerTask(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], image={"size": 96},
+                           encoder={"width": 8, "trainable_stages": trainable_stages},
+                           decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
+                           aids={"concept_weight": 1.0, "object_weight": 1.0, "grounding_weight": 1.0},
+                           objects={"classes": list(CLASS_WORDS), "colours": list(COLOURS)})
     grouped = [id(p) for group in module.parameter_groups() for p in group["params"]]
     trainable = {id(p): name for name, p in module.named_parameters() if p.requires_grad}
     assert len(grouped) == len(set(grouped))
     assert set(grouped) == set(trainable), sorted(trainable[i] for i in set(trainable) - set(grouped))
-    assert any(name.startswith("object_colour_head") for name in trainable.values())
+    assert any(name.startswith("aids.object_colour_head") for name in trainable.values())
 
 
 def test_grounding_targets_point_each_naming_word_at_its_objects_box():
@@ -212,52 +216,53 @@ def test_grounding_targets_point_each_naming_word_at_its_objects_box():
     assert without_colours[0].tolist() == [False, False, True, False, False, False, False, True]
 
 
-def _scenes_captioner(**options):
-    from vision_attn.captioning.module import ShowAttendTell
+def _scenes_captioner(pretrained: str | None = None, classes: list[str] = CLASS_WORDS, **aids):
+    from vision_attn.tasks import CaptionerTask
 
-    options = {"encoder_width": 24, "object_weight": 1.0, "object_classes": list(CLASS_WORDS), **options}
-    return ShowAttendTell(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], embed_dim=16, hidden_dim=32,
-                          attention_dim=16, image_size=96, object_colours=list(COLOURS),
-                          mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], **options)
+    return CaptionerTask(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS],
+                         image={"size": 96, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+                         encoder={"width": 24, "pretrained": pretrained},
+                         decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
+                         aids={"object_weight": 1.0, **aids},
+                         objects={"classes": list(classes), "colours": list(COLOURS)})
 
 
 def test_object_heads_start_from_the_pretrained_classifier_heads(pretrained_encoder):
     """``object_heads_from_encoder``: the object class and colour heads are the pretraining's, so the object loss
     of a box reads what the pretrained encoder read of an item; without it they are new."""
     state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
-    started = _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True)
-    fresh = _scenes_captioner(pretrained_encoder=str(pretrained_encoder))
-    for head, key in ((started.object_head, "model.head"), (started.object_colour_head, "model.colour_head")):
+    started = _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True)
+    fresh = _scenes_captioner(str(pretrained_encoder))
+    for head, key in ((started.aids.object_head, "model.head"), (started.aids.object_colour_head, "model.colour_head")):
         torch.testing.assert_close(head.weight, state[f"{key}.weight"])
         torch.testing.assert_close(head.bias, state[f"{key}.bias"])
-    assert not torch.equal(fresh.object_head.weight, state["model.head.weight"])
+    assert not torch.equal(fresh.aids.object_head.weight, state["model.head.weight"])
     # the heads read the trunk's pooled vectors exactly as the pretraining's classifier did
     from vision_attn.captioning.encoder import EncoderClassifier
 
-    classifier = EncoderClassifier(encoder_width=24, num_classes=len(CLASS_WORDS), num_colours=len(COLOURS))
+    classifier = EncoderClassifier(width=24, num_classes=len(CLASS_WORDS), num_colours=len(COLOURS))
     classifier.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     classifier.eval()
     started.eval()
     images = torch.rand(2, 3, 32, 32)
     pooled = started.model.encoder(images)[0].mean(dim=1)
     class_logits, colour_logits = classifier(images)
-    torch.testing.assert_close(started.object_head(pooled), class_logits)
-    torch.testing.assert_close(started.object_colour_head(pooled), colour_logits)
+    torch.testing.assert_close(started.aids.object_head(pooled), class_logits)
+    torch.testing.assert_close(started.aids.object_colour_head(pooled), colour_logits)
 
 
 def test_object_heads_from_encoder_refuses_what_it_cannot_start_from(pretrained_encoder, tmp_path):
-    with pytest.raises(ValueError, match="needs pretrained_encoder"):
+    with pytest.raises(ValueError, match="needs encoder.pretrained"):
         _scenes_captioner(object_heads_from_encoder=True)
     with pytest.raises(ValueError, match="set object_weight above 0"):
-        _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True,
-                          object_weight=0.0)
+        _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True, object_weight=0.0)
     from vision_attn.errors import CheckpointError
 
     trunk_only = tmp_path / "trunk.pt"  # the same trunk as a bare state dict: nothing to read classes with
     state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
     torch.save({k: v for k, v in state.items() if "head" not in k}, trunk_only)
     with pytest.raises(CheckpointError, match="not an encoder pretraining checkpoint with class heads"):
-        _scenes_captioner(pretrained_encoder=str(trunk_only), object_heads_from_encoder=True)
+        _scenes_captioner(str(trunk_only), object_heads_from_encoder=True)
     with pytest.raises(CheckpointError, match="are not this captioner's object classes"):
-        _scenes_captioner(pretrained_encoder=str(pretrained_encoder), object_heads_from_encoder=True,
-                          object_classes=list(reversed(CLASS_WORDS)))
+        _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True,
+                          classes=list(reversed(CLASS_WORDS)))

@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_in_process, run_script
+from tests.conftest import run_in_process, run_script, tiny
 from vision_attn.overlay import heat_panel, panel_grid, upsample_heatmap, write_gallery
-from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.vit.rollout import attention_rollout, class_map, discard_weakest, explain, fuse_heads
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 # --- heat-map geometry ------------------------------------------------------------------------------
 
@@ -316,10 +316,9 @@ def test_validation_writes_overlay_pngs_when_there_is_no_image_logger(vit_checkp
 def test_validation_logs_overlays_to_tensorboard_and_not_in_the_sanity_check(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.conftest import CONFIGS
     from vision_attn.cli import main
 
-    main(["fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
+    main(["fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
           "--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger",
           "--trainer.logger.save_dir", str(tmp_path / "tb"), "--trainer.num_sanity_val_steps", "2",
           "--model.init_args.log_overlays", "2"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS
+from tests.conftest import tiny
 from vision_attn.cli import main
 from vision_attn.trainer_cli import cpu_flags
 
@@ -47,10 +47,10 @@ def weights_checksum(checkpoint: Path) -> float:
 
 def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *extra: str) -> dict[str, float]:
     run = tmp_path / "run"
-    main(["fit", "--config", str(CONFIGS / config), "--trainer.default_root_dir", str(run), *extra])
+    main(["fit", *tiny(config), "--trainer.default_root_dir", str(run), *extra])
     checkpoint = next(run.rglob("best.ckpt"))
     capsys.readouterr()
-    main(["test", "--config", str(CONFIGS / config), "--ckpt_path", str(checkpoint),
+    main(["test", *tiny(config), "--ckpt_path", str(checkpoint),
           "--trainer.default_root_dir", str(tmp_path / "test"), *extra])
     figures = {name: float(value) for name, value in TEST_ROW.findall(capsys.readouterr().out)}
     assert figures, "the test run printed no test metrics"

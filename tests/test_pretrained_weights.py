@@ -24,11 +24,11 @@ import torchvision
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from tests.conftest import CONFIGS, REPO, run_script
+from tests.conftest import REPO, run_script, tiny
 from vision_attn.captioning.encoder import AnnotationEncoder, SmallCNN
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.vision_transformer import VisionTransformer
 from vision_attn.vit.pretrained import load_pretrained
+from vision_attn.vit.vision_transformer import VisionTransformer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 RESNET_TRUNK = {"0.0": "conv1", "0.1": "bn1", "1": "layer1", "2": "layer2", "3": "layer3", "4": "layer4"}
@@ -126,7 +126,7 @@ def test_torchvision_weights_by_name_load_from_the_torch_hub_cache_offline(name,
         stage, rest = (key[:3], key[4:]) if key.startswith("0.") else (key[:1], key[2:])
         assert torch.equal(value, resnet50_state[f"{RESNET_TRUNK[stage]}.{rest}"]), key
     assert len(trunk) == len([k for k in resnet50_state if not k.startswith("fc.")])
-    assert encoder.pretrained_with == {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    assert encoder.pretrained_with == {"image": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}
 
 
 def test_imagenet_means_torchvisions_default_weights() -> None:
@@ -152,10 +152,10 @@ def test_torchvision_weights_missing_offline_are_one_line_naming_the_file(tmp_pa
 def test_the_cli_reports_missing_torchvision_weights_in_one_line(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = run_script("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"),
+    result = run_script("fit", *tiny("captioner_tiny.yaml"),
                         "--data.init_args.root", str(tmp_path / "scenes"), "--trainer.default_root_dir",
-                        str(tmp_path / "run"), "--model.init_args.backbone", "resnet50",
-                        "--model.init_args.pretrained_encoder", "imagenet")
+                        str(tmp_path / "run"), "--model.init_args.encoder.backbone", "resnet50",
+                        "--model.init_args.encoder.pretrained", "imagenet")
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -214,7 +214,7 @@ print(json.dumps({"pretrained_with": encoder.pretrained_with, "missing": missing
     trunk = torch.load(tmp_path / "trunk.pt", weights_only=True)
     assert trunk and all(torch.equal(value, written[key]) for key, value in trunk.items())
     assert set(written) - set(trunk) == {"fc.weight", "fc.bias"}
-    assert outcome["pretrained_with"] == {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    assert outcome["pretrained_with"] == {"image": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}
     # another tag of the same model is not cached: one line naming where it was looked for, at once
     assert outcome["missing"]["type"] == "CheckpointError"
     assert_one_line(outcome["missing"]["error"], "HF_HUB_OFFLINE",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import console_script, run_in_process
+from tests.conftest import console_script, run_in_process, tiny
 from vision_attn.data.images import MAX_PIXELS, open_image
 from vision_attn.errors import BadImageError
 
@@ -87,9 +87,8 @@ def test_overlay_never_writes_over_its_inputs(tmp_path: Path, trained_captioner)
 
 
 def test_a_second_fit_in_the_same_folder_is_refused_unless_overwrite(tmp_path: Path) -> None:
-    from tests.conftest import CONFIGS
 
-    fit = ("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path))
+    fit = ("fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path))
     assert run(*fit).returncode == 0
     best = tmp_path / "checkpoints" / "best.ckpt"
     first, written = best.read_bytes(), best.stat().st_mtime_ns
@@ -133,24 +132,24 @@ def test_ctrl_c_during_caption_keeps_the_finished_captions(tmp_path: Path, train
 
 @pytest.mark.parametrize("root", ["missing", "a_file", "empty"])
 def test_a_bad_data_root_is_named_in_one_line_not_in_a_union_dump(root: str, tmp_path: Path) -> None:
-    from tests.conftest import REPO
+    from tests.conftest import shipped
 
     path = {"missing": tmp_path / "nothing", "a_file": tmp_path / "file.txt", "empty": tmp_path / "empty"}[root]
     if root == "a_file":
         path.write_text("x")
     if root == "empty":
         (path / "train").mkdir(parents=True)
-    result = run("fit", "--config", str(REPO / "configs" / "vit" / "imagefolder.yaml"), "--data.init_args.root",
-                 str(path), "--trainer.default_root_dir", str(tmp_path / "run"))
+    result = run("fit", *shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "vit/imagefolder.yaml"),
+                 "--data.init_args.root", str(path), "--trainer.default_root_dir", str(tmp_path / "run"))
     one_line_error(result, str(path), after_logs=True)
     assert "Union" not in result.stderr and "Namespace" not in result.stderr
 
 
 def test_a_min_word_count_that_keeps_no_word_is_refused(tmp_path: Path) -> None:
-    from tests.conftest import CONFIGS
 
-    result = run("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
-                 "--data.init_args.min_word_count", "100000", "--trainer.default_root_dir", str(tmp_path / "run"))
+    result = run("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
+                 "--data.init_args.vocabulary.min_word_count", "100000",
+                 "--trainer.default_root_dir", str(tmp_path / "run"))
     one_line_error(result, "min_word_count 100000 keeps no word", after_logs=True)
     assert not (tmp_path / "run").exists()
 
@@ -158,10 +157,9 @@ def test_a_min_word_count_that_keeps_no_word_is_refused(tmp_path: Path) -> None:
 def test_vocab_json_records_the_min_word_count_used(tmp_path: Path) -> None:
     import json
 
-    from tests.conftest import CONFIGS
 
-    result = run("fit", "--config", str(CONFIGS / "captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
-                 "--data.init_args.min_word_count", "2", "--trainer.default_root_dir", str(tmp_path / "run"))
+    result = run("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "s"),
+                 "--data.init_args.vocabulary.min_word_count", "2", "--trainer.default_root_dir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-2000:]
     saved = json.loads(next((tmp_path / "run").rglob("vocab.json")).read_text())
     assert saved["min_count"] == 2
@@ -182,14 +180,13 @@ def test_overlay_that_fails_half_way_leaves_no_half_made_gallery(tmp_path: Path,
     assert sorted(path.name for path in existing.iterdir()) == ["keep.txt"]  # no a.png, no index.html, no staging
 
 
-@pytest.mark.parametrize("setting", [("--data.init_args.batch_size", "-3", "batch_size must be at least 1"),
-                                     ("--data.init_args.num_workers", "-1", "num_workers"),
+@pytest.mark.parametrize("setting", [("--data.init_args.loader.batch_size", "-3", "batch_size must be at least 1"),
+                                     ("--data.init_args.loader.num_workers", "-1", "num_workers"),
                                      ("--trainer.max_epochs", "-5", "Lightning refused a setting: `max_epochs`")])
 def test_a_bad_number_in_the_training_config_is_one_line(setting: tuple[str, str, str], tmp_path: Path) -> None:
-    from tests.conftest import CONFIGS
 
     option, value, message = setting
-    result = run("fit", "--config", str(CONFIGS / "vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
+    result = run("fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
                  option, value)
     one_line_error(result, message, after_logs=True)
     assert not list((tmp_path / "run").rglob("*.ckpt"))

@@ -60,11 +60,11 @@ def test_a_pickle_payload_is_refused_and_never_runs(tmp_path, capsys) -> None:
 
 
 def test_a_pickle_payload_given_as_ckpt_path_is_refused_before_lightning_reads_it(tmp_path, capsys) -> None:
-    from tests.conftest import CONFIGS
+    from tests.conftest import tiny
 
     _, zipped = evil_checkpoints(tmp_path)
     with pytest.raises(SystemExit):
-        main(["test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", str(zipped),
+        main(["test", *tiny("vit_tiny.yaml"), "--ckpt_path", str(zipped),
               "--trainer.default_root_dir", str(tmp_path / "run")])
     assert "refused" in capsys.readouterr().err
     assert not (tmp_path / "payload_ran").exists()
@@ -95,13 +95,13 @@ def unsafe_ckpt(folder: Path) -> Path:
 
 @pytest.mark.parametrize("scheme", ["http", "file", "fsspec"])
 def test_a_remote_or_uri_ckpt_path_never_runs_code(scheme: str, tmp_path: Path, capsys) -> None:
-    from tests.conftest import CONFIGS
+    from tests.conftest import tiny
 
     evil = unsafe_ckpt(tmp_path)
     with serving(tmp_path) as url:
         location = {"http": f"{url}/{evil.name}", "file": evil.as_uri(), "fsspec": f"simplecache::{url}/{evil.name}"}
         with pytest.raises(SystemExit) as exit_info:
-            main(["test", "--config", str(CONFIGS / "vit_tiny.yaml"), "--ckpt_path", location[scheme],
+            main(["test", *tiny("vit_tiny.yaml"), "--ckpt_path", location[scheme],
                   "--trainer.default_root_dir", str(tmp_path / "run")])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.startswith("error: ") and "Traceback" not in err
@@ -115,15 +115,15 @@ def test_a_remote_or_uri_ckpt_path_never_runs_code(scheme: str, tmp_path: Path, 
 
 
 def test_load_from_checkpoint_and_pretrained_weights_refuse_remote_paths(tmp_path: Path) -> None:
-    from vision_attn.vit.module import ViTClassifier
+    from vision_attn.tasks import ViTTask
 
     evil = unsafe_ckpt(tmp_path)
     with serving(tmp_path) as url:
         for location in (f"{url}/{evil.name}", evil, evil.as_uri()):
             with pytest.raises(CheckpointError):
-                ViTClassifier.load_from_checkpoint(location)
+                ViTTask.load_from_checkpoint(location)
             with pytest.raises(CheckpointError):
-                ViTClassifier(pretrained=str(location))
+                ViTTask(pretrained=str(location))
     assert not (tmp_path / "payload_ran").exists()
 
 

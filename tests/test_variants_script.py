@@ -24,21 +24,23 @@ def config() -> dict:
     return {"seed_everything": 0,
             "trainer": {"max_time": "00:00:10:00", "default_root_dir": "runs/a",
                         "callbacks": [{"init_args": {"dirpath": "runs/a/checkpoints"}}]},
-            "model": {"init_args": {"embed_dim": 96}}, "data": {"init_args": {"root": "data/x", "train_window": None}}}
+            "model": {"init_args": {"architecture": {"embed_dim": 96}}},
+            "data": {"init_args": {"root": "data/x", "canvas": {"train_window": None}}}}
 
 
 def test_each_kind_of_override_lands_where_it_names(variants) -> None:
     cfg = config()
-    done = variants.apply_sets(cfg, ["embed_dim=64", "data.train_window=40", "trainer.max_time=00:00:01:00",
-                                     "seed_everything=1", "model.attention_grounding=1.0"])
-    assert cfg["model"]["init_args"] == {"embed_dim": 64, "attention_grounding": 1.0}
-    assert cfg["data"]["init_args"]["train_window"] == 40
+    done = variants.apply_sets(cfg, ["architecture.embed_dim=64", "data.canvas.train_window=40",
+                                     "trainer.max_time=00:00:01:00", "seed_everything=1",
+                                     "model.training.attention_grounding=1.0"])
+    assert cfg["model"]["init_args"] == {"architecture": {"embed_dim": 64}, "training": {"attention_grounding": 1.0}}
+    assert cfg["data"]["init_args"]["canvas"]["train_window"] == 40
     assert cfg["trainer"]["max_time"] == "00:00:01:00"
     assert cfg["seed_everything"] == 1
-    assert done["seed_everything"] == 1 and done["embed_dim"] == 64
+    assert done["seed_everything"] == 1 and done["architecture.embed_dim"] == 64
 
 
-@pytest.mark.parametrize("pair", ["embed_dim", "=3", "optimizer.lr=1", "model.=2"])
+@pytest.mark.parametrize("pair", ["embed_dim", "=3", "model.=2", "decoder..dropout=0.1"])
 def test_a_malformed_override_stops_with_a_message(variants, pair: str) -> None:
     with pytest.raises(ValueError, match="--set"):
         variants.apply_sets(config(), [pair])
@@ -47,7 +49,7 @@ def test_a_malformed_override_stops_with_a_message(variants, pair: str) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["bad/name"], "NAME must be"),
     (["fine", "--config", "configs/none.yaml"], "no such config"),
-    (["fine", "--config", "configs/vit/fashion_mnist.yaml", "--set", "optimizer.lr=1"], "--set KEY is"),
+    (["fine", "--config", "configs/vit/fashion_mnist.yaml", "--set", "model.=1"], "--set KEY is"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=tmp_path)

@@ -8,7 +8,7 @@ import csv
 import pytest
 import torch
 
-from tests.conftest import REPO, run_in_process, run_script
+from tests.conftest import run_in_process, run_script, shipped
 from vision_attn.data.fashion_mnist import (
     canvas_mean_std,
     find_fashion_mnist,
@@ -18,7 +18,8 @@ from vision_attn.data.fashion_mnist import (
 )
 from vision_attn.metrics import mask_mass, pointing_game
 
-CANVAS_CONFIG = REPO / "configs" / "vit" / "fashion_mnist_canvas.yaml"
+CANVAS_CONFIG = shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml",
+                        "vit/fashion_mnist_canvas.yaml")
 
 
 def test_placing_items_keeps_every_pixel_and_nothing_else() -> None:
@@ -44,7 +45,8 @@ def test_canvas_mean_and_std_are_those_of_the_placed_items() -> None:
 def test_canvas_datamodule_masks_and_labels_belong_to_the_item() -> None:
     from vision_attn.datamodules import FashionMNISTCanvasDataModule
 
-    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=64, eval_batch_size=100)
+    data = FashionMNISTCanvasDataModule(canvas={"size": 56}, val_size=500,
+                                        loader={"batch_size": 64, "eval_batch_size": 100})
     data.setup("test")
     images, labels = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "test")
     canvases, canvas_labels = data.test_set.images, data.test_set.labels  # type: ignore[union-attr]
@@ -59,11 +61,11 @@ def test_canvas_datamodule_masks_and_labels_belong_to_the_item() -> None:
     # the places differ between items, and are the same on every setup (a fixed test split)
     corners = [tuple(int(v) for v in torch.nonzero(mask)[0]) for mask in masks[:20]]
     assert len(set(corners)) > 10
-    again = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500)
+    again = FashionMNISTCanvasDataModule(canvas={"size": 56}, val_size=500)
     again.setup("test")
     assert torch.equal(again.test_set.images, canvases)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="at least 28"):
-        FashionMNISTCanvasDataModule(canvas_size=20)
+        FashionMNISTCanvasDataModule(canvas={"size": 20})
 
 
 def test_pointing_and_mass_on_hand_made_maps() -> None:
@@ -93,15 +95,14 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     tiny = ["--config", str(tmp_path / "tiny.yaml"), "--trainer.max_epochs", "1",
             "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
             "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false",
-            "--data.init_args.batch_size", "64", "--data.init_args.eval_batch_size", "100",
-            "--model.init_args.embed_dim", "32", "--model.init_args.depth", "2", "--model.init_args.num_heads", "2",
-            "--model.init_args.log_overlays", "0",
+            "--data.init_args.loader.batch_size", "64", "--data.init_args.loader.eval_batch_size", "100",
+            "--model.init_args.architecture.embed_dim", "32", "--model.init_args.architecture.depth", "2",
+            "--model.init_args.architecture.num_heads", "2", "--model.init_args.log_overlays", "0",
             "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.default_root_dir", str(tmp_path)]
-    fit = run_in_process("fit", "--config", str(CANVAS_CONFIG), *tiny, "--trainer.logger.save_dir",
-                         str(tmp_path / "fit"))
+    fit = run_in_process("fit", *CANVAS_CONFIG, *tiny, "--trainer.logger.save_dir", str(tmp_path / "fit"))
     assert fit.returncode == 0, fit.stderr[-3000:]
     checkpoint = checkpoints / "best.ckpt"
-    test = run_in_process("test", "--config", str(CANVAS_CONFIG), "--ckpt_path", str(checkpoint), *tiny,
+    test = run_in_process("test", *CANVAS_CONFIG, "--ckpt_path", str(checkpoint), *tiny,
                           "--trainer.logger.save_dir", str(tmp_path / "test"))
     assert test.returncode == 0, test.stderr[-3000:]
     rows = [row for path in tmp_path.rglob("metrics.csv") for row in csv.DictReader(path.open())]
@@ -131,7 +132,8 @@ def test_canvas_training_batches_carry_each_items_box() -> None:
 
     from vision_attn.datamodules import FashionMNISTCanvasDataModule
 
-    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=64, hflip=True)
+    data = FashionMNISTCanvasDataModule(canvas={"size": 56}, val_size=500, loader={"batch_size": 64},
+                                        augmentation={"hflip": True})
     data.setup("fit")
     data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     data.trainer.training = True
@@ -160,7 +162,8 @@ def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
 
     from vision_attn.datamodules import FashionMNISTCanvasDataModule
 
-    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=128, background_noise=64)
+    data = FashionMNISTCanvasDataModule(canvas={"size": 56, "background_noise": 64}, val_size=500,
+                                        loader={"batch_size": 128})
     data.setup("fit")
     data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     data.trainer.training = True
@@ -180,7 +183,7 @@ def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
     test_inputs, _, masks = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
     assert torch.equal(((test_inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0] > 0.5, masks)
     with pytest.raises(ValueError, match="background_noise"):
-        FashionMNISTCanvasDataModule(background_noise=300)
+        FashionMNISTCanvasDataModule(canvas={"background_noise": 300})
 
 
 def test_training_windows_hold_the_item_and_say_where_they_lie() -> None:
@@ -190,7 +193,8 @@ def test_training_windows_hold_the_item_and_say_where_they_lie() -> None:
 
     from vision_attn.datamodules import FashionMNISTCanvasDataModule
 
-    data = FashionMNISTCanvasDataModule(canvas_size=56, val_size=500, batch_size=256, train_window=40)
+    data = FashionMNISTCanvasDataModule(canvas={"size": 56, "train_window": 40}, val_size=500,
+                                        loader={"batch_size": 256})
     data.setup("fit")
     data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     data.trainer.training = True
@@ -205,9 +209,9 @@ def test_training_windows_hold_the_item_and_say_where_they_lie() -> None:
     assert int(on_canvas.min()) >= 0 and int(on_canvas.max()) <= 28
     assert len(set((on_canvas % 8).flatten().tolist())) == 8
     with pytest.raises(ValueError, match="train_window"):
-        FashionMNISTCanvasDataModule(canvas_size=56, train_window=32)  # 56 - 32 is 24, but 32 misses phases 5-7
+        FashionMNISTCanvasDataModule(canvas={"size": 56, "train_window": 32})  # 56 - 32 is 24, but 32 misses phases 5-7
     with pytest.raises(ValueError, match="train_window"):
-        FashionMNISTCanvasDataModule(canvas_size=56, train_window=44)  # 56 - 44 is not a multiple of 8
+        FashionMNISTCanvasDataModule(canvas={"size": 56, "train_window": 44})  # 56 - 44 is not a multiple of 8
 
 
 def test_attention_grounding_is_minus_log_the_rollout_share_on_the_box() -> None:
@@ -215,12 +219,13 @@ def test_attention_grounding_is_minus_log_the_rollout_share_on_the_box() -> None
     covers (a box over cells (1..2, 1..2) of the 7x7 grid covers them whole and nothing else), −log of it."""
     import torch.nn.functional as F
 
-    from vision_attn.vit.module import ViTClassifier
+    from vision_attn.tasks import ViTTask
     from vision_attn.vit.rollout import attention_rollout
 
     torch.manual_seed(0)
-    task = ViTClassifier(image_size=56, patch_size=8, embed_dim=32, depth=2, num_heads=2, reg_tokens=1,
-                         attention_grounding=0.5, log_overlays=0)
+    task = ViTTask(image={"size": 56, "channels": 1}, architecture={"patch_size": 8, "embed_dim": 32, "depth": 2,
+                                                                     "num_heads": 2, "reg_tokens": 1},
+                   training={"attention_grounding": 0.5}, log_overlays=0)
     images, labels = torch.randn(4, 1, 56, 56), torch.tensor([0, 3, 5, 9])
     boxes = torch.tensor([[8, 8, 16, 16]] * 4)
     loss, logits = task.grounded_loss(images, labels, boxes)
@@ -233,7 +238,7 @@ def test_attention_grounding_is_minus_log_the_rollout_share_on_the_box() -> None
     with pytest.raises(ValueError, match="boxes"):
         task.grounded_loss(images, labels, None)
     with pytest.raises(ValueError, match="attention_grounding"):
-        ViTClassifier(attention_grounding=-1.0)
+        ViTTask(training={"attention_grounding": -1.0})
 
 
 def test_attention_grounding_pulls_the_rollout_onto_the_items_through_the_cli(tmp_path) -> None:
@@ -244,14 +249,15 @@ def test_attention_grounding_pulls_the_rollout_onto_the_items_through_the_cli(tm
     for weight in ("0.0", "1.0"):
         run = tmp_path / weight
         fit = run_in_process(
-            "fit", "--config", str(CANVAS_CONFIG), "--trainer.max_epochs", "1", "--trainer.max_time", "null",
+            "fit", *CANVAS_CONFIG, "--trainer.max_epochs", "1", "--trainer.max_time", "null",
             "--trainer.limit_train_batches", "30", "--trainer.limit_val_batches", "2",
             "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]",
             "--trainer.enable_checkpointing", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
             "--trainer.logger.save_dir", str(run), "--trainer.default_root_dir", str(run),
-            "--data.init_args.batch_size", "64", "--data.init_args.eval_batch_size", "100",
-            "--model.init_args.embed_dim", "32", "--model.init_args.depth", "2", "--model.init_args.num_heads", "2",
-            "--model.init_args.log_overlays", "0", "--model.init_args.attention_grounding", weight)
+            "--data.init_args.loader.batch_size", "64", "--data.init_args.loader.eval_batch_size", "100",
+            "--model.init_args.architecture.embed_dim", "32", "--model.init_args.architecture.depth", "2",
+            "--model.init_args.architecture.num_heads", "2", "--model.init_args.log_overlays", "0",
+            "--model.init_args.training.attention_grounding", weight)
         assert fit.returncode == 0, fit.stderr[-3000:]
         rows = [row for path in run.rglob("metrics.csv") for row in csv.DictReader(path.open())]
         mass[weight] = next(float(row["val/rollout_mass"]) for row in rows if row.get("val/rollout_mass"))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.encoder import AnnotationEncoder
-from vision_attn.captioning.model import Captioner
-from vision_attn.checkpoint import constructor_args, load_file
 from vision_attn.errors import CheckpointError
+from vision_attn.vit.inference import Classifier
 from vision_attn.vit.vision_transformer import VisionTransformer
 
 VOCABULARY = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag"]
@@ -18,11 +18,7 @@ VOCABULARY = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag"]
 
 def saved_vit(vit_checkpoint) -> VisionTransformer:
     """The ViT inside the fixture's checkpoint (tests/configs/vit_tiny.yaml: 28 px, patch 7, 1 channel)."""
-    loaded = load_file(vit_checkpoint)
-    hparams = loaded["hyper_parameters"]
-    vit = VisionTransformer(**constructor_args(VisionTransformer, {**hparams, "img_size": hparams["image_size"]}))
-    vit.load_state_dict({k.removeprefix("model."): v for k, v in loaded["state_dict"].items()})
-    return vit.eval()
+    return Classifier.from_checkpoint(vit_checkpoint).model
 
 
 def test_the_patch_tokens_are_the_vits_own_in_image_order(vit_checkpoint) -> None:
@@ -65,8 +61,7 @@ def test_blocks_are_stages_to_freeze_or_fine_tune_and_to_cache(vit_checkpoint) -
     direct, _ = encoder(images)
     with torch.no_grad():
         cached = encoder.frozen_part()(images)
-    encoder.cached_input = True
-    torch.testing.assert_close(encoder(cached)[0], direct)
+    torch.testing.assert_close(encoder.from_frozen(cached)[0], direct)
     frozen = AnnotationEncoder(backbone="vit", pretrained=vit_checkpoint, image_size=28, trainable_stages=0)
     assert not any(p.requires_grad for p in frozen.parameters())
 
@@ -82,12 +77,12 @@ def test_timm_format_weights_load_and_a_captioner_checkpoint_rebuilds_without_th
     with torch.no_grad():
         image = torch.randn(1, 3, 32, 32)
         torch.testing.assert_close(encoder(image)[0], vit.forward_features(image)[:, 3:])
-    assert encoder.vit_options["reg_tokens"] == 2 and encoder.vit_options["num_heads"] == 1
-    captioner = Captioner(vocabulary=VOCABULARY, backbone="vit", pretrained_encoder=str(vit_checkpoint),
-                          image_size=56, embed_dim=8, hidden_dim=8, attention_dim=8)
-    hparams = {"vocabulary": VOCABULARY, "backbone": "vit", "vit": captioner.encoder.vit_options,
-               "image_size": 56, "embed_dim": 8, "hidden_dim": 8, "attention_dim": 8}
-    rebuilt = Captioner(**hparams)
+    assert encoder.options.vit["reg_tokens"] == 2 and encoder.options.vit["num_heads"] == 1
+    decoder = {"embed_dim": 8, "hidden_dim": 8, "attention_dim": 8}
+    captioner = Captioner(vocabulary=VOCABULARY, image={"size": 56}, decoder=decoder,
+                          encoder={"backbone": "vit", "pretrained": str(vit_checkpoint)})
+    rebuilt = Captioner(vocabulary=VOCABULARY, image={"size": 56}, decoder=decoder,
+                        encoder={"backbone": "vit", "vit": captioner.encoder.options.vit})
     rebuilt.load_state_dict(captioner.state_dict())
     image = torch.randn(1, 3, 56, 56)
     captioner.eval(), rebuilt.eval()
@@ -95,7 +90,7 @@ def test_timm_format_weights_load_and_a_captioner_checkpoint_rebuilds_without_th
 
 
 def test_bad_vit_sources_are_one_line_errors(vit_checkpoint, tmp_path) -> None:
-    with pytest.raises(ValueError, match="backbone vit needs pretrained_encoder"):
+    with pytest.raises(ValueError, match="backbone vit needs encoder.pretrained"):
         AnnotationEncoder(backbone="vit")
     torch.save(AnnotationEncoder(backbone="small", width=8).state_dict(), tmp_path / "cnn.pth")
     with pytest.raises(CheckpointError, match="not a ViT checkpoint"):

@@ -12,8 +12,8 @@ from timm.layers import resample_abs_pos_embed
 
 from vision_attn.attention import scaled_dot_product_attention
 from vision_attn.checkpoint import CheckpointError, load_file
-from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout
 from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
+from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout
 
 TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)
 
@@ -277,11 +277,12 @@ def test_patch_dropout_schedule_goes_from_its_start_to_its_end_rate_over_trainin
     of the 49 patch tokens: int(49 (1 - p_k)) with p_k = 0.8 + (0.2 - 0.8) k / 5."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
+    from vision_attn.tasks import ViTTask
 
-    from vision_attn.vit.module import ViTClassifier
-
-    module = ViTClassifier(image_size=28, patch_size=4, embed_dim=32, depth=1, num_heads=2, patch_drop_rate=0.8,
-                           patch_drop_rate_end=0.2, warmup_epochs=0.0, log_overlays=0)
+    module = ViTTask(image={"size": 28, "channels": 1}, architecture={"patch_size": 4, "embed_dim": 32, "depth": 1,
+                                                                      "num_heads": 2},
+                     training={"patch_drop_rate": 0.8, "patch_drop_rate_end": 0.2}, schedule={"warmup_epochs": 0.0},
+                     log_overlays=0)
     seen: list[int] = []
     module.model.blocks[0].register_forward_hook(lambda block, args, out: seen.append(args[0].shape[1] - 1))
     data = TensorDataset(torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,)))
@@ -289,8 +290,8 @@ def test_patch_dropout_schedule_goes_from_its_start_to_its_end_rate_over_trainin
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(module, DataLoader(data, batch_size=8))
     assert seen == [int(49 * (1 - (0.8 - 0.6 * k / 5))) for k in range(5)] == [9, 15, 21, 27, 33]
-    with pytest.raises(ValueError, match="patch_drop_rate_end"):
-        ViTClassifier(patch_drop_rate_end=1.0)
+    with pytest.raises(ValueError, match="training.patch_drop_rate_end must be in"):
+        ViTTask(training={"patch_drop_rate_end": 1.0})
 
 
 def test_distillation_token_state_dict_and_logits_equal_timm_deit() -> None:

@@ -37,6 +37,7 @@ def plain(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
 class OptionGroup:
     """What every option group has: ``coerce`` from a dict or None, ``check``, and ``name`` (its key in a task's
     or DataModule's arguments, for messages). Subclasses are ``@dataclass(frozen=True)``."""
@@ -44,29 +45,45 @@ class OptionGroup:
     name = "options"  # the argument that holds the group, as a message names it
 
     @classmethod
-    def coerce(cls: type[Group], value: Group | Mapping[str, Any] | None) -> Group:
-        """The group from itself, a plain dict (unknown keys refused in one line) or None (its defaults), checked."""
+    def coerce(cls: type[Group], value: Group | Mapping[str, Any] | None, default: Group | None = None) -> Group:
+        """The group from itself, a plain dict or None, checked. A dict's options are set over ``default`` (as a
+        config's partial mapping is set over the argument's default; unknown keys are refused in one line), and
+        None is ``default``; without a default, the group's own."""
         if value is None:
-            group = cls()
+            group = default if default is not None else cls()
         elif isinstance(value, cls):
             group = value
         elif isinstance(value, Mapping):
-            known = {field.name for field in fields(cls)}  # type: ignore[arg-type]
+            known = {field.name for field in fields_of(cls)}
             unknown = sorted(set(value) - known)
             if unknown:
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
-            group = cls(**value)
+            base = {} if default is None else {field.name: getattr(default, field.name) for field in fields_of(cls)}
+            group = cls(**{**base, **value})
         else:
             raise ValueError(f"{cls.name}: expected a mapping of options, got {type(value).__name__}")
         group.check()
         return group
+
+    @classmethod
+    def merged(cls: type[Group], options: Group | Mapping[str, Any] | None = None, **fields: Any) -> Group:
+        """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group, or
+        the same options as keyword arguments (``AttentionDecoder(..., embed_dim=256)``), as timm's models do."""
+        group = cls.coerce(options)
+        return cls.coerce({**{field.name: getattr(group, field.name) for field in fields_of(cls)}, **fields}) \
+            if fields else group
 
     def check(self) -> None:
         """Refuse, in one line naming the option, a value that is out of range or does not fit the others."""
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)
+
+
+def fields_of(group: type[OptionGroup]) -> tuple:
+    """The fields of a group class."""
+    return fields(group)  # type: ignore[arg-type]
 
 
 def require(condition: bool, group: str, message: str) -> None:

@@ -23,7 +23,7 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
@@ -229,6 +229,8 @@ class VisionAttnCLI(LightningCLI):
             trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()  # Lightning's default bar
         if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
             trainer.callbacks.append(FinalWeightsInLast())
+        if not trainer.loggers:  # the trainer bases log the learning rate; with --trainer.logger false, nowhere to
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         warning = bf16_warning(trainer.precision, isinstance(trainer.accelerator, CPUAccelerator), cpu_flags())
         if warning:
             rank_zero_warn(warning)

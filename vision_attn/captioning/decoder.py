@@ -15,7 +15,7 @@ the deep output and the vocabulary projection run once over all steps after the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -85,12 +85,13 @@ class DecoderStep(NamedTuple):
 
 
 class AttentionDecoder(nn.Module):
-    """The decoder of ``options`` (``DecoderOptions``) over annotation vectors of ``annotation_dim`` dimensions,
-    speaking a vocabulary of ``vocab_size`` words."""
+    """The decoder of ``options`` (``DecoderOptions``, or its fields as keyword arguments) over annotation vectors of
+    ``annotation_dim`` dimensions, speaking a vocabulary of ``vocab_size`` words."""
 
-    def __init__(self, *, vocab_size: int, annotation_dim: int, options: DecoderOptions | None = None) -> None:
+    def __init__(self, *, vocab_size: int, annotation_dim: int, options: DecoderOptions | None = None,
+                 **fields: Any) -> None:
         super().__init__()
-        self.options = options = DecoderOptions.coerce(options)
+        self.options = options = DecoderOptions.merged(options, **fields)
         self.attention_mode = options.attention_mode
         self.hard_expectation_prob = options.hard_expectation_prob
         self.embedding = nn.Embedding(vocab_size, options.embed_dim)  # E

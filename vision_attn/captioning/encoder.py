@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -114,8 +115,8 @@ def _timm_trunk_names(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[
 
 
 class AnnotationEncoder(nn.Module):
-    """Image (B, 3, H, W) -> annotation vectors (B, L, D) over a Gh×Gw grid, as ``options`` (``EncoderOptions``)
-    say, for square inputs of ``image_size`` pixels.
+    """Image (B, 3, H, W) -> annotation vectors (B, L, D) over a Gh×Gw grid, as ``options`` (``EncoderOptions``, or
+    its fields as keyword arguments) say, for square inputs of ``image_size`` pixels.
 
     ``options.pretrained`` is a local weights file, or a weights name: ``imagenet`` (torchvision's DEFAULT, i.e.
     VGG19_Weights.IMAGENET1K_V1 and ResNet50/101_Weights.IMAGENET1K_V2; for timm, what ``pretrained=True``
@@ -127,9 +128,9 @@ class AnnotationEncoder(nn.Module):
     the file.
     """
 
-    def __init__(self, options: EncoderOptions | None = None, *, image_size: int = 224) -> None:
+    def __init__(self, options: EncoderOptions | None = None, *, image_size: int = 224, **fields: Any) -> None:
         super().__init__()
-        options = EncoderOptions.coerce(options)
+        options = EncoderOptions.merged(options, **fields)
         backbone, pretrained = options.backbone, options.pretrained
         self.backbone_name = backbone
         named = is_weights_name(pretrained) and backbone != "vit"
@@ -296,9 +297,9 @@ class EncoderClassifier(nn.Module):
     p(class | image) = softmax(W · (1/L) Σ_i a_i + b)."""
 
     def __init__(self, options: EncoderOptions | None = None, *, num_classes: int = 10, num_colours: int = 0,
-                 image_size: int = 224) -> None:
+                 image_size: int = 224, **fields: Any) -> None:
         super().__init__()
-        self.encoder = AnnotationEncoder(options, image_size=image_size)
+        self.encoder = AnnotationEncoder(options, image_size=image_size, **fields)
         self.head = nn.Linear(self.encoder.annotation_dim, num_classes)
         self.colour_head = nn.Linear(self.encoder.annotation_dim, num_colours) if num_colours else None
 

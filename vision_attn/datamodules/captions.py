@@ -83,6 +83,8 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.layout, self.loader = CocoLayout.coerce(layout), Loader.coerce(loader)
         self.vocabulary_options, scenes = VocabularyOptions.coerce(vocabulary), SceneGeneration.coerce(scenes)
         self.feature_cache = FeatureCacheOptions.coerce(feature_cache)
+        if self.feature_cache.folder:
+            output_folder(self.feature_cache.folder)  # not a file, not under one: refused before any work
         self.set_bad_image_policy(self.loader.on_bad_image)
         if image_size < 1:
             raise ValueError(f"image_size must be at least 1, got {image_size}")
@@ -240,7 +242,6 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def feature_caches(self, part: FrozenPart, roles: Sequence[str]) -> dict[str, FeatureCache]:
         """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``)."""
-        output_folder(self.feature_cache.folder)  # not a file, not under one: refused before any work
         return split_caches(part, {role: [record.path for record in self.records(role)] for role in roles},
                             self.feature_cache.folder, image_size=self.image_size, mean=self.mean, std=self.std,
                             shard_size=self.feature_cache.shard_size)

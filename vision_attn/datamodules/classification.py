@@ -38,15 +38,20 @@ from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
 
+# The DataModules' defaults where they differ from the groups' own
+LOADER = Loader(batch_size=128)
+HELD_OUT_LOADER = Loader(batch_size=128, eval_batch_size=1000)  # a whole split of small images in a few batches
+CIFAR10_AUGMENTATION = Augmentation(pad_crop=4, hflip=True)
+IMAGE_FOLDER_LOADER, IMAGE_FOLDER_AUGMENTATION = Loader(batch_size=64, num_workers=2), Augmentation(hflip=True)
+
 
 class ClassificationDataModule(SplitDataModule):
     """Base for the image classification DataModules; subclasses fill the datasets and metadata. ``loader`` says
     how splits are batched, ``augmentation`` what training batches go through."""
 
-    def __init__(self, *, loader: Loader = Loader(batch_size=128),
-                 augmentation: Augmentation = Augmentation()) -> None:
+    def __init__(self, *, loader: Loader = LOADER, augmentation: Augmentation = Augmentation()) -> None:
         super().__init__()
-        self.loader = Loader.coerce(loader)
+        self.loader = Loader.coerce(loader, LOADER)
         self.augmentation = Augmentation.coerce(augmentation)
         self.set_bad_image_policy(self.loader.on_bad_image)
         self.train_set: Dataset | None = None
@@ -95,8 +100,8 @@ class HeldOutValidationDataModule(ClassificationDataModule):
     """
 
     def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
-                 loader: Loader = Loader(batch_size=128, eval_batch_size=1000), **options: Any) -> None:
-        super().__init__(loader=loader, **options)
+                 loader: Loader = HELD_OUT_LOADER, **options: Any) -> None:
+        super().__init__(loader=Loader.coerce(loader, HELD_OUT_LOADER), **options)
         self.root = root
         self.val_size = val_size
         self.split_seed = split_seed
@@ -256,9 +261,9 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
     """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test, with
     random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``."""
 
-    def __init__(self, root: str = "data/cifar10", *,
-                 augmentation: Augmentation = Augmentation(pad_crop=4, hflip=True), **options: Any) -> None:
-        super().__init__(root, augmentation=augmentation, **options)
+    def __init__(self, root: str = "data/cifar10", *, augmentation: Augmentation = CIFAR10_AUGMENTATION,
+                 **options: Any) -> None:
+        super().__init__(root, augmentation=Augmentation.coerce(augmentation, CIFAR10_AUGMENTATION), **options)
         self.class_names = list(cifar10.CLASS_NAMES)
         self.in_chans = 3
         self.image_size = 32
@@ -289,10 +294,11 @@ class ImageFolderDataModule(ClassificationDataModule):
         random_resized_crop: bool = True,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        loader: Loader = Loader(batch_size=64, num_workers=2),
-        augmentation: Augmentation = Augmentation(hflip=True),
+        loader: Loader = IMAGE_FOLDER_LOADER,
+        augmentation: Augmentation = IMAGE_FOLDER_AUGMENTATION,
     ) -> None:
-        super().__init__(loader=loader, augmentation=augmentation)
+        super().__init__(loader=Loader.coerce(loader, IMAGE_FOLDER_LOADER),
+                         augmentation=Augmentation.coerce(augmentation, IMAGE_FOLDER_AUGMENTATION))
         if in_chans not in (1, 3):
             raise ValueError(f"in_chans must be 1 or 3, got {in_chans}")
         self.root = Path(root)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from vision_attn.option_groups import OptionGroup, finite, require
 
-KARPATHY_SPLITS = ("train", "restval", "val", "test")
+KARPATHY_SPLITS = ("train", "val", "test")  # restval is always part of train
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ from vision_attn.tasks.base import BaseTask
 
 log = logging.getLogger(__name__)
 
+OPTIMISER = CaptionerOptimiser(lr=4e-4)  # the paper's rate (Xu et al. 2015 trained with Adam)
+
 
 class CaptionerTask(BaseTask):
     """Trains a ``Captioner`` by likelihood with teacher forcing (plus the doubly stochastic term, and REINFORCE for
@@ -58,10 +60,11 @@ class CaptionerTask(BaseTask):
         decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
         objective: ObjectiveOptions = ObjectiveOptions(), aids: TrainingAidsOptions = TrainingAidsOptions(),
         self_critical: SelfCriticalOptions = SelfCriticalOptions(),
-        optimiser: CaptionerOptimiser = CaptionerOptimiser(lr=4e-4), schedule: Schedule = Schedule(),
+        optimiser: CaptionerOptimiser = OPTIMISER, schedule: Schedule = Schedule(),
         log_overlays: int = 4,
     ) -> None:
-        super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser), schedule=schedule, log_overlays=log_overlays)
+        super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser, OPTIMISER), schedule=schedule,
+                         log_overlays=log_overlays)
         image, objects, encoder = ImageFormat.coerce(image), ObjectNames.coerce(objects), EncoderOptions.coerce(encoder)
         aids, decoding = TrainingAidsOptions.coerce(aids), DecodingOptions.coerce(decoding)
         self.objective = ObjectiveOptions.coerce(objective)

@@ -26,6 +26,7 @@ from vision_attn.vit.rollout import attention_rollout, explain, pooled_weights
 log = logging.getLogger(__name__)
 
 MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing")
+OPTIMISER, SCHEDULE = Optimiser(weight_decay=0.05), Schedule(warmup_epochs=1.0)  # the classifiers' defaults
 
 
 class ClassifierTask(BaseTask):
@@ -38,11 +39,12 @@ class ClassifierTask(BaseTask):
 
     def __init__(self, *, num_classes: int, class_names: list[str] | None, image: ImageFormat | None,
                  training: ClassifierTraining, optimiser: Optimiser, schedule: Schedule, log_overlays: int) -> None:
-        super().__init__(optimiser=Optimiser.coerce(optimiser), schedule=schedule, log_overlays=log_overlays)
+        super().__init__(optimiser=Optimiser.coerce(optimiser, OPTIMISER), schedule=Schedule.coerce(schedule, SCHEDULE),
+                         log_overlays=log_overlays)
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
         self.num_classes, self.class_names, self.image = num_classes, class_names, ImageFormat.coerce(image)
-        self.training_options = type(training).coerce(training)
+        self.training_options = training  # a group of the subclass's kind, checked
         # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
         self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
         self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
@@ -114,11 +116,11 @@ class ConvNetTask(ClassifierTask):
     def __init__(
         self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
         architecture: ConvNetArchitecture = ConvNetArchitecture(), training: ClassifierTraining = ClassifierTraining(),
-        optimiser: Optimiser = Optimiser(weight_decay=0.05), schedule: Schedule = Schedule(warmup_epochs=1.0),
-        log_overlays: int = 0,
+        optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE, log_overlays: int = 0,
     ) -> None:
-        super().__init__(num_classes=num_classes, class_names=class_names, image=image, training=training,
-                         optimiser=optimiser, schedule=schedule, log_overlays=log_overlays)
+        super().__init__(num_classes=num_classes, class_names=class_names, image=image,
+                         training=ClassifierTraining.coerce(training), optimiser=optimiser, schedule=schedule,
+                         log_overlays=log_overlays)
         architecture = ConvNetArchitecture.coerce(architecture)
         self.model = ConvNet(in_chans=self.image.channels, num_classes=num_classes, widths=architecture.widths,
                              drop_rate=self.training_options.drop_rate)
@@ -145,12 +147,13 @@ class ViTTask(ClassifierTask):
     def __init__(
         self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
         architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
-        distillation: Distillation = Distillation(), optimiser: Optimiser = Optimiser(weight_decay=0.05),
-        schedule: Schedule = Schedule(warmup_epochs=1.0), pretrained: str | None = None, compile: bool = False,
+        distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
+        pretrained: str | None = None, compile: bool = False,
         log_overlays: int = 4,
     ) -> None:
-        super().__init__(num_classes=num_classes, class_names=class_names, image=image, training=training,
-                         optimiser=optimiser, schedule=schedule, log_overlays=log_overlays)
+        super().__init__(num_classes=num_classes, class_names=class_names, image=image,
+                         training=ViTTraining.coerce(training), optimiser=optimiser, schedule=schedule,
+                         log_overlays=log_overlays)
         architecture, self.distillation = ViTArchitecture.coerce(architecture), Distillation.coerce(distillation)
         training = self.training_options
         if architecture.dist_token and not self.distillation.teacher:

@@ -19,6 +19,8 @@ from vision_attn.checkpoint import ENCODER
 from vision_attn.option_groups import ImageFormat, Optimiser, Schedule
 from vision_attn.tasks.base import BaseTask, decay_groups
 
+OPTIMISER, SCHEDULE = Optimiser(lr=3e-3, weight_decay=0.05), Schedule(warmup_epochs=0.1)
+
 
 class EncoderPretrainingTask(BaseTask):
     """Trains ``EncoderClassifier``; logs top-1 accuracy of the class (``<stage>/acc``) and of the colour
@@ -36,10 +38,9 @@ class EncoderPretrainingTask(BaseTask):
     def __init__(
         self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
         class_names: list[str] | None = None, colour_names: list[str] | None = None, image: ImageFormat | None = None,
-        label_smoothing: float = 0.1, optimiser: Optimiser = Optimiser(lr=3e-3, weight_decay=0.05),
-        schedule: Schedule = Schedule(warmup_epochs=0.1),
+        label_smoothing: float = 0.1, optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
     ) -> None:
-        super().__init__(optimiser=Optimiser.coerce(optimiser), schedule=schedule)
+        super().__init__(optimiser=Optimiser.coerce(optimiser, OPTIMISER), schedule=Schedule.coerce(schedule, SCHEDULE))
         encoder, image, colours = EncoderOptions.coerce(encoder), ImageFormat.coerce(image), list(colour_names or [])
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")

@@ -34,6 +34,19 @@ def budget_timer(trainer: L.Trainer) -> Timer | None:
     return timer if timer is not None and timer.time_remaining("train") is not None else None
 
 
+def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
+                  time_share: float | None = None) -> float:
+    """The learning rate at step ``step`` as a share of the peak: (step + 1) / ``warmup_steps``, then
+    min + (1 − min)·½(1 + cos(π·p)), p the share of the decay's steps done, or of the time budget
+    (``time_share``) when that is further along."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if time_share is not None:
+        progress = max(progress, min(1.0, time_share))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 class RunSchedule(L.Callback):
     """The schedule of one run, as ``options`` (``Schedule``) define it; ``attach`` reads the trainer's steps and
     time budget when the optimiser is configured.
@@ -82,16 +95,9 @@ class RunSchedule(L.Callback):
         return done if spent is None else max(done, min(1.0, spent))
 
     def lr_factor(self, step: int) -> float:
-        """The learning rate at optimiser step ``step`` as a share of the peak: (step + 1) / warm-up steps, then
-        min + (1 − min)·½(1 + cos(π·p)), p the share of the decay's steps done (or of the time budget)."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        spent = self.time_share()
-        if spent is not None:
-            progress = max(progress, min(1.0, spent))
-        floor = self.options.min_lr_ratio
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        """The learning rate at optimiser step ``step`` as a share of the peak (``warmup_cosine``)."""
+        return warmup_cosine(step, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
+                             min_lr_ratio=self.options.min_lr_ratio, time_share=self.time_share())
 
     def phase_started(self, name: str, *, epoch: int | None = None, share: float | None = None) -> bool:
         """Whether the phase ``name`` has started: from ``epoch``, or from the step at which ``share`` of the run

@@ -1,0 +1,113 @@
+"""The data and measurement tools: export-samples, make-scenes, rollout-mass, cache-features, benchmark."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vision_attn.commands import tool
+from vision_attn.options import at_least, number_in, parser_for
+
+
+@tool("export-samples", "write dataset images as PNG files (for classify and overlay)")
+def export_samples_command(argv: Sequence[str]) -> None:
+    parser = parser_for("export-samples", "Write dataset images as PNG files named by their true class.")
+    parser.add_argument("--dataset", choices=["fashion-mnist"], default="fashion-mnist")
+    parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
+    parser.add_argument("--split", choices=["train", "test"], default="test")
+    parser.add_argument("--count", type=at_least(1), default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--canvas-size", type=at_least(28), default=28,
+                        help="paste each garment at a random place on a black square this big (default 28: as is)")
+    parser.add_argument("--out", required=True, help="output folder")
+    options = parser.parse_args(argv)
+    from vision_attn.data.fashion_mnist import export_samples
+
+    for path in export_samples(options.root, options.out, count=options.count, split=options.split,
+                               seed=options.seed, canvas_size=options.canvas_size):
+        print(path)
+
+
+@tool("make-scenes", "generate the Fashion scenes captioning dataset")
+def make_scenes_command(argv: Sequence[str]) -> None:
+    parser = parser_for("make-scenes", "Generate the Fashion scenes captioning dataset (COCO format).")
+    parser.add_argument("--root", default="data/fashion_scenes", help="output folder (default data/fashion_scenes)")
+    for split, count in (("train", 20000), ("val", 1000), ("test", 1000)):
+        parser.add_argument(f"--{split}", type=at_least(0), default=count, help=f"{split} scenes (default {count})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--canvas-size", type=at_least(1), default=96, help="canvas side in pixels (default 96)")
+    parser.add_argument("--grid-size", type=at_least(1), default=3, help="grid cells per side (default 3)")
+    parser.add_argument("--layout", choices=["grid", "free", "mixed"], default="grid",
+                        help="items on grid cells (SPEC §3), anywhere without overlap, or either per scene")
+    parser.add_argument("--shade-jitter", type=number_in(0, 1), default=0.0,
+                        help="0: the exact tints; up to 1: other shades of each named colour")
+    parser.add_argument("--hue-jitter", type=number_in(0, 1), default=0.0,
+                        help="0: off; up to 1: tints from each named colour's whole family (hues, saturations, "
+                             "values; instead of --shade-jitter)")
+    parser.add_argument("--palette", choices=["exact", "css", "tab10", "dark", "pale"], default="exact",
+                        help="the RGB each colour word names: the exact colours (SPEC §3's scenes), or another "
+                             "maker's (CSS, matplotlib's tab10, darker, paler)")
+    parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
+                        help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
+    parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
+                        help="where to look for Fashion-MNIST after the system location")
+    options = parser.parse_args(argv)
+    from vision_attn.data.scenes import make_scenes
+
+    written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
+                          seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
+                          style={"layout": options.layout, "shade_jitter": options.shade_jitter,
+                                 "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter,
+                                 "palette": options.palette},
+                          fashion_mnist_root=options.fashion_mnist_root)
+    for split, counts in written.items():
+        print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "
+              f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
+
+
+@tool("rollout-mass", "ViT: does each attention map find Fashion-MNIST items placed on a larger canvas?")
+def rollout_mass_command(argv: Sequence[str]) -> None:
+    parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy, and the mass on the item and the "
+                        "pointing game of rollout, gradient rollout and the last layer's attention, on Fashion-MNIST "
+                        "items pasted at random on a larger canvas (SPEC §5).", "device", "head_fusion",
+                        "discard_ratio")
+    parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
+    parser.add_argument("--canvas-size", type=at_least(28), default=56, help="canvas side in pixels (default 56)")
+    parser.add_argument("--count", type=at_least(1), default=1000, help="test items to use (default 1000)")
+    parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--background-noise", type=at_least(0, 255), default=0, metavar="LEVEL",
+                        help="fill every pixel but the item's with uniform grey noise up to LEVEL (0..255; default "
+                             "0, black): the item's mask stays its own pixels")
+    options = parser.parse_args(argv)
+    from vision_attn.vit.inference import fashion_mnist_rollout_mass
+
+    scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
+                                        canvas_size=options.canvas_size, seed=options.seed,
+                                        head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
+                                        background_noise=options.background_noise, device=options.device)
+    noise = f" with grey noise up to {options.background_noise} around the item" if options.background_noise else ""
+    print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases{noise}: "
+          f"accuracy {scores.accuracy:.2%}, the items' area share {scores.mask_area_share:.3f} (a blind map's mass)\n"
+          f"{'map':<18} {'mass on the item':>16} {'pointing game':>14}")
+    for name, found in scores.maps.items():
+        print(f"{name:<18} {found.mass_in_mask:>16.3f} {found.pointing:>14.3f}")
+
+
+@tool("cache-features", "fill a frozen encoder's feature cache ahead of fit (--config C, as fit takes it)")
+def cache_features_command(argv: Sequence[str]) -> None:
+    from vision_attn.trainer_cli import cache_features
+
+    cache_features(argv)
+
+
+@tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
+def benchmark_command(argv: Sequence[str]) -> None:
+    checkout = Path(__file__).resolve().parents[2]  # the benchmark reads benchmarks/ and configs/ there
+    if not (checkout / "benchmarks" / "run.py").is_file():
+        raise FileNotFoundError(f"{checkout / 'benchmarks'}: not found; the benchmark runs from a source checkout")
+    sys.path.insert(0, str(checkout))
+    from benchmarks.run import main as benchmark_main
+
+    benchmark_main(list(argv))

@@ -1,0 +1,112 @@
+"""The inference tools: classify, caption, overlay, evaluate, explore."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vision_attn.commands import tool
+from vision_attn.options import at_least, parser_for
+
+
+@tool("classify", "top-k classes of images with a trained ViT")
+def classify_command(argv: Sequence[str]) -> None:
+    parser = parser_for("classify", "Top-k classes of images with a ViT.", "device")
+    parser.add_argument("--ckpt", required=True, help="ViT checkpoint (.ckpt) written by `vision-attn fit`")
+    parser.add_argument("images", nargs="+", help="image files")
+    parser.add_argument("--top-k", type=at_least(1), default=5, help="classes to print per image (default 5)")
+    options = parser.parse_args(argv)
+    from vision_attn.vit.inference import Classifier, classify_files
+
+    classifier = Classifier.from_checkpoint(options.ckpt, device=options.device)
+    for path, ranked in classify_files(classifier, options.images, top_k=options.top_k):
+        print(path)
+        for name, probability in ranked:
+            print(f"  {probability:7.2%}  {name}")
+
+
+@tool("caption", "caption images with a trained captioner; results JSON with attention")
+def caption_command(argv: Sequence[str]) -> None:
+    parser = parser_for("caption", "Caption images with a Show-Attend-Tell checkpoint; writes results JSON with "
+                        "attention (SPEC §4).", "device", "bad_images", "beam", "batch_size")
+    parser.add_argument("--ckpt", required=True, help="captioner checkpoint (.ckpt) written by `vision-attn fit`")
+    parser.add_argument("inputs", nargs="*", help="image files or folders of images")
+    parser.add_argument("--coco-annotations", help="a COCO captions JSON: caption its images instead")
+    parser.add_argument("--image-dir", help="the images of --coco-annotations")
+    parser.add_argument("--out", default="results.json", help="results JSON to write (default results.json)")
+    parser.add_argument("--all-beams", action="store_true",
+                        help="also list every beam of each search (caption, tokens, α, β, score) under `beams`")
+    options = parser.parse_args(argv)
+    if bool(options.coco_annotations) != bool(options.image_dir):
+        parser.error("--coco-annotations and --image-dir go together")
+    if not options.inputs and not options.coco_annotations:
+        parser.error("give image files or folders, or --coco-annotations with --image-dir")
+    from vision_attn.captioning.evaluation import caption_inputs, write_captions
+
+    inputs = caption_inputs(options.inputs, coco_annotations=options.coco_annotations, image_dir=options.image_dir)
+    written = write_captions(options.ckpt, inputs, options.out, beam_size=options.beam, batch_size=options.batch_size,
+                             on_bad_image=options.on_bad_image, device=options.device,
+                             on_record=lambda record: print(f"{record['file_name']}: {record['caption']}"),
+                             all_beams=options.all_beams)
+    print(f"wrote {written.count} captions with attention to {written.path}{written.skipped_note}")
+
+
+@tool("overlay", "attention over images: per word (captioner) or rollout and heads (ViT)")
+def overlay_command(argv: Sequence[str]) -> None:
+    parser = parser_for("overlay", "Attention over images, one PNG each and an index.html: per word for a captioner "
+                        "(or `caption`'s JSON), rollout and last-layer heads for a ViT.", "device", "bad_images",
+                        "head_fusion", "discard_ratio", "beam", "batch_size")
+    parser.add_argument("inputs", nargs="+", help="image files, folders of images, or results JSON from `caption`")
+    parser.add_argument("--ckpt", help="captioner or ViT checkpoint (not needed when every input is a results JSON)")
+    parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
+    from vision_attn.gallery import OverlayOptions, draw_overlays
+
+    OverlayOptions.add_arguments(parser)
+    options = parser.parse_args(argv)
+    style = OverlayOptions.from_arguments(options)
+    written = draw_overlays(options.inputs, options.out, checkpoint=options.ckpt, options=style, beam_size=options.beam,
+                            batch_size=options.batch_size, on_bad_image=options.on_bad_image, device=options.device,
+                            on_overlay=lambda source, text, path: print(f"{source}: {text} -> {path}"))
+    print(f"wrote {written.count} overlays and {written.page}{written.skipped_note}")
+
+
+@tool("evaluate", "score any COCO results JSON: caption metrics; pointing and scene metrics with instances")
+def evaluate_command(argv: Sequence[str]) -> None:
+    parser = parser_for("evaluate", "Score a COCO results file (ours or another tool's) against COCO captions.")
+    parser.add_argument("results", help="results JSON: [{image_id, caption}], or what `caption` writes")
+    parser.add_argument("--annotations", required=True, help="COCO captions JSON holding the references")
+    parser.add_argument("--instances", help="COCO instances JSON: scene metrics, and pointing for `caption`'s JSON")
+    parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")
+    parser.add_argument("--out", default="scores.json", help="scores JSON to write (default scores.json)")
+    options = parser.parse_args(argv)
+    from vision_attn.captioning.evaluation import evaluate_results, scores_table
+
+    scores = evaluate_results(options.results, options.annotations, instances=options.instances,
+                              attributes=options.attributes, out=options.out)
+    print(f"{scores_table(scores)}\nwrote {options.out}")
+
+
+@tool("explore", "an interactive attention explorer: a static site to open in a browser")
+def explore_command(argv: Sequence[str]) -> None:
+    parser = parser_for("explore", "Write the attention explorer, a static site (no network needed; open its "
+                        "index.html from disk or serve the folder): each word's α over its image (captioner), or "
+                        "rollout, layers and heads (ViT), drawn in the browser.", "device", "bad_images", "beam")
+    parser.add_argument("results", nargs="?", help="results JSON written by `vision-attn caption` (SPEC §4)")
+    parser.add_argument("--images", nargs="*", default=[],
+                        help="with a results JSON: the folder its images are in (default: as `overlay` finds "
+                             "them); with --ckpt: image files or folders to run the model on")
+    parser.add_argument("--ckpt", help="run this checkpoint (captioner or ViT) on --images first")
+    parser.add_argument("--instances", help="COCO instances JSON: the scene metrics of each image on the index")
+    parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")
+    parser.add_argument("--out", default="site", help="folder to write the site into (default site/)")
+    options = parser.parse_args(argv)
+    if options.results and len(options.images) > 1:
+        parser.error("with a results JSON, --images is the one folder its images are in")
+    if options.attributes and not options.instances:
+        parser.error("--attributes goes with --instances")
+    from vision_attn.explorer import explore
+
+    site, count = explore(results=options.results, images=options.images, out=options.out,
+                          checkpoint=options.ckpt, instances=options.instances, attributes=options.attributes,
+                          beam_size=options.beam, device=options.device, on_bad_image=options.on_bad_image)
+    print(f"wrote the attention explorer for {count} images: open {(site / 'index.html').resolve()} "
+          f"(or serve it: python -m http.server -d {site})")
