@@ -230,7 +230,7 @@ def test_a_500_word_caption_is_cut_to_the_maximum_and_said_so(tmp_path, caplog) 
     write_coco(root, {1: ("a.png", [long_caption, "a short one"])})
     solid(root / "images" / "train" / "a.png")
     data = CocoCaptionsDataModule(str(root), image_size=16, vocabulary={"max_caption_length": 12})
-    from vision_attn.data.coco import CaptionTrainDataset
+    from vision_attn.data.caption_datasets import CaptionTrainDataset
 
     with caplog.at_level(logging.WARNING):
         dataset = CaptionTrainDataset(data.records("train"), data.vocab, max_caption_length=12, image_size=16)

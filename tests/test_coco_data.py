@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
+from vision_attn.data.caption_datasets import CaptionBatch, EvalCaptionBatch
 from vision_attn.data.scenes import CLASS_WORDS
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary, tokenize
 from vision_attn.datamodules import CocoCaptionsDataModule

@@ -13,7 +13,8 @@ from torch import nn
 from tests.conftest import run_in_process, tiny
 from vision_attn.boxes import box_cell_coverage, box_cell_weights
 from vision_attn.captioning.aids import grounding_loss, grounding_targets, object_loss
-from vision_attn.data.coco import pad_objects, read_object_targets
+from vision_attn.data.caption_datasets import pad_objects
+from vision_attn.data.coco import read_object_targets
 from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
 from vision_attn.data.vocabulary import SPECIALS
 from vision_attn.datamodules import CocoCaptionsDataModule

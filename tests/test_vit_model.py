@@ -277,6 +277,7 @@ def test_patch_dropout_schedule_goes_from_its_start_to_its_end_rate_over_trainin
     of the 49 patch tokens: int(49 (1 - p_k)) with p_k = 0.8 + (0.2 - 0.8) k / 5."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
+
     from vision_attn.tasks import ViTTask
 
     module = ViTTask(image={"size": 28, "channels": 1}, architecture={"patch_size": 4, "embed_dim": 32, "depth": 1,

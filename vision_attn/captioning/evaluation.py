@@ -20,7 +20,8 @@ from torch import Tensor
 
 from vision_attn.captioning.beam_search import Hypothesis
 from vision_attn.captioning.captioner import Captioner
-from vision_attn.data.coco import EvalCaptionBatch, load_caption_image, load_coco, read_coco_captions, read_objects
+from vision_attn.data.caption_datasets import EvalCaptionBatch
+from vision_attn.data.coco import load_caption_image, load_coco, read_coco_captions, read_objects
 from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,

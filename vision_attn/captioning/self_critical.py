@@ -16,7 +16,7 @@ from torch import Tensor
 from vision_attn.captioning.beam_search import sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.options import SelfCriticalOptions
-from vision_attn.data.coco import CaptionBatch
+from vision_attn.data.caption_datasets import CaptionBatch
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize, word_ids
 from vision_attn.metrics import CiderD
 

@@ -18,15 +18,17 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.captioning.options import ObjectNames
-from vision_attn.data.coco import (
+from vision_attn.data.caption_datasets import (
     CaptionBatch,
-    CaptionedImage,
     CaptionEvalDataset,
     CaptionTrainDataset,
     EvalCaptionBatch,
-    ObjectTargets,
     collate_captions,
     collate_references,
+)
+from vision_attn.data.coco import (
+    CaptionedImage,
+    ObjectTargets,
     load_caption_image,
     read_coco_captions,
     read_karpathy,
@@ -159,8 +161,12 @@ class CocoCaptionsDataModule(SplitDataModule):
         return self.vocab.tokens
 
     def save_vocab(self, path: str | Path) -> None:
-        """Write the vocabulary as JSON (``vocab_file`` reads it back)."""
+        """Write the vocabulary as JSON (``vocabulary.vocab_file`` reads it back)."""
         self.vocab.to_json(path)
+
+    def save_files(self, folder: Path) -> None:
+        """What a fit keeps beside its checkpoints: ``vocab.json`` (the checkpoints hold the words too)."""
+        self.save_vocab(folder / "vocab.json")
 
     def captions_file(self, split: str) -> Path:
         return self.root / self.layout.captions_file_pattern.format(split=split)

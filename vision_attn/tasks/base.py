@@ -9,6 +9,7 @@ A task subclasses ``BaseTask``, names its ``kind``, builds ``self.model``, saves
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
@@ -51,6 +52,17 @@ class SkippedImagesReport(L.Callback):
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._report(trainer, "test")
+
+
+class DataFilesBesideCheckpoints(L.Callback):
+    """As a fit starts, rank 0 has the DataModule write what a checkpoint's user may want beside it in plain files
+    (the captioning DataModule's ``vocab.json``), in the checkpoint folder: its ``save_files(folder)``, if any."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+        save = getattr(getattr(trainer, "datamodule", None), "save_files", None)
+        if trainer.is_global_zero and folder and save is not None:
+            save(Path(folder))
 
 
 class ValidationOverlays(L.Callback):
@@ -127,7 +139,8 @@ class BaseTask(L.LightningModule):
                                             strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        return [SkippedImagesReport(), ValidationOverlays(self.log_overlays), self.schedule]
+        return [SkippedImagesReport(), DataFilesBesideCheckpoints(), ValidationOverlays(self.log_overlays),
+                self.schedule]
 
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW over ``parameter_groups``, its rate following the run's schedule at every step."""

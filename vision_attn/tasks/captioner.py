@@ -1,8 +1,6 @@
-"""The Show-Attend-Tell captioner as a LightningModule: its training, validation and test steps, what they log, and
-its optimiser's groups. The network is ``captioning.captioner.Captioner``; the objectives live in
-``captioning/likelihood.py``, ``reinforce.py``, ``self_critical.py`` and ``aids.py``; decoding, scoring and writing
-the results in ``captioning/evaluation.py``; the feature cache with the DataModule.
-"""
+"""The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, and its optimiser's groups. The
+network is ``captioning/captioner.py``; the objectives ``captioning/likelihood.py``, ``reinforce.py``,
+``self_critical.py`` and ``aids.py``; decoding and scoring ``captioning/evaluation.py``."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from vision_attn.captioning.options import (
 from vision_attn.captioning.reinforce import HardAttentionReinforce
 from vision_attn.captioning.self_critical import SelfCriticalObjective
 from vision_attn.checkpoint import CAPTIONER
-from vision_attn.data.coco import CaptionBatch, EvalCaptionBatch
+from vision_attn.data.caption_datasets import CaptionBatch, EvalCaptionBatch
 from vision_attn.data.feature_cache import FrozenPart
 from vision_attn.option_groups import ImageFormat, Schedule
 from vision_attn.results import write_results
@@ -180,14 +178,6 @@ class CaptionerTask(BaseTask):
     def frozen_encoder_part(self) -> FrozenPart | None:
         """The encoder's frozen part, whose output a DataModule may cache (``feature_cache``); None if none."""
         return self.model.encoder.frozen_features()
-
-    def on_fit_start(self) -> None:
-        """Save the vocabulary as plain JSON next to the checkpoints (it is inside them too, as a list)."""
-        folder = getattr(self.trainer.checkpoint_callback, "dirpath", None)
-        vocab = getattr(self.trainer.datamodule, "vocab", None)  # the DataModule's knows its min_count
-        if self.trainer.is_global_zero and folder:
-            (vocab if vocab is not None and vocab.tokens == self.model.vocab.tokens else self.model.vocab).to_json(
-                Path(folder) / "vocab.json")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint whose words differ from this run's vocabulary: its ids would mean other words."""

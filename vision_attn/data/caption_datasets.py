@@ -1,0 +1,206 @@
+"""The captioning datasets and their batches, over the captioned images ``coco.py`` reads.
+
+Training yields one (image, caption) item per caption, so an epoch sees every caption once (or one image with
+all its captions); validation and test yield one item per image with all its reference captions and, where an
+instances file gives them, its objects. With a feature cache an item holds the frozen encoder part's cached
+output instead of the image's pixels, and its batch says so (``features``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from vision_attn.data.coco import CaptionedImage, ObjectTargets, SceneObject, load_caption_image
+from vision_attn.data.feature_cache import FeatureCache
+from vision_attn.data.images import BadImageCounter, OnBadImage, load_or_skip
+from vision_attn.data.vocabulary import Vocabulary, word_ids
+
+log = logging.getLogger(__name__)
+
+
+class CaptionItem(NamedTuple):
+    """A training item: the image uint8 (3, S, S), its caption ids (T,) and length; or, grouped, all its
+    captions (n, T) and their lengths (n,). ``objects`` are the image's object targets (K, 6) when the dataset
+    has them (``ObjectTargets``)."""
+
+    image: Tensor
+    captions: Tensor
+    lengths: Tensor
+    objects: Tensor | None = None
+
+
+class EvalCaptionItem(NamedTuple):
+    """An evaluation item: the image uint8 (3, S, S), its id, its reference captions, its objects or None, and
+    its file (the results' ``file_name``)."""
+
+    image: Tensor
+    image_id: int | str
+    references: list[str]
+    objects: list[SceneObject] | None
+    file_name: str = ""
+
+
+class CaptionBatch(NamedTuple):
+    """A training batch: images (B, 3, H, W) (or, with ``features``, what the frozen encoder part made of them,
+    read from a feature cache), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,) counting <start> and
+    <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to image n (N = B)."""
+
+    images: Tensor
+    captions: Tensor
+    lengths: Tensor
+    caption_images: Tensor | None = None
+    objects: Tensor | None = None  # (B, K, 6) object targets of each image, rows of class −1 pad (ObjectTargets)
+    features: bool = False  # ``images`` are cached encoder features (fp16), not pixels (uint8)
+
+    def word_ids_per_image(self) -> list[list[list[int]]]:
+        """Each image's captions as word ids (no <start>, <end>, <pad>): its references, in a grouped batch."""
+        images = self.caption_images.tolist() if self.caption_images is not None else range(len(self.captions))
+        references: list[list[list[int]]] = [[] for _ in range(len(self.images))]
+        for image, caption in zip(images, self.captions.tolist(), strict=True):
+            references[image].append(word_ids(caption))
+        return references
+
+
+class EvalCaptionBatch(NamedTuple):
+    """A validation/test batch, one entry per image: images (B, 3, H, W) (or, with ``features``, cached encoder
+    features), ids, raw reference captions, each image's objects (None without an instances file), and its file."""
+
+    images: Tensor
+    image_ids: list[int | str]
+    references: list[list[str]]
+    objects: list[list[SceneObject] | None]
+    file_names: tuple[str, ...] = ()
+    features: bool = False
+
+
+class CaptionTrainDataset(Dataset):
+    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length).
+
+    With ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)),
+    so the encoder sees each image once per epoch while the decoder still sees every caption.
+    """
+
+    def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
+                 image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",
+                 bad_images: BadImageCounter | None = None, objects: ObjectTargets | None = None) -> None:
+        self.group_captions = group_captions
+        empty = torch.zeros(0, 6)  # an image the instances file has no object of
+        self.objects = None if objects is None else [objects.per_image.get(r.image_id, empty) for r in records]
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
+        counts = torch.tensor([len(record.captions) for record in records])
+        self.caption_starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])  # (images + 1,)
+        self.paths = [record.path for record in records]
+        self.image_size = image_size
+        self.image_index = torch.tensor([index for index, record in enumerate(records)
+                                         for _ in record.captions], dtype=torch.int64)  # (N,)
+        captions, self.lengths = vocab.encode_batch([c for record in records for c in record.captions],
+                                                    max_caption_length)
+        if vocab.truncated:
+            log.warning("%d training captions are longer than max_caption_length=%d words and were cut to it",
+                        vocab.truncated, max_caption_length)
+        self.captions = captions.to(torch.int32)  # (N, T), half the memory of int64 on COCO's 600k captions
+
+    def __len__(self) -> int:
+        return len(self.paths) if self.group_captions else len(self.lengths)
+
+    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
+
+    def _image(self, image_index: int) -> Tensor | None:
+        """The image, uint8 (3, S, S); or, with a feature cache, its cached features (fp16)."""
+        if self.features is not None:
+            return self.features[image_index]
+        path = self.paths[image_index]
+        return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
+
+    def __getitem__(self, index: int) -> CaptionItem | None:
+        """The item, or None for an unreadable image under the "skip" policy (the collate drops it)."""
+        if self.group_captions:
+            start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
+            image = self._image(index)
+            return None if image is None else CaptionItem(image, self.captions[start:end], self.lengths[start:end],
+                                                          self._objects(index))
+        image_index = int(self.image_index[index])
+        image = self._image(image_index)
+        return None if image is None else CaptionItem(image, self.captions[index], self.lengths[index],
+                                                      self._objects(image_index))
+
+    def _objects(self, image_index: int) -> Tensor | None:
+        return None if self.objects is None else self.objects[image_index]
+
+
+class CaptionEvalDataset(Dataset):
+    """One item per image: (image uint8 (3, S, S), image id, raw reference captions, objects or None)."""
+
+    def __init__(self, records: list[CaptionedImage], *, image_size: int, on_bad_image: OnBadImage = "skip",
+                 bad_images: BadImageCounter | None = None) -> None:
+        self.records = records
+        self.image_size = image_size
+        self.on_bad_image = on_bad_image
+        self.bad_images = bad_images
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
+
+    def __getitem__(self, index: int) -> EvalCaptionItem | None:
+        record = self.records[index]
+        if self.features is not None:
+            features = self.features[index]
+            return None if features is None else EvalCaptionItem(features, record.image_id, record.captions,
+                                                                 record.objects, str(record.path))
+        image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
+                             self.bad_images)
+        return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects,
+                                                          str(record.path))
+
+
+def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
+    """Stack training items, trimming the caption padding to the batch's longest caption; skipped (None)
+    items are left out, and a batch with nothing readable is None."""
+    items = [item for item in items if item is not None]
+    if not items:
+        return None
+    images, captions, lengths, objects = zip(*items, strict=True)
+    objects = None if objects[0] is None else pad_objects(objects)
+    if captions[0].ndim == 2:  # grouped: every caption of each image
+        counts = torch.tensor([len(group) for group in lengths])
+        lengths = torch.cat(lengths)  # (N,)
+        captions = torch.cat(captions)[:, : int(lengths.max())].long()  # (N, T)
+        caption_images = torch.repeat_interleave(torch.arange(len(images)), counts)  # (N,)
+        return CaptionBatch(torch.stack(images), captions, lengths, caption_images, objects,
+                            features=is_features(images[0]))
+    lengths = torch.stack(lengths)  # (B,)
+    captions = torch.stack(captions)[:, : int(lengths.max())].long()  # (B, T)
+    return CaptionBatch(torch.stack(images), captions, lengths, objects=objects, features=is_features(images[0]))
+
+
+def is_features(item: Tensor) -> bool:
+    """Whether a dataset item is cached encoder features (a feature cache stores fp16) rather than an image's
+    pixels (uint8)."""
+    return item.dtype != torch.uint8
+
+
+def pad_objects(objects: Sequence[Tensor]) -> Tensor:
+    """Each image's object targets (K_b, 6) as one (B, max K_b, 6) tensor, padded with rows of class −1."""
+    padded = torch.full((len(objects), max(1, max(len(rows) for rows in objects)), 6), -1.0)
+    for index, rows in enumerate(objects):
+        padded[index, : len(rows)] = rows
+    return padded
+
+
+def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch | None:
+    """Stack evaluation items; ids, references and objects stay Python lists. Skipped (None) items are left out."""
+    items = [item for item in items if item is not None]
+    if not items:
+        return None
+    images, image_ids, references, objects, file_names = zip(*items, strict=True)
+    return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names,
+                            features=is_features(images[0]))
