@@ -415,6 +415,21 @@ def test_unknown_backbone_is_a_clear_error() -> None:
         AnnotationEncoder(backbone="vgg16")
 
 
+def test_without_the_gate_beta_is_one_and_the_context_is_the_expectation() -> None:
+    """``decoder.gate: false``, the ablation of §4.2.1's gating scalar: no w_β, β_t = 1, z_t = Σ_i α_ti a_i."""
+    decoder = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
+                               gate=False).eval()
+    assert decoder.gate is None and "gate.weight" not in decoder.state_dict()
+    annotations = torch.randn(2, 9, 8)
+    output = decoder(annotations, captions_batch())
+    assert torch.equal(output.betas, torch.ones(2, 6))
+    state = decoder.initial_state(annotations)
+    attended = decoder.context(decoder.encode(annotations), state)
+    torch.testing.assert_close(attended.context, torch.einsum("bl,bld->bd", attended.alpha, annotations))
+    gated = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7)
+    assert "gate.weight" in gated.state_dict()  # the paper's gate is the default
+
+
 def test_initial_gate_sets_the_starting_beta_and_is_checked() -> None:
     torch.manual_seed(0)
     decoder = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,

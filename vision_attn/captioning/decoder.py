@@ -100,9 +100,9 @@ class AttentionDecoder(nn.Module):
                                               options.attention_dim, heads=options.attention_heads,
                                               coverage=options.coverage,
                                               word_dim=options.embed_dim if options.attend_with_word else 0)
-        self.gate = nn.Linear(options.hidden_dim, 1)  # w_β
-        # β starts near ``initial_gate``: an open gate makes early training read words off the attended context
-        nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(options.initial_gate)).item())
+        self.gate = nn.Linear(options.hidden_dim, 1) if options.gate else None  # w_β
+        if self.gate is not None:  # β starts near ``initial_gate``: an open gate reads words off the context early
+            nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(options.initial_gate)).item())
         self.init_hidden = nn.Linear(annotation_dim, options.hidden_dim)  # f_init,h
         self.init_cell = nn.Linear(annotation_dim, options.hidden_dim)  # f_init,c
         self.lstm = nn.LSTMCell(options.embed_dim + annotation_dim, options.hidden_dim)
@@ -151,7 +151,10 @@ class AttentionDecoder(nn.Module):
         heads = None
         if alpha.dim() == 3:  # multihead: α_t^k per head (B', K, L); α_t is their mean
             heads, alpha = alpha, alpha.mean(dim=1)
-        beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
+        if self.gate is not None:
+            beta = torch.sigmoid(self.gate(state.hidden))  # β_t = σ(w_β·h_{t-1}), (B, 1)
+        else:
+            beta = state.hidden.new_ones(len(state.hidden), 1)  # no gate: z_t = Σ_i α_ti a_i
         location = None
         if self.attention_mode == "hard" and sample:
             location = torch.multinomial(alpha, 1).squeeze(1)  # s_t ~ Multinoulli(α_t), (B,)

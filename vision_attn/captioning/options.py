@@ -79,6 +79,8 @@ class DecoderOptions(OptionGroup):
     """e_ti: additive (the paper's), dot, general, scaled_dot or multihead"""
     attention_heads: int = 4
     """heads of the multihead score"""
+    gate: bool = True
+    """β_t = σ(w_β·h_{t−1}) scales the context, z_t = β_t Σ_i α_ti a_i (§4.2.1); false: β_t = 1 (the ablation)"""
     initial_gate: float = 0.5
     """β's value at the start, strictly between 0 and 1 (an open gate reads words off the context early)"""
     coverage: bool = False
