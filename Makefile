@@ -34,20 +34,25 @@ chromium:
 
 # The main job on the embedded default: pretrain the captioner's encoder on single Fashion-MNIST items drawn as
 # the scenes draw them (6 min), generate Fashion scenes and train the Show-Attend-Tell captioner from that
-# encoder (7.5 min; both fits within 15 on 2 cores), test it on SPEC §3's scenes (BLEU, METEOR, ROUGE-L, CIDEr-D,
+# encoder (7.5 min; both fits within 15 on 2 cores), test it on the default scenes (BLEU, METEOR, ROUGE-L, CIDEr-D,
 # pointing, the scene metrics), score it again on scenes drawn another way (items anywhere, other shades of
 # each colour), draw its attention over a handful of scenes of both kinds, and write the attention explorer of
 # the test split's captions (a static site: open its index.html).
+CPU      := --config configs/trainer/cpu.yaml
+ITEMS    := $(CPU) --config configs/tasks/classifier.yaml --config configs/captioner/fashion_scene_items.yaml
+CAPTION  := $(CPU) --config configs/tasks/captioner.yaml --config configs/captioner/fashion_scenes.yaml
+VIT      := $(CPU) --config configs/tasks/classifier.yaml --config configs/data/fashion_mnist.yaml \
+            --config configs/vit/fashion_mnist.yaml
 CAP_RUN := $(RUNS)/captioner_fashion_scenes
 SCENES  := data/fashion_scenes_varied
 FREE    := data/fashion_scenes_free
 # The captioner's final weights, where its cosine ends at max_time (best.ckpt, the best by val CIDEr-D, is kept
-# too; README, issue 17: "Which checkpoint make demo tests").
+# too).
 CAP_CKPT := $(CAP_RUN)/checkpoints/last.ckpt
 demo: setup
-	$(BIN)/vision-attn fit --config configs/captioner/fashion_scene_items.yaml --overwrite true
-	$(BIN)/vision-attn fit --config configs/captioner/fashion_scenes.yaml --overwrite true
-	$(BIN)/vision-attn test --config configs/captioner/fashion_scenes.yaml --ckpt_path $(CAP_CKPT)
+	$(BIN)/vision-attn fit $(ITEMS) --overwrite true
+	$(BIN)/vision-attn fit $(CAPTION) --overwrite true
+	$(BIN)/vision-attn test $(CAPTION) --ckpt_path $(CAP_CKPT)
 	$(BIN)/vision-attn make-scenes --root $(FREE) --train 0 --val 0 --test 1000 --layout free --shade-jitter 1
 	$(BIN)/vision-attn caption --ckpt $(CAP_CKPT) --coco-annotations $(FREE)/annotations/captions_test.json \
 		--image-dir $(FREE)/images/test --out $(CAP_RUN)/results_free_test.json
@@ -66,8 +71,8 @@ demo: setup
 # rollout overlays on those images and on garments placed at random on a larger canvas.
 VIT_RUN := $(RUNS)/vit_fashion_mnist
 demo-vit: setup
-	$(BIN)/vision-attn fit --config configs/vit/fashion_mnist.yaml --overwrite true
-	$(BIN)/vision-attn test --config configs/vit/fashion_mnist.yaml --ckpt_path $(VIT_RUN)/checkpoints/best.ckpt
+	$(BIN)/vision-attn fit $(VIT) --overwrite true
+	$(BIN)/vision-attn test $(VIT) --ckpt_path $(VIT_RUN)/checkpoints/best.ckpt
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --out $(VIT_RUN)/samples
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --canvas-size 56 --out $(VIT_RUN)/samples
 	$(BIN)/vision-attn classify --ckpt $(VIT_RUN)/checkpoints/best.ckpt $(VIT_RUN)/samples/*.png
