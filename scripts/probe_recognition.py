@@ -23,7 +23,7 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.captioning.encoder import EncoderClassifier
-from vision_attn.checkpoint import load_file
+from vision_attn.checkpoint import load_file, upgrade
 
 
 def load_split(root: Path, split: str, mean: Tensor, std: Tensor) -> tuple[Tensor, list[list[tuple]], list[str]]:
@@ -91,16 +91,14 @@ def main() -> None:
     parser.add_argument("captioner", help="a captioner checkpoint that started from it")
     parser.add_argument("scenes", type=Path, help="a Fashion scenes root with val and test splits")
     options = parser.parse_args()
-    pretrained = load_file(options.encoder)
+    pretrained = upgrade(load_file(options.encoder))  # checkpoints of any version, in today's groups
     hyper = pretrained["hyper_parameters"]
-    mean, std = (torch.tensor(hyper[key]).view(3, 1, 1) for key in ("mean", "std"))
-    classifier = EncoderClassifier(backbone=hyper["backbone"], encoder_width=hyper["encoder_width"],
-                                   encoder_stride=hyper["encoder_stride"], num_classes=hyper["num_classes"],
-                                   num_colours=hyper["num_colours"])
+    mean, std = (torch.tensor(hyper["image"][key]).view(3, 1, 1) for key in ("mean", "std"))
+    encoder = {key: hyper["encoder"][key] for key in ("backbone", "width", "stride")}
+    classifier = EncoderClassifier(encoder, num_classes=hyper["num_classes"], num_colours=len(hyper["colour_names"]))
     classifier.load_state_dict({k.removeprefix("model."): v for k, v in pretrained["state_dict"].items()})
-    captioner_trunk = EncoderClassifier(backbone=hyper["backbone"], encoder_width=hyper["encoder_width"],
-                                        encoder_stride=hyper["encoder_stride"]).encoder.trunk
-    state = load_file(options.captioner)["state_dict"]
+    captioner_trunk = EncoderClassifier(encoder).encoder.trunk
+    state = upgrade(load_file(options.captioner))["state_dict"]
     captioner_trunk.load_state_dict({k.split("encoder.trunk.", 1)[1]: v for k, v in state.items()
                                      if "encoder.trunk." in k})
     classifier.eval(), captioner_trunk.eval()
@@ -115,9 +113,9 @@ def main() -> None:
     val = box_features(captioner_trunk, val_images, val_boxes)
     test = box_features(captioner_trunk, test_images, test_boxes)
     report("captioner's trunk, linear probe", linear_probe(val, test, len(names)), test[1], names)
-    if "object_head.weight" in state:  # the captioner's object loss head (object_weight > 0), as it was trained
-        head = torch.nn.Linear(*state["object_head.weight"].shape[::-1])
-        head.load_state_dict({"weight": state["object_head.weight"], "bias": state["object_head.bias"]})
+    if "aids.object_head.weight" in state:  # the captioner's object loss head (aids.object_weight > 0), as trained
+        head = torch.nn.Linear(*state["aids.object_head.weight"].shape[::-1])
+        head.load_state_dict({"weight": state["aids.object_head.weight"], "bias": state["aids.object_head.bias"]})
         with torch.no_grad():
             report("captioner's trunk, its object head", head(test[0]).argmax(1), test[1], names)
 

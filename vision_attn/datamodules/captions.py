@@ -64,6 +64,14 @@ class CocoCaptionsDataModule(SplitDataModule):
     (their category, their colour where an attributes file names it, and their box): ``object_names`` then name
     what the model's object loss predicts (empty without it). ``scenes`` generates the Fashion scenes first,
     ``feature_cache`` serves a frozen encoder part's cached output instead of the images.
+
+    Args:
+        root: the dataset's folder (the layout's paths are under it)
+        image_size: images are squashed to squares of this many pixels
+        mean: per-channel mean the images are normalised with (null: ImageNet's)
+        std: per-channel standard deviation the images are normalised with (null: ImageNet's)
+        group_captions: a training item is an image with all its captions (batch_size counts images)
+        object_targets: give training images their objects (boxes, classes, colours) from the instances file
     """
 
     def __init__(

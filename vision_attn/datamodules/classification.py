@@ -97,6 +97,12 @@ class HeldOutValidationDataModule(ClassificationDataModule):
     """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
 
     Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+
+    Args:
+        root: where to look for the dataset (after the system location), and where a download goes
+        val_size: images of the official train split held out for validation
+        split_seed: the seed of that hold-out
+        download: fetch the dataset when it is nowhere to be found
     """
 
     def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
@@ -121,7 +127,11 @@ class HeldOutValidationDataModule(ClassificationDataModule):
 
 class FashionMNISTDataModule(HeldOutValidationDataModule):
     """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test.
-    The options are those of ``HeldOutValidationDataModule`` and ``ClassificationDataModule``."""
+    The options are those of ``HeldOutValidationDataModule`` and ``ClassificationDataModule``.
+
+    Args:
+        root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
+    """
 
     def __init__(self, root: str = "data/fashion_mnist", **options: Any) -> None:
         super().__init__(root, **options)
@@ -140,24 +150,27 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
 
 
 class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
-    """Fashion-MNIST items pasted at a random place on a black ``canvas_size`` square, labelled by their class:
+    """Fashion-MNIST items pasted at a random place on a black square (``canvas.size``), labelled by their class:
     a classifier that must find the item before it can name it, so that its attention can be checked against
-    the item's mask (SPEC §5: the item's pixels > 0).
+    the item's mask (the item's pixels > 0).
 
     Training items get a new place in every batch (drawn on the device, after the batch arrives; shifts and flips
     act on the item before it is placed), and training batches are ``(images, labels, boxes)`` with each item's
-    place, (B, 4) [x, y, w, h] in pixels, for ``ViTTask``'s ``training.attention_grounding``. With ``train_window``
-    a training image is only a ``train_window`` square of its canvas around the item, at a random place whose
-    corner is a multiple of ``window_step`` (set it to the ViT's patch size), and the batch also says where:
+    place, (B, 4) [x, y, w, h] in pixels, for ``ViTTask``'s ``training.attention_grounding``. With
+    ``canvas.train_window`` a training image is only that square of its canvas around the item, at a random place
+    whose corner is a multiple of ``canvas.window_step`` (set it to the ViT's patch size), and the batch says where:
     ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window. The ViT then
     embeds only the window's patches, each with the position embedding of its place on the canvas: a 40-pixel
-    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black. ``background_noise``
-    fills every pixel of a training canvas but its item's with uniform grey noise up to a level drawn per image
-    from 0 to it, so that the model learns the item, not "whatever is not black"; evaluation canvases stay black.
-    Validation and test items get a fixed place from ``seed``, and their batches are ``(images, labels, masks)``,
-    masks (B, S, S) bool (the item's pixels > 0), so the ViT logs rollout mass and the pointing game as it
-    validates and tests. Normalised by the canvases' own mean and std. The other options are those of
-    ``FashionMNISTDataModule``.
+    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black.
+    ``canvas.background_noise`` fills every pixel of a training canvas but its item's with uniform grey noise up to
+    a level drawn per image from 0 to it, so that the model learns the item, not "whatever is not black";
+    evaluation canvases stay black. Validation and test items get a fixed place from ``canvas.seed``, and their
+    batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's pixels > 0), so the ViT logs rollout
+    mass and the pointing game as it validates and tests. Normalised by the canvases' own mean and std. The other
+    options are those of ``FashionMNISTDataModule``.
+
+    Args:
+        root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
     """
 
     def __init__(self, root: str = "data/fashion_mnist", *, canvas: Canvas = Canvas(), **options: Any) -> None:
@@ -226,6 +239,12 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
     Training items get a new colour, shade, size and place each epoch; validation and test items are drawn
     the same way every time (from ``seed``). Normalised with ImageNet's mean and std, as the captioner's
     images are. The other options are those of ``FashionMNISTDataModule``.
+
+    Args:
+        root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
+        style: how the items are drawn, a scene style ({hue_jitter: 1.0, scale_jitter: 0.1}; null: exact tints)
+        canvas_size: the side of an item's square, in pixels (a scene's cell)
+        seed: the seed of the validation and test items' colours, sizes and places
     """
 
     def __init__(self, root: str = "data/fashion_mnist", *, style: dict | None = None, canvas_size: int = 32,
@@ -259,7 +278,11 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
 
 class CIFAR10DataModule(HeldOutValidationDataModule):
     """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test, with
-    random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``."""
+    random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``.
+
+    Args:
+        root: where CIFAR-10 is (either release), or where a download goes
+    """
 
     def __init__(self, root: str = "data/cifar10", *, augmentation: Augmentation = CIFAR10_AUGMENTATION,
                  **options: Any) -> None:
@@ -280,7 +303,17 @@ class ImageFolderDataModule(ClassificationDataModule):
     """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...``.
 
     Class names are the train split's folder names, sorted; the test split falls back to val.
-    ``on_bad_image="skip"`` leaves unreadable images out, each named in a warning and counted per epoch.
+    ``loader.on_bad_image: skip`` leaves unreadable images out, each named in a warning and counted per epoch.
+
+    Args:
+        root: the folder holding train/ (and val/, test/), one subfolder per class
+        image_size: images are resized to squares of this many pixels
+        in_chans: 3 (RGB) or 1 (grey)
+        val_fraction: without a val/ folder, this share of train/ is held out for validation
+        split_seed: the seed of that hold-out
+        random_resized_crop: training images are random resized crops (else resized whole, as in evaluation)
+        mean: per-channel mean the images are normalised with (null: ImageNet's for RGB, 0.5 for grey)
+        std: per-channel standard deviation (null: ImageNet's for RGB, 0.5 for grey)
     """
 
     def __init__(

@@ -48,6 +48,9 @@ class CaptionerTask(BaseTask):
     ``vocabulary``, ``image`` and ``objects`` are linked from the DataModule by the CLI and kept in the checkpoint
     with every group, so ``caption`` needs nothing else. ``test`` writes the results (``docs/formats.md``) to
     ``<log dir>/results_test.json``.
+
+    Args:
+        log_overlays: after each validation, log the attention of this many validation images (0: none)
     """
 
     kind = CAPTIONER

@@ -109,7 +109,11 @@ class ClassifierTask(BaseTask):
 
 class ConvNetTask(ClassifierTask):
     """Trains the small CNN of ``vit/convnet.py``, the ViT's teacher for DeiT's distillation (``ViTTask``'s
-    ``distillation.teacher``), with the ViT's optimiser, schedule, label smoothing and data links."""
+    ``distillation.teacher``), with the ViT's optimiser, schedule, label smoothing and data links.
+
+    Args:
+        log_overlays: unused (a CNN has no attention to draw); kept for the tasks' common signature
+    """
 
     kind = CONVNET
 
@@ -140,6 +144,12 @@ class ViTTask(ClassifierTask):
     the last ones see more of each image. ``pretrained`` is a local weights file or ``timm:<model name>[.<tag>]``
     (timm's weights from the Hugging Face cache), adapted to this ViT (``vit/pretrained.py``); ``compile`` runs
     the model through ``torch.compile`` (parameter names and checkpoints stay the same).
+
+    Args:
+        pretrained: the first weights: a local ViT weights file (timm's or a fit's) or timm:<model>[.<tag>] from the
+            Hugging Face cache (head and position embedding adapted); read when a fit starts
+        compile: run the model through torch.compile (the same parameters and checkpoints)
+        log_overlays: after each validation, log the rollout overlays of this many validation images (0: none)
     """
 
     kind = VIT

@@ -31,6 +31,9 @@ class EncoderPretrainingTask(BaseTask):
     ``num_classes``, ``class_names``, ``colour_names`` and ``image`` are linked from the DataModule and kept with
     the checkpoint: a captioner refuses an encoder pretrained under another normalisation, and starts its object
     heads only from heads of its own classes and colours.
+
+    Args:
+        label_smoothing: the training cross-entropies' label smoothing (of the class and of the colour)
     """
 
     kind = ENCODER

@@ -1,0 +1,97 @@
+"""Write the configuration reference, docs/configuration.md, from the option groups' own docs.
+
+    python scripts/configuration_reference.py [--check]
+
+Every task and DataModule, every option it takes (a group's fields as ``group.field``), its type, default and the
+one-line doc that ``vision-attn fit --help`` shows: read through jsonargparse, as the command line reads them.
+``--check`` writes nothing and exits 1 when the file is not what it would write (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jsonargparse
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "docs" / "configuration.md"
+LINKED = {"vocabulary", "image", "objects", "num_classes", "class_names", "colour_names"}  # trainer_cli links them
+
+
+def classes() -> list[type]:
+    from vision_attn import datamodules, tasks
+
+    return [tasks.CaptionerTask, tasks.EncoderPretrainingTask, tasks.ViTTask, tasks.ConvNetTask,
+            datamodules.CocoCaptionsDataModule, datamodules.FashionMNISTDataModule,
+            datamodules.FashionMNISTCanvasDataModule, datamodules.FashionSceneItemsDataModule,
+            datamodules.CIFAR10DataModule, datamodules.ImageFolderDataModule]
+
+
+def options(cls: type) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, doc) of each option of ``cls``, a group's fields as ``group.field``, in order."""
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "init_args", fail_untyped=False)
+    rows = []
+    for action in parser._actions:
+        name = action.dest.removeprefix("init_args.")
+        if not action.dest.startswith("init_args.") or action.help == "Path to a configuration file." \
+                or name.endswith(".help"):
+            continue
+        if name in LINKED:
+            rows.append((name, "linked", "from the DataModule", _doc(action.help) or "set by the CLI's link"))
+            continue
+        kind = getattr(action, "_typehint", None) or action.type
+        kind = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "").replace("NoneType", "None")
+        rows.append((name, kind, _default(action.default), _doc(action.help)))
+    return rows
+
+
+def _doc(text: object) -> str:
+    return " ".join(str(text).split()) if isinstance(text, str) and "%(" not in text else ""
+
+
+def _default(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value).replace("\n", " ")
+
+
+def reference() -> str:
+    lines = ["# Configuration reference", "",
+             "Every option of every task and DataModule, as a config gives it under `model.init_args` or "
+             "`data.init_args` (a group's field as `group.field`: `--model.init_args.decoder.embed_dim 256` on the "
+             "command line). Written by `python scripts/configuration_reference.py` from the option groups' own "
+             "docs, which `vision-attn fit --help` shows too; `tests/test_configuration_reference.py` keeps it "
+             "current. Options marked *linked* are set by the CLI from the DataModule.", ""]
+    for cls in classes():
+        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        lines += [f"## {cls.__name__}", "", f"`{cls.__module__.rsplit('.', 1)[0]}.{cls.__name__}`: {summary}", "",
+                  "| option | type | default | what it does |", "| --- | --- | --- | --- |"]
+        for name, kind, default, doc in options(cls):
+            lines.append(f"| `{name}` | {kind.replace('|', '&#124;')} | `{default.replace('|', '&#124;')}` | "
+                         f"{doc.replace('|', '&#124;')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is not current; write nothing")
+    text = reference()
+    if parser.parse_args().check:
+        if not TARGET.is_file() or TARGET.read_text(encoding="utf-8") != text:
+            print(f"{TARGET.relative_to(ROOT)} is not current: run python scripts/configuration_reference.py",
+                  file=sys.stderr)
+            sys.exit(1)
+        return
+    TARGET.write_text(text, encoding="utf-8")
+    print(f"wrote {TARGET.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
