@@ -27,7 +27,7 @@ from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
-from vision_attn.options import at_least
+from vision_attn.options import at_least, device
 
 
 def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
@@ -602,7 +602,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="also run the ViT Fashion-MNIST fit + test (10 minutes) and report test accuracy")
     parser.add_argument("--captioner-quality", action="store_true",
                         help="also run the scenes captioner fit + test (15 minutes) and report BLEU-4 and pointing")
+    parser.add_argument("--device", type=device, default=None,
+                        help="measure speed on this device instead (cuda or cpu: the paper-shape captioner, ViT-B/16 "
+                             "against timm, the feature cache; fp32, bf16-mixed, 16-mixed; benchmarks/device.py)")
+    parser.add_argument("--compile", action="store_true",
+                        help="with --device: also time the captioner's train step through torch.compile")
     options = parser.parse_args(argv)
+    if options.device:
+        from benchmarks.device import run as run_on_device
+
+        results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile)
+        print(results["table"])
+        Path(options.out).write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {options.out}")
+        return
     results = run(options)
     print(results["table"])
     Path(options.out).write_text(json.dumps(results, indent=2))

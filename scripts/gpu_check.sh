@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU check: what this project proves on a GPU, as one script for a bare GPU machine.
+#
+#     scripts/gpu_check_prepare.sh        (first, on a machine with pip's index: fills .gpu/, ~31 MB)
+#     scripts/gpu_check.sh [OUT]          (on the GPU machine; OUT: where figures and logs go, default gpu_check/)
+#
+# The GPU machine needs PyTorch with CUDA, Lightning, timm, torchvision, pytest and pytest-xdist; the project's
+# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 7 minutes
+# on an H100 or H200 it runs, each part with a time limit:
+#   1. the machine: nvidia-smi, the versions of torch, CUDA and Lightning, whether Java is there (METEOR);
+#   2. `vision-attn benchmark --device cuda --compile`: the paper-shape captioner's train step (eager, and compiled
+#      in bf16) and beam search, ViT-B/16 against timm, the feature cache's fill rate, in fp32, bf16-mixed and
+#      16-mixed, against the GPU's own matmul rate, and a projected COCO epoch (OUT/benchmark.json, .md);
+#   3. the COCO rehearsal on the GPU (tests/test_coco_rehearsal.py with VISION_ATTN_TEST_DEVICE=cuda): both COCO
+#      configs fit with the feature cache, test, and (VGG-19) evaluate, caption and overlay on the GPU, in
+#      bf16-mixed and in 16-mixed (OUT/rehearsal.log, rehearsal.xml);
+#   4. the ViT Fashion-MNIST default fitted for 1 minute on the GPU in bf16-mixed, then tested (OUT/vit_*.log).
+# OUT/summary.md gathers the figures; each part's exit status is in it. Exit 1 if any part failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu_check}
+mkdir -p "$OUT"
+[ -d .gpu/wheels ] || { echo "gpu_check.sh: .gpu/ is missing: run scripts/gpu_check_prepare.sh first" >&2; exit 2; }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+SITE=/tmp/vision_attn_site
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl || exit 1
+cp -r .gpu/site/* "$SITE"/
+export PYTHONPATH="$SITE:$PWD"
+mkdir -p /tmp/vision_attn_bin
+printf '#!/usr/bin/env python3\nfrom vision_attn.cli import main\nmain()\n' > /tmp/vision_attn_bin/vision-attn
+chmod +x /tmp/vision_attn_bin/vision-attn
+export PATH="/tmp/vision_attn_bin:$PATH"
+status=0
+PARTS=$(mktemp)
+part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to OUT/NAME.log, record the exit status
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local code=$?
+    echo "| $name | exit $code | $((SECONDS - start)) s |" >> "$PARTS"
+    [ $code -eq 0 ] || status=1
+    return $code
+}
+echo "| part | status | time |" > "$PARTS"
+echo "| --- | --- | --- |" >> "$PARTS"
+
+part machine 60 bash -c 'nvidia-smi; python3 -c "import torch, lightning, timm, torchvision, jsonargparse; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\", lightning.__version__, \"timm\", timm.__version__, \"torchvision\", torchvision.__version__, \"jsonargparse\", jsonargparse.__version__); print(torch.cuda.get_device_name(0))"; java -version 2>&1 || echo "no Java: METEOR and the PTB tokenizer are skipped"; nproc; free -g'
+part benchmark 300 vision-attn benchmark --device cuda --compile --out "$OUT/benchmark.json"
+export VISION_ATTN_TEST_DEVICE=cuda
+part rehearsal 240 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=0 \
+    --junitxml "$OUT/rehearsal.xml" tests/test_coco_rehearsal.py
+unset VISION_ATTN_TEST_DEVICE
+VIT="--config configs/trainer/gpu.yaml --config configs/tasks/classifier.yaml --config configs/data/fashion_mnist.yaml
+     --config configs/vit/fashion_mnist.yaml"
+RUN=/tmp/vision_attn_vit
+# shellcheck disable=SC2086
+part vit_fit 150 vision-attn fit $VIT --trainer.max_time 00:00:01:00 --trainer.default_root_dir "$RUN" \
+    --trainer.logger.init_args.save_dir "$RUN" --data.init_args.root .gpu/fashion_mnist --overwrite true \
+    --trainer.enable_progress_bar false
+# shellcheck disable=SC2086
+part vit_test 90 vision-attn test $VIT --ckpt_path "$RUN/checkpoints/best.ckpt" --trainer.default_root_dir "$RUN/test" \
+    --trainer.logger false --data.init_args.root .gpu/fashion_mnist --trainer.enable_progress_bar false
+
+{
+    echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"; echo
+    grep -m1 -E "H100|H200|A100|L4|NVIDIA" "$OUT/machine.log" | sed 's/^/    /'; echo
+    cat "$PARTS"; echo
+    echo "## Benchmark"; echo
+    sed -n '/^| what/,/^$/p' "$OUT/benchmark.log"; echo
+    echo "## COCO rehearsal on the GPU"; echo
+    grep -E "passed|failed|error|s call" "$OUT/rehearsal.log" | sed 's/^/    /'; echo
+    echo "## ViT Fashion-MNIST default, 1 minute on the GPU"; echo
+    grep -E "Epoch|stopped|max_time" "$OUT/vit_fit.log" | tail -3 | sed 's/^/    /'
+    grep -E "test/(acc|loss)" "$OUT/vit_test.log" | sed 's/^/    /'
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
+exit $status
