@@ -19,6 +19,7 @@ shape (a smoke test, as CI runs it on a CPU). Prints a markdown table and writes
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import platform
 import statistics
@@ -281,6 +282,7 @@ def run(device_name: str, *, quick: bool, compile_decoder: bool) -> dict[str, An
     peaks = {name: matmul_tflops(device, PRECISIONS[name] or torch.float32, shapes["matmul"], repeats)
              for name in names}
     results["matmul_tflops"] = peaks
+    progress("matmul_tflops", peaks)
     results["captioner_train_step"] = {}
     compile_in = "bf16-mixed" if "bf16-mixed" in names else "32-true"  # compiling takes a minute: the likeliest one
     for name in names:
@@ -295,15 +297,24 @@ def run(device_name: str, *, quick: bool, compile_decoder: bool) -> dict[str, An
                 results["captioner_train_step"][f"{name} compiled"] = compiled
             except Exception as error:  # noqa: BLE001 - a compiler that cannot run here is a row, not a crash
                 results["captioner_train_step"][f"{name} compiled"] = {"error": str(error).splitlines()[0][:300]}
+    progress("captioner_train_step", results["captioner_train_step"])
     results["beam_search"] = {f"{name} k={k}": beam_search_speed(device, name, shapes["beam"], beam_size=k,
                                                                  repeats=repeats)
                               for name in names for k in (3, 5)}
+    progress("beam_search", results["beam_search"])
     results["vit"] = {name: vit_steps(device, name, shapes["vit"], repeats=repeats) for name in names}
+    progress("vit", results["vit"])
     results["feature_cache"] = {name: feature_cache_fill(device, name, shapes["vgg"], repeats=repeats)
                                 for name in names}
+    progress("feature_cache", results["feature_cache"])
     results["coco_epoch"] = coco_epoch(results, shapes)
     results["table"] = table(results)
     return results
+
+
+def progress(section: str, figures: dict[str, Any]) -> None:
+    """One line per finished section, so that a run stopped at a time limit still leaves what it measured."""
+    print(f"{section}: {json.dumps(figures, default=str)}", flush=True)
 
 
 def machine(device: torch.device) -> dict[str, Any]:

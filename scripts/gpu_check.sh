@@ -5,7 +5,7 @@
 #     scripts/gpu_check.sh [OUT]          (on the GPU machine; OUT: where figures and logs go, default gpu_check/)
 #
 # The GPU machine needs PyTorch with CUDA, Lightning, timm, torchvision, pytest and pytest-xdist; the project's
-# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 7 minutes
+# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In at most 9 minutes
 # on an H100 or H200 it runs, each part with a time limit:
 #   1. the machine: nvidia-smi, the versions of torch, CUDA and Lightning, whether Java is there (METEOR);
 #   2. `vision-attn benchmark --device cuda --compile`: the paper-shape captioner's train step (eager, and compiled
@@ -45,21 +45,21 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to OUT/NAME
 echo "| part | status | time |" > "$PARTS"
 echo "| --- | --- | --- |" >> "$PARTS"
 
-part machine 60 bash -c 'nvidia-smi; python3 -c "import torch, lightning, timm, torchvision, jsonargparse; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\", lightning.__version__, \"timm\", timm.__version__, \"torchvision\", torchvision.__version__, \"jsonargparse\", jsonargparse.__version__); print(torch.cuda.get_device_name(0))"; java -version 2>&1 || echo "no Java: METEOR and the PTB tokenizer are skipped"; nproc; free -g'
-part benchmark 300 vision-attn benchmark --device cuda --compile --out "$OUT/benchmark.json"
+part machine 30 bash -c 'nvidia-smi; python3 -c "import torch, lightning, timm, torchvision, jsonargparse; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\", lightning.__version__, \"timm\", timm.__version__, \"torchvision\", torchvision.__version__, \"jsonargparse\", jsonargparse.__version__); print(torch.cuda.get_device_name(0))"; java -version 2>&1 || echo "no Java: METEOR and the PTB tokenizer are skipped"; nproc; free -g'
+part benchmark 240 vision-attn benchmark --device cuda --compile --out "$OUT/benchmark.json"
 export VISION_ATTN_TEST_DEVICE=cuda
-part rehearsal 240 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=0 \
+part rehearsal 140 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=0 \
     --junitxml "$OUT/rehearsal.xml" tests/test_coco_rehearsal.py
 unset VISION_ATTN_TEST_DEVICE
 VIT="--config configs/trainer/gpu.yaml --config configs/tasks/classifier.yaml --config configs/data/fashion_mnist.yaml
      --config configs/vit/fashion_mnist.yaml"
 RUN=/tmp/vision_attn_vit
 # shellcheck disable=SC2086
-part vit_fit 150 vision-attn fit $VIT --trainer.max_time 00:00:01:00 --trainer.default_root_dir "$RUN" \
+part vit_fit 100 vision-attn fit $VIT --trainer.max_time 00:00:01:00 --trainer.default_root_dir "$RUN" \
     --trainer.logger.init_args.save_dir "$RUN" --data.init_args.root .gpu/fashion_mnist --overwrite true \
     --trainer.enable_progress_bar false
 # shellcheck disable=SC2086
-part vit_test 90 vision-attn test $VIT --ckpt_path "$RUN/checkpoints/best.ckpt" --trainer.default_root_dir "$RUN/test" \
+part vit_test 45 vision-attn test $VIT --ckpt_path "$RUN/checkpoints/best.ckpt" --trainer.default_root_dir "$RUN/test" \
     --trainer.logger false --data.init_args.root .gpu/fashion_mnist --trainer.enable_progress_bar false
 
 {
