@@ -134,7 +134,8 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
     assert tuple(key["shape"]) == shape
 
     checkpoint = next(run.rglob("best.ckpt"))
-    trunk = {k: v for k, v in torch.load(checkpoint, weights_only=True)["state_dict"].items() if ".trunk." in k}
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]  # saved on the GPU, maybe
+    trunk = {k: v for k, v in state.items() if ".trunk." in k}
     conv = "features.0.weight" if config == "coco_vgg19" else "conv1.weight"
     assert torch.equal(next(v for k, v in trunk.items() if k.endswith("trunk.0.weight") or
                             k.endswith("trunk.0.0.weight")), imagenet[conv])  # the cached weights, frozen
