@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 RUNS   ?= runs
 
-.PHONY: setup fashion-mnist chromium demo demo-vit test lint clean
+.PHONY: setup fashion-mnist chromium demo demo-vit test lint docs docs-serve clean
 
 setup: $(STAMP) fashion-mnist
 
@@ -72,11 +72,11 @@ demo: setup
 VIT_RUN := $(RUNS)/vit_fashion_mnist
 demo-vit: setup
 	$(BIN)/vision-attn fit $(VIT) --overwrite true
-	$(BIN)/vision-attn test $(VIT) --ckpt_path $(VIT_RUN)/checkpoints/best.ckpt
+	$(BIN)/vision-attn test $(VIT) --ckpt_path $(VIT_RUN)/checkpoints/last.ckpt
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --out $(VIT_RUN)/samples
 	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --canvas-size 56 --out $(VIT_RUN)/samples
-	$(BIN)/vision-attn classify --ckpt $(VIT_RUN)/checkpoints/best.ckpt $(VIT_RUN)/samples/*.png
-	$(BIN)/vision-attn overlay --ckpt $(VIT_RUN)/checkpoints/best.ckpt --out $(VIT_RUN)/overlays $(VIT_RUN)/samples
+	$(BIN)/vision-attn classify --ckpt $(VIT_RUN)/checkpoints/last.ckpt $(VIT_RUN)/samples/*.png
+	$(BIN)/vision-attn overlay --ckpt $(VIT_RUN)/checkpoints/last.ckpt --out $(VIT_RUN)/overlays $(VIT_RUN)/samples
 	@echo "Attention overlays: $(VIT_RUN)/overlays/*.png, gallery $(VIT_RUN)/overlays/index.html"
 
 # pytest exits 5 when it collected nothing: for this project that is a broken suite, so say so and fail.
@@ -86,8 +86,15 @@ test: setup chromium
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; exit $$rc
 
+# The documentation site (MkDocs, Material, mkdocstrings), built into site/ with warnings as errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8000
+
 lint: setup
 	$(BIN)/ruff check vision_attn tests scripts benchmarks
 
 clean:
-	rm -rf $(VENV) $(RUNS) .pytest_cache
+	rm -rf $(VENV) $(RUNS) .pytest_cache site

@@ -3,9 +3,9 @@
     python scripts/pointing_by_mention.py runs/captioner_fashion_scenes/results_test.json \
         data/fashion_scenes/annotations/instances_test.json
 
-The results are SPEC §4 records (``vision-attn test`` or ``vision-attn caption`` writes them); the boxes come
-from the COCO instances file of the same split, in the pixels of the network input (Fashion scenes are drawn
-at that size).
+The results are the records of a results JSON (docs/formats/results.md), as ``vision-attn test`` or
+``vision-attn caption`` writes them; the boxes come from the COCO instances file of the same split, in the pixels
+of the network input (Fashion scenes are drawn at that size).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from vision_attn.metrics import pointing_by_mention
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="SPEC §4 results JSON")
+    parser.add_argument("results", help="results JSON (docs/formats/results.md)")
     parser.add_argument("instances", help="COCO instances JSON of the same split")
     options = parser.parse_args()
     with open(options.results, encoding="utf-8") as file:

@@ -12,7 +12,7 @@ the console script what ``make demo`` runs for a default:
 
 - ``fit`` and ``test``;
 - a captioner: ``caption`` + ``evaluate`` on 1000 test scenes with items anywhere and other shades
-  (``--layout free --shade-jitter 1``) and on the same SPEC §3 test scenes tinted by other makers' palettes
+  (``--layout free --shade-jitter 1``) and on the same default test scenes tinted by other makers' palettes
   (``--palette css|tab10|dark|pale``), each made once under data/; one JSON line per set of scenes with pointing,
   the scene metrics, BLEU-4 and CIDEr-D;
 - a ViT on Fashion-MNIST canvases: ``rollout-mass`` (each map's mass on the item and its pointing game).

@@ -26,7 +26,7 @@ LAYERS = [
      "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.captioning.self_critical", "vision_attn.vit.inference", "vision_attn.vit.distillation",
-     "vision_attn.gallery", "vision_attn.explorer"},
+     "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
     {"vision_attn.trainer_cli", "vision_attn.cli", "vision_attn.commands.*"},
 ]

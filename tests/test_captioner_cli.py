@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import run_script, tiny
+from tests.test_formats import schema_errors
 
 RESULT_KEYS = {"image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas"}
 
@@ -47,6 +48,7 @@ def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(train
     assert sorted(r["image_id"] for r in records) == list(range(1, 7))  # one result per test image
     for record in records:  # each names its image file, so overlay and explore read the file as it is
         assert Path(record["file_name"]).is_file() and Path(record["file_name"]).stem == str(record["image_id"])
+    assert schema_errors(records) == []  # docs/formats/results.schema.json
 
 
 def test_results_json_feeds_pycocoevalcap(trained_captioner, tmp_path) -> None:
@@ -317,7 +319,7 @@ def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pre
 
 def test_all_beams_lists_every_beam_of_the_search_best_first(trained_captioner, tmp_path) -> None:
     """`caption --all-beams` (here in-process): each record adds its search's beams, the first being the record's
-    own caption, each with α and β rows per word; the file still reads as SPEC §4 records."""
+    own caption, each with α and β rows per word; the file still reads as results records."""
     from vision_attn.captioning.evaluation import write_captions
     from vision_attn.results import read_results, record_problem
 

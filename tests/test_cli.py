@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tests.conftest import REPO, run_in_process, run_script, shipped, tiny
@@ -75,19 +77,27 @@ def test_classify_prints_top5_for_images_of_any_mode_and_size(vit_checkpoint, tm
     Image.fromarray(images[0].numpy()).save(grey)
     rgb = tmp_path / "wide.jpg"
     Image.fromarray(np.stack([images[1].numpy()] * 3, -1)).resize((90, 40)).save(rgb)
-    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(grey), str(rgb))
+    out = tmp_path / "classes.json"
+    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(grey), str(rgb), "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
-    assert lines[0] == str(grey) and lines[6] == str(rgb)
+    assert lines[0] == str(grey) and lines[6] == str(rgb) and lines[12] == f"wrote the classes of 2 images to {out}"
     probabilities = [float(line.split("%")[0]) for line in lines[1:6]]
     assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 100.01
     assert all(line.split("%", 1)[1].strip() in CLASS_NAMES for line in lines[1:6])
+    written = json.loads(out.read_text())  # what was printed, as JSON
+    assert [entry["file_name"] for entry in written] == [str(grey), str(rgb)]
+    printed = [line for line in lines if "%" in line]
+    assert [item["class"] for entry in written for item in entry["top_k"]] == \
+        [line.split("%", 1)[1].strip() for line in printed]
+    assert [100 * item["probability"] for entry in written for item in entry["top_k"]] == \
+        pytest.approx([float(line.split("%")[0]) for line in printed], abs=0.0051)
 
 
 def test_classify_missing_image_is_one_line_error(vit_checkpoint, tmp_path) -> None:
     result = run_script("classify", "--ckpt", str(vit_checkpoint), str(tmp_path / "nope.png"))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {tmp_path / 'nope.png'}: file not found"
+    assert result.stderr.strip() == f"error: {tmp_path / 'nope.png'}: no such file or folder"
 
 
 def test_classify_with_a_non_checkpoint_is_one_line_error(tmp_path) -> None:
@@ -206,3 +216,13 @@ def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_i
     # every task brings the one schedule along: it is the callback that stops at the last validation
     assert [callback for callback in cli.model.configure_callbacks() if isinstance(callback, RunSchedule)] == \
         [cli.model.schedule]
+
+
+def test_there_is_no_predict_and_the_message_names_caption_and_classify(vit_checkpoint) -> None:
+    result = run_in_process("predict", "--config", str(REPO / "tests" / "configs" / "vit_tiny.yaml"),
+                            "--ckpt_path", str(vit_checkpoint))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vision-attn caption" in lines[0] and "vision-attn classify" in lines[0]
+    helped = run_in_process("--help")
+    assert "predict" not in helped.stdout and "classify" in helped.stdout

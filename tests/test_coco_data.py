@@ -314,7 +314,7 @@ def test_generated_scenes_take_their_style_per_split_and_a_root_of_another_style
              for split in counts}
     assert infos["train"]["style"] == {"layout": "free", "shade_jitter": 1.0, "scale_jitter": 0.0, "hue_jitter": 0.0,
                                              "palette": "exact"}
-    assert "style" not in infos["val"] and "style" not in infos["test"]  # SPEC §3 scenes for evaluation
+    assert "style" not in infos["val"] and "style" not in infos["test"]  # the default scenes for evaluation
     CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts, "styles": styles})  # reused
     with pytest.raises(ValueError, match="train scenes in .* were drawn with style .*layout='free'"):
         CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts})

@@ -95,5 +95,6 @@ def test_the_default_trains_with_a_teacher_through_the_cli(teacher_checkpoint, t
     checkpoint = next(tmp_path.rglob("last.ckpt"))
     state = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert "model.head_dist.weight" in state and not any("teacher" in key for key in state)
-    result = run_in_process("classify", "--ckpt", str(checkpoint), str(REPO / "docs" / "overlay_vit.png"))
+    result = run_in_process("classify", "--ckpt", str(checkpoint), str(REPO / "docs" / "overlay_vit.png"),
+                            "--out", str(tmp_path / "classes.json"))
     assert result.returncode == 0, result.stderr[-2000:]

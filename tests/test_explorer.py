@@ -60,7 +60,7 @@ def page(browser):
 
 @pytest.fixture(scope="module")
 def captioner_site(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """A site from hand-made SPEC §4 records over small real PNGs: words peaked on known cells, a multihead
+    """A site from hand-made results records over small real PNGs: words peaked on known cells, a multihead
     record with beams, and a hostile caption; written through the CLI."""
     work = tmp_path_factory.mktemp("explore")
     records = []

@@ -37,9 +37,9 @@ def test_a_legacy_captioner_captions_as_it_did(name: str, tmp_path: Path) -> Non
     same_records(json.loads(out.read_text()), json.loads((LEGACY / f"{name}_captions.json").read_text()))
 
 
-def test_a_legacy_vit_classifies_as_it_did() -> None:
+def test_a_legacy_vit_classifies_as_it_did(tmp_path: Path) -> None:
     result = run_in_process("classify", "--ckpt", str(LEGACY / "vit.ckpt"), str(LEGACY / "02890_Sandal.png"),
-                            str(LEGACY / "06044_Trouser.png"))
+                            str(LEGACY / "06044_Trouser.png"), "--out", str(tmp_path / "classes.json"))
     assert result.returncode == 0, result.stderr[-2000:]
 
     def ranked(text: str) -> list[tuple[str, float]]:

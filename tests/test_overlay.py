@@ -260,7 +260,7 @@ def test_overlay_cli_for_the_captioner_on_odd_images_and_from_results_json(train
     check_overlays(out, sources, 64)
     assert f"wrote {len(sources)} overlays" in result.stdout
 
-    # The same figures from `caption`'s SPEC §4 JSON, without the checkpoint; a caption with markup stays text.
+    # The same figures from `caption`'s results JSON, without the checkpoint; a caption with markup stays text.
     results = tmp_path / "results.json"
     assert run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), str(sources[0]),
                       "--out", str(results)).returncode == 0
@@ -329,7 +329,7 @@ def test_validation_logs_overlays_to_tensorboard_and_not_in_the_sanity_check(tmp
     assert not list(tmp_path.rglob("overlays"))
 
 
-# --- rollout mass on the object (SPEC §5, ViT) --------------------------------------------------------------
+# --- rollout mass on the object (docs/formats/metrics.md, ViT) ----------------------------------------------
 
 
 def test_mask_mass_weighs_each_cell_by_its_share_of_mask_pixels() -> None:

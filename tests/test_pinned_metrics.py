@@ -59,7 +59,7 @@ def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *ex
     figures["best_model_score"] = float(best)
     figures["weights_abs_sum"] = weights_checksum(checkpoint)
     results = list((tmp_path / "test").rglob("results_test.json"))
-    if results:  # the captioner's SPEC §4 records: every word and every α, position-weighted
+    if results:  # the captioner's results records: every word and every α, position-weighted
         records = json.loads(results[0].read_text())
         figures["results_alpha_checksum"] = sum(
             (t + 1) * (i + 1) * alpha for record in records for t, row in enumerate(record["alphas"])

@@ -1,4 +1,4 @@
-"""Reliability, round two (issue 16): decompression bombs, outputs that would overwrite inputs or runs."""
+"""Reliability under hostile inputs: decompression bombs, outputs that would overwrite inputs or runs."""
 
 from __future__ import annotations
 

@@ -64,6 +64,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Self-attention over the tokens, (B, N, D) -> (B, N, D), without the weights."""
         return self._attend(x, return_weights=False)[0]
 
     def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -83,7 +84,6 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class AdditiveAttention(nn.Module):
-    heads = 1  # one α per query
     """Bahdanau attention over a set of annotation vectors a_i ∈ R^D, queried by a hidden state h.
 
     The projection W_a a_i does not depend on the query, so ``project_annotations`` computes it once per
@@ -97,6 +97,8 @@ class AdditiveAttention(nn.Module):
     the attention then knows what the decoder has just said of the object it is describing (as the attention
     of Anderson et al. 2018 is queried by an LSTM that has read the previous word).
     """
+
+    heads = 1  # one α per query
 
     def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, coverage: bool = False,
                  word_dim: int = 0) -> None:

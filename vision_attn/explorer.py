@@ -73,7 +73,8 @@ def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str
 
 def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_scale: tuple[float, float] | None
                    ) -> dict[str, float]:
-    """SPEC §5's per-image scene metrics of one caption record against its objects (SceneObject)."""
+    """The per-image scene metrics (``docs/formats/metrics.md``) of one caption record against its objects
+    (SceneObject)."""
     if objects is None:
         return {}
     scene = {record["image_id"]: [(o.name, o.colour) for o in objects]}

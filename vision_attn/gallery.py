@@ -61,14 +61,17 @@ class OverlayOptions:
 
     @classmethod
     def from_arguments(cls, namespace: argparse.Namespace) -> OverlayOptions:
+        """The options from the parsed command line (the shared options included)."""
         return cls(**{option.name: getattr(namespace, option.name) for option in fields(cls)})
 
     @property
     def style(self) -> dict[str, Any]:
+        """How each map is drawn over its image: upsampling mode, smoothing, colour map and opacity."""
         return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity}
 
     @property
     def layout(self) -> dict[str, int]:
+        """How the panels of a figure are laid out: their size and how many per row."""
         return {"panel_size": self.panel_size, "columns": self.columns}
 
 

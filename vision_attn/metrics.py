@@ -1,4 +1,5 @@
-"""Caption metrics the COCO way, and whether attention points at the object a word names (SPEC §5).
+"""Caption metrics the COCO way, and whether attention points at the object a word names
+(``docs/formats/metrics.md``).
 
 - BLEU-1..4, METEOR, ROUGE-L and CIDEr-D from pycocoevalcap, each image scored once. SPICE is left out:
   it needs a Stanford CoreNLP download that cannot happen offline. Without Java, METEOR and the PTB
@@ -34,6 +35,7 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def java_available() -> bool:
+    """Whether ``java`` is on the PATH: METEOR and the PTB tokenizer of pycocoevalcap need it."""
     return shutil.which("java") is not None
 
 
@@ -167,7 +169,8 @@ def pointing_scores(
     box_scale: Mapping[Any, tuple[float, float]] | None = None,
     class_words: Sequence[str] = CLASS_WORDS,
 ) -> dict[str, float]:
-    """Pointing accuracy and mean α mass in the box over the class words of SPEC §4 records.
+    """Pointing accuracy and mean α mass in the box over the class words of results records
+    (``docs/formats/results.md``).
 
     ``records`` hold ``image_id``, ``tokens``, ``grid`` [Gh, Gw], ``image_size`` [H, W] and ``alphas`` (one
     row per token). ``boxes`` maps an image id to (class word, [x, y, w, h]) in the pixels of the image the
@@ -232,7 +235,8 @@ def pointing_by_mention(
 
 
 def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
-    """SPEC §5, ViT: the share of a map's mass on the object, per image.
+    """The ViT's mass inside the object mask (``docs/formats/metrics.md``): the share of a map's mass on the
+    object, per image.
 
     ``weights`` (B, Gh, Gw) is a map over the patch grid (e.g. rollout), ``masks`` (B, H, W) the object's
     pixels in the network input (H, W multiples of the grid). Each cell's weight counts in proportion to the
@@ -251,7 +255,7 @@ def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
 
     ``weights`` (B, Gh, Gw) is a map over the patch grid, ``masks`` (B, H, W) the object's pixels in the
     network input (H, W multiples of the grid). A hit is when the mask holds the centre pixel of the map's
-    argmax cell, as SPEC §5's pointing for the captioner takes the argmax cell's centre. A map blind to the
+    argmax cell, as the captioner's pointing takes the argmax cell's centre. A map blind to the
     object hits about as often as the object's share of the cell centres.
     """
     cells = weights.shape[-2:]
@@ -269,8 +273,9 @@ def scene_scores(
     *,
     class_words: Sequence[str] = CLASS_WORDS,
 ) -> dict[str, float]:
-    """SPEC §5's scene metrics over the emitted tokens of each caption (records hold ``image_id`` and ``tokens``,
-    without <start>/<end>); ``scenes`` maps an image id to its objects as (class word, colour or None).
+    """The scene metrics (``docs/formats/metrics.md``) over the emitted tokens of each caption (records hold
+    ``image_id`` and ``tokens``, without <start>/<end>); ``scenes`` maps an image id to its objects as (class word,
+    colour or None).
 
     - object recall: over every object of every scene, the fraction whose class word the caption emits;
     - object precision: over every emitted class word, the fraction whose class is in the scene;

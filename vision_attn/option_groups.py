@@ -78,6 +78,7 @@ class OptionGroup:
         """Refuse, in one line naming the option, a value that is out of range or does not fit the others."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The group as a plain dict (nested groups as dicts, tuples as lists), as a checkpoint stores it."""
         return plain(self)
 
 
@@ -93,6 +94,7 @@ def require(condition: bool, group: str, message: str) -> None:
 
 
 def finite(value: float) -> bool:
+    """Whether ``value`` is a number and finite (not NaN or ±inf, nor a string or None)."""
     return isinstance(value, int | float) and math.isfinite(value)
 
 
@@ -114,6 +116,8 @@ class ImageFormat(OptionGroup):
     """per-channel standard deviation the pixels are normalised with (null: the model's default)"""
 
     def check(self) -> None:
+        """Refuse a size below 1, channels other than 1 or 3, or a mean or std without one finite value per
+        channel (std above 0)."""
         require(isinstance(self.size, int) and self.size >= 1, self.name, f"size must be at least 1, got {self.size}")
         require(self.channels in (1, 3), self.name, f"channels must be 1 or 3, got {self.channels}")
         for key in ("mean", "std"):
@@ -143,6 +147,7 @@ class Optimiser(OptionGroup):
     """Adam's β1, β2"""
 
     def check(self) -> None:
+        """Refuse an lr not above 0, a negative weight decay, or betas that are not two numbers in [0, 1)."""
         require(finite(self.lr) and self.lr > 0, self.name, f"lr must be above 0, got {self.lr}")
         require(finite(self.weight_decay) and self.weight_decay >= 0, self.name,
                 f"weight_decay must be 0 or more, got {self.weight_decay}")
@@ -168,6 +173,7 @@ class Schedule(OptionGroup):
     """the progress is the further along of the steps and the trainer's max_time budget"""
 
     def check(self) -> None:
+        """Refuse a negative warm-up or a min_lr_ratio outside [0, 1]."""
         require(finite(self.warmup_epochs) and self.warmup_epochs >= 0, self.name,
                 f"warmup_epochs must be 0 or more, got {self.warmup_epochs}")
         require(finite(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, self.name,
@@ -193,6 +199,7 @@ class Loader(OptionGroup):
     """an unreadable image is left out with a warning and counted (skip), or stops the run (error)"""
 
     def check(self) -> None:
+        """Refuse a batch size below 1, a negative worker count, or an on_bad_image other than skip or error."""
         require(isinstance(self.batch_size, int) and self.batch_size >= 1, self.name,
                 f"batch_size must be at least 1, got {self.batch_size}")
         require(self.eval_batch_size is None or self.eval_batch_size >= 1, self.name,
@@ -204,4 +211,5 @@ class Loader(OptionGroup):
 
     @property
     def eval_size(self) -> int:
+        """The validation and test batch size: eval_batch_size, or batch_size when unset."""
         return self.eval_batch_size or self.batch_size

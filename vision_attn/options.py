@@ -68,6 +68,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, ``error: <what>: <why>``, and exit 2, as every other error."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit 2 with ``message`` on one line, pointing to ``--help``."""
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 

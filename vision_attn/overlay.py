@@ -221,7 +221,8 @@ figcaption {{ font-size: 1.1em; margin-top: 0.3em; }}
 
 def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: int = 224, columns: int = 5,
                     **style: Any) -> Image.Image:
-    """The paper's figure for one SPEC §4 record: the image, then one panel per word with α_t over the image.
+    """The paper's figure for one results record (``docs/formats/results.md``): the image, then one panel per word
+    with α_t over the image.
 
     The captioner squashed the whole image to its square input, so the α grid covers the whole image and is
     stretched back to the image's own aspect ratio. Each panel is titled with the word and β_t. A record of a

@@ -1,4 +1,4 @@
-"""The results JSON of captioning (SPEC §4): one home for its record format, written and read.
+"""The results JSON of captioning (``docs/formats/results.md``): one home for its record format, written and read.
 
 A record is the COCO results entry ``{"image_id", "caption"}`` plus where the words looked: ``file_name``,
 ``tokens`` (the emitted words), ``grid`` [Gh, Gw], ``image_size`` [H, W] of the network input, ``alphas``
@@ -26,10 +26,10 @@ OPTIONAL_KEYS = ("head_alphas", "beams")  # a multihead score's per-head α; eve
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
                    image_size: tuple[int, int], file_name: str = "", head_alphas: Tensor | None = None
                    ) -> dict[str, Any]:
-    """A SPEC §4 record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words.
+    """A results record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words.
 
     With a multihead attention score, ``head_alphas`` (T, K, L) adds each head's α as ``head_alphas`` (one
-    list of K rows per token; ``alphas`` is their mean), a key SPEC §4 readers can ignore.
+    list of K rows per token; ``alphas`` is their mean), a key that readers of the plain format can ignore.
     """
     record = {
         "image_id": image_id,
@@ -47,7 +47,7 @@ def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: T
 
 
 def write_results(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:
-    """Write records atomically, keeping only the SPEC §4 keys and ``OPTIONAL_KEYS`` (evaluation adds references
+    """Write records atomically, keeping only the record keys and ``OPTIONAL_KEYS`` (evaluation adds references
     and objects)."""
     keep = RECORD_KEYS + OPTIONAL_KEYS
     return write_json_atomically(path, [{k: v for k, v in record.items() if k in keep} for record in records])
@@ -57,14 +57,20 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _is_weight(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return _is_number(value) and value >= 0
 
 
 def record_problem(record: Any) -> str | None:
-    """What is wrong with a SPEC §4 record that carries attention, or None: every field of the right type and
-    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given, and K such
-    rows per token if ``head_alphas`` is given."""
+    """What is wrong with a results record that carries attention, or None: every field of the right type and
+    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given, K such
+    rows per token if ``head_alphas`` is given, and each beam's words and attention (and its ``log_prob`` and
+    ``score``, finite numbers) if ``beams`` is given. ``docs/formats/results.schema.json`` says the same in
+    JSON Schema, as far as JSON Schema can."""
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
@@ -107,6 +113,8 @@ def record_problem(record: Any) -> str | None:
             problem = None if isinstance(beam, dict) else "is not a record"
             problem = problem or record_problem({**beam, "image_id": image_id, "file_name": name, "grid": grid,
                                                  "image_size": record.get("image_size"), "beams": None})
+            problem = problem or next((f"{key} must be a finite number, got {beam[key]!r}" for key in
+                                       ("log_prob", "score") if key in beam and not _is_number(beam[key])), None)
             if problem:
                 return f"beam {n} {problem}"
     return None
@@ -123,7 +131,7 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
-        raise ValueError(f"{path}: expected a list of caption records (SPEC §4), as `caption` writes")
+        raise ValueError(f"{path}: expected a list of caption records, as `caption` writes")
     found = []
     for index, record in enumerate(loaded):
         problem = record_problem(record)

@@ -1,4 +1,4 @@
-"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, the option
+"""``vision-attn fit | validate | test``: LightningCLI with the DataModule → model links, the option
 groups' docs in ``--help``, atomic checkpoint writes, a ``last.ckpt`` that holds the final weights, a progress bar
 redrawn at most 5 times a second, and ``--ckpt_path`` checked and read safely.
 
@@ -87,11 +87,13 @@ class SafeCheckpointIO(TorchCheckpointIO):
     Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read."""
 
     def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
+        """Write ``checkpoint`` to a local ``path`` atomically (a remote one with Lightning's writer)."""
         if "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         replace_atomically(path, lambda file: torch.save(checkpoint, file))
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        """Read a local checkpoint weights-only with ``checkpoint.load_file`` (on the CPU unless told otherwise)."""
         return load_file(path, map_location=map_location or "cpu")
 
 
@@ -128,9 +130,11 @@ class FinalWeightsInLast(L.Callback):
         self.saved_at_step = -1
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Note the step of the checkpoint being written."""
         self.saved_at_step = trainer.global_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Write each ``save_last: true`` checkpoint's ``last`` again unless one was written at the final step."""
         if trainer.fast_dev_run or self.saved_at_step == trainer.global_step:
             return
         for callback in trainer.checkpoint_callbacks:
@@ -160,7 +164,13 @@ def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
 class VisionAttnCLI(LightningCLI):
     """LightningCLI with the links of ``LINKED_FROM_DATA`` and a ``--ckpt_path`` check."""
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit, validate and test: predictions come from the ``caption`` and ``classify`` tools instead."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name != "predict"}
+
     def add_arguments_to_parser(self, parser: Any) -> None:
+        """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
         for source, target in LINKED_FROM_DATA.items():
             parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
         parser.add_argument("--overwrite", type=bool, default=False,

@@ -93,10 +93,12 @@ class Captioner(nn.Module):
 
     @property
     def image_format(self) -> ImageFormat:
+        """How an image becomes this captioner's input: its size and normalisation, three channels."""
         return ImageFormat(size=self.image_size, channels=3, mean=list(self.mean), std=list(self.std))
 
     @property
     def device(self) -> torch.device:
+        """The device the captioner's weights are on."""
         return next(self.parameters()).device
 
     def forward(self, images: Tensor, captions: Tensor, caption_images: Tensor | None = None, *,

@@ -175,6 +175,7 @@ class AttentionDecoder(nn.Module):
 
     def recur(self, embedded_word: Tensor, context: Tensor, state: DecoderState,
               alpha: Tensor | None = None) -> DecoderState:
+        """The LSTM's next state h_t, c_t from [E y_{t-1}; z_t], and the coverage c_{t+1} = c_t + α_t when kept."""
         hidden, cell = self.lstm(torch.cat([embedded_word, context], dim=1), (state.hidden, state.cell))
         coverage = None if state.coverage is None else state.coverage + alpha  # c_{t+1} = c_t + α_t
         return DecoderState(hidden, cell, coverage, state.word_counts)  # h_t, c_t = LSTM([E y_{t-1}; z_t], ...)

@@ -229,6 +229,7 @@ class AnnotationEncoder(nn.Module):
         self.frozen_stages = frozen
 
     def train(self, mode: bool = True) -> AnnotationEncoder:
+        """``nn.Module.train``, but the frozen stages stay in eval mode, so their BatchNorm statistics are kept."""
         super().train(mode)
         for child in self.frozen_stages:  # frozen BatchNorm keeps its running statistics
             child.eval()
@@ -304,5 +305,6 @@ class EncoderClassifier(nn.Module):
         self.colour_head = nn.Linear(self.encoder.annotation_dim, num_colours) if num_colours else None
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Class logits (B, C) and colour logits (B, K) (None without a colour head) for images (B, 3, H, W)."""
         pooled = self.encoder(images)[0].mean(dim=1)
         return self.head(pooled), self.colour_head(pooled) if self.colour_head is not None else None

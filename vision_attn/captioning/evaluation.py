@@ -1,4 +1,5 @@
-"""Captioner evaluation in one place: decode → SPEC §4 records → gather across ranks → score → write.
+"""Captioner evaluation in one place: decode → results records (``docs/formats/results.md``) → gather across
+ranks → score → write.
 
 ``CaptionerTask``'s validation and test hooks, and the ``caption`` command, all go through here, so a
 caption scored in ``vision-attn test`` and one written by ``vision-attn caption`` are made the same way.
@@ -42,7 +43,7 @@ from vision_attn.results import caption_record, record_problem, write_results
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
                   file_names: Sequence[str] | None = None, all_beams: bool = False,
                   features: bool = False) -> list[dict[str, Any]]:
-    """SPEC §4 records of a batch of normalised images (B, 3, S, S) (or, with ``features``, the encoder's frozen
+    """Results records of a batch of normalised images (B, 3, S, S) (or, with ``features``, the encoder's frozen
     part's output), one per image, in order; with ``all_beams`` each also lists every beam of its search, best
     first, under ``beams`` (``beam_entry``)."""
     decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams, features=features)
@@ -57,7 +58,7 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
 
 
 def beam_entry(captioner: Captioner, hypothesis: Hypothesis) -> dict[str, Any]:
-    """One beam of a record's ``beams``: its caption, tokens, α and β rows as SPEC §4 has them, (``head_alphas``
+    """One beam of a record's ``beams``: its caption, tokens, α and β rows as a record has them, (``head_alphas``
     with a multihead score), its summed log-probability and its score (after the length penalty)."""
     entry = caption_record(None, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas, grid=(0, 0),
                            image_size=(0, 0), head_alphas=hypothesis.head_alphas)
@@ -87,7 +88,7 @@ def caption_files(
     bad_images: BadImageCounter | None = None,
     all_beams: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """SPEC §4 records, one per readable (image id, path), in order. An unreadable image raises
+    """Results records, one per readable (image id, path), in order. An unreadable image raises
     BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted.
     ``all_beams``: each record lists every beam (``caption_batch``)."""
     size = captioner.image_size
@@ -110,7 +111,7 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
                    beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                    device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None,
                    all_beams: bool = False) -> CaptionedFiles:
-    """Caption (image id, path) inputs with a checkpoint and write the SPEC §4 results JSON to ``out``;
+    """Caption (image id, path) inputs with a checkpoint and write the results JSON to ``out``;
     ``on_record`` sees each record as it is made (the CLI prints it). ``out`` is checked before any work."""
     output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
@@ -162,7 +163,8 @@ def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
                   box_scale: dict[Any, tuple[float, float]] | None = None) -> dict[str, float]:
     """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``; when they carry their
     ``objects`` (SceneObject), the scene metrics too, and with ``pointing`` (records with their attention) the
-    pointing accuracy and α mass in the box (SPEC §5; ``box_scale`` maps boxes to the network input); and the
+    pointing accuracy and α mass in the box (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network
+    input); and the
     number of images."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
@@ -190,8 +192,8 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
                      out: str | os.PathLike | None = None) -> dict[str, float]:
     """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
     file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too,
-    and pointing when every record carries its attention (SPEC §4). One result per image id is scored. With
-    ``out`` (checked before any work) the scores are written there as JSON."""
+    and pointing when every record carries its attention (``docs/formats/results.md``). One result per image id is
+    scored. With ``out`` (checked before any work) the scores are written there as JSON."""
     inputs = [path for path in (results, annotations, instances, attributes) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
     results = input_file(results, "a results JSON")  # a pipe would block the read

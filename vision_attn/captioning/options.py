@@ -46,6 +46,8 @@ class EncoderOptions(OptionGroup):
     which then rebuilds the ViT without that file (set by the encoder; leave it null)"""
 
     def check(self) -> None:
+        """Refuse an unknown backbone, a width below 1, a stride other than 8 or 16, a grid below 1, or
+        trainable_stages below -1."""
         require(self.backbone in BACKBONES or (self.backbone.startswith("timm:") and len(self.backbone) > 5),
                 self.name, f"backbone: unknown backbone '{self.backbone}': use small, vgg19, resnet50, resnet101, "
                            "vit or timm:<name>")
@@ -95,6 +97,8 @@ class DecoderOptions(OptionGroup):
     """hard attention: the share of training batches that use the expected context instead of a sample"""
 
     def check(self) -> None:
+        """Refuse widths below 1, a dropout or β outside its range, an unknown attention mode or score, and
+        word_count_context without word_counts."""
         for key in ("embed_dim", "hidden_dim", "attention_dim", "attention_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         require(finite(self.dropout) and 0 <= self.dropout < 1, self.name,
@@ -125,6 +129,7 @@ class DecodingOptions(OptionGroup):
     """a beam's score is its log-probability / length^penalty (0: none)"""
 
     def check(self) -> None:
+        """Refuse a beam size or maximum length below 1, or a negative length penalty."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
         require(finite(self.length_penalty) and self.length_penalty >= 0, self.name,
@@ -151,6 +156,7 @@ class ObjectiveOptions(OptionGroup):
     """hard attention: the moving average's decay, b ← decay·b + (1 − decay)·log p(y | s, a)"""
 
     def check(self) -> None:
+        """Refuse a negative λ, an unknown normalisation, a baseline decay outside [0, 1), or non-finite weights."""
         require(finite(self.doubly_stochastic_weight) and self.doubly_stochastic_weight >= 0, self.name,
                 f"doubly_stochastic_weight must be 0 or more, got {self.doubly_stochastic_weight}")
         require(self.loss_normalisation in LOSS_NORMALISATIONS, self.name,
@@ -181,6 +187,7 @@ class TrainingAidsOptions(OptionGroup):
     an encoder pretraining checkpoint as encoder.pretrained)"""
 
     def check(self) -> None:
+        """Refuse a negative weight, and object_heads_from_encoder without the object loss."""
         for key in ("concept_weight", "object_weight", "grounding_weight"):
             require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
                     f"{key} must be 0 or more, got {getattr(self, key)}")
@@ -208,6 +215,7 @@ class SelfCriticalOptions(OptionGroup):
     """added to the reward × the share of the words every reference uses that the sample uses"""
 
     def check(self) -> None:
+        """Refuse a start outside the run, fewer than 2 samples when enabled, or a negative penalty or reward."""
         require(self.from_progress is None or (finite(self.from_progress) and 0 <= self.from_progress < 1),
                 self.name, f"from_progress is a share of the run, from 0 to below 1, got {self.from_progress}")
         require(self.from_epoch is None or self.from_epoch >= 0, self.name,
@@ -221,6 +229,7 @@ class SelfCriticalOptions(OptionGroup):
 
     @property
     def enabled(self) -> bool:
+        """Whether self-critical training starts at some point of the run (by epoch or by progress)."""
         return self.from_epoch is not None or self.from_progress is not None
 
 
@@ -233,6 +242,7 @@ class CaptionerOptimiser(Optimiser):
     """the learning rate of the encoder's trainable stages (null: lr)"""
 
     def check(self) -> None:
+        """``Optimiser.check``, and refuse an encoder_lr not above 0."""
         super().check()
         require(self.encoder_lr is None or (finite(self.encoder_lr) and self.encoder_lr > 0), self.name,
                 f"encoder_lr must be above 0, got {self.encoder_lr}")

@@ -85,6 +85,7 @@ class SelfCriticalObjective:
         self.reward: CiderD | None = None
 
     def use_references(self, references: Sequence[Sequence[str]]) -> None:
+        """Set the CIDEr-D reward from the training split's captions, one list per image (``reference_reward``)."""
         self.reward = reference_reward(references, self.vocab, self.max_length)
 
     def rewards(self, candidates: list[list[int]], references: list[list[list[int]]]) -> list[float]:

@@ -37,6 +37,7 @@ class ViTEmbedding(nn.Module):
             vit.patch_embed, vit.cls_token, vit.dist_token, vit.reg_token, vit.pos_embed)
 
     def forward(self, images: Tensor) -> Tensor:
+        """z_0, (B, P + N, D): the P prefix tokens, then the N patch embeddings, plus the position embedding."""
         x = self.patch_embed(images)  # (B, N, D), the patches row by row
         prefix = prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0])
         return torch.cat([prefix, x], dim=1) + self.pos_embed  # (B, P + N, D)
@@ -51,6 +52,7 @@ class ViTPatchGrid(nn.Module):
         self.norm, self.prefix_tokens, self.grid = norm, prefix_tokens, grid
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """Tokens (B, P + N, D) -> the normalised patch tokens as a (B, D, Gh, Gw) map."""
         patches = self.norm(tokens[:, self.prefix_tokens :])  # (B, N, D)
         return patches.transpose(1, 2).reshape(patches.shape[0], -1, *self.grid)
 

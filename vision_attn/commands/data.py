@@ -12,6 +12,7 @@ from vision_attn.options import at_least, number_in, parser_for
 
 @tool("export-samples", "write dataset images as PNG files (for classify and overlay)")
 def export_samples_command(argv: Sequence[str]) -> None:
+    """``vision-attn export-samples``: write dataset images as PNG files and print their paths."""
     parser = parser_for("export-samples", "Write dataset images as PNG files named by their true class.")
     parser.add_argument("--dataset", choices=["fashion-mnist"], default="fashion-mnist")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
@@ -31,6 +32,7 @@ def export_samples_command(argv: Sequence[str]) -> None:
 
 @tool("make-scenes", "generate the Fashion scenes captioning dataset")
 def make_scenes_command(argv: Sequence[str]) -> None:
+    """``vision-attn make-scenes``: generate the Fashion scenes dataset and print what each split holds."""
     parser = parser_for("make-scenes", "Generate the Fashion scenes captioning dataset (COCO format).")
     parser.add_argument("--root", default="data/fashion_scenes", help="output folder (default data/fashion_scenes)")
     for split, count in (("train", 20000), ("val", 1000), ("test", 1000)):
@@ -39,14 +41,14 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser.add_argument("--canvas-size", type=at_least(1), default=96, help="canvas side in pixels (default 96)")
     parser.add_argument("--grid-size", type=at_least(1), default=3, help="grid cells per side (default 3)")
     parser.add_argument("--layout", choices=["grid", "free", "mixed"], default="grid",
-                        help="items on grid cells (SPEC §3), anywhere without overlap, or either per scene")
+                        help="items on grid cells (the default scenes), anywhere without overlap, or either per scene")
     parser.add_argument("--shade-jitter", type=number_in(0, 1), default=0.0,
                         help="0: the exact tints; up to 1: other shades of each named colour")
     parser.add_argument("--hue-jitter", type=number_in(0, 1), default=0.0,
                         help="0: off; up to 1: tints from each named colour's whole family (hues, saturations, "
                              "values; instead of --shade-jitter)")
     parser.add_argument("--palette", choices=["exact", "css", "tab10", "dark", "pale"], default="exact",
-                        help="the RGB each colour word names: the exact colours (SPEC §3's scenes), or another "
+                        help="the RGB each colour word names: the exact colours (the default scenes'), or another "
                              "maker's (CSS, matplotlib's tab10, darker, paler)")
     parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
                         help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
@@ -68,9 +70,11 @@ def make_scenes_command(argv: Sequence[str]) -> None:
 
 @tool("rollout-mass", "ViT: does each attention map find Fashion-MNIST items placed on a larger canvas?")
 def rollout_mass_command(argv: Sequence[str]) -> None:
+    """``vision-attn rollout-mass``: print a ViT's accuracy, and each attention map's mass on the item and pointing
+    game, on Fashion-MNIST items placed at random on a larger canvas."""
     parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy, and the mass on the item and the "
                         "pointing game of rollout, gradient rollout and the last layer's attention, on Fashion-MNIST "
-                        "items pasted at random on a larger canvas (SPEC §5).", "device", "head_fusion",
+                        "items pasted at random on a larger canvas (docs/formats/metrics.md).", "device", "head_fusion",
                         "discard_ratio")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
     parser.add_argument("--canvas-size", type=at_least(28), default=56, help="canvas side in pixels (default 56)")
@@ -97,6 +101,7 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
 
 @tool("cache-features", "fill a frozen encoder's feature cache ahead of fit (--config C, as fit takes it)")
 def cache_features_command(argv: Sequence[str]) -> None:
+    """``vision-attn cache-features``: fill a frozen encoder's feature cache for the fit config in ``argv``."""
     from vision_attn.trainer_cli import cache_features
 
     cache_features(argv)
@@ -104,6 +109,7 @@ def cache_features_command(argv: Sequence[str]) -> None:
 
 @tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
 def benchmark_command(argv: Sequence[str]) -> None:
+    """``vision-attn benchmark``: the checkout's ``benchmarks/run.py`` (only from a source checkout)."""
     checkout = Path(__file__).resolve().parents[2]  # the benchmark reads benchmarks/ and configs/ there
     if not (checkout / "benchmarks" / "run.py").is_file():
         raise FileNotFoundError(f"{checkout / 'benchmarks'}: not found; the benchmark runs from a source checkout")

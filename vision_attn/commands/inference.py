@@ -8,26 +8,47 @@ from vision_attn.commands import tool
 from vision_attn.options import at_least, parser_for
 
 
-@tool("classify", "top-k classes of images with a trained ViT")
+@tool("classify", "top-k classes of images with a trained ViT; JSON of each image's classes")
 def classify_command(argv: Sequence[str]) -> None:
-    parser = parser_for("classify", "Top-k classes of images with a ViT.", "device")
+    """``vision-attn classify``: print each image's top-k classes and write them as JSON (``write_classifications``)."""
+    parser = parser_for("classify", "Top-k classes of images with a ViT: prints each image's classes, best first, "
+                        'and writes them as JSON, a list of {"file_name", "label", "probability", "top_k": '
+                        '[{"class", "probability"}, ...]} in input order (probabilities from 0 to 1, 6 decimals).',
+                        "device", "bad_images", "batch_size")
     parser.add_argument("--ckpt", required=True, help="ViT checkpoint (.ckpt) written by `vision-attn fit`")
-    parser.add_argument("images", nargs="+", help="image files")
-    parser.add_argument("--top-k", type=at_least(1), default=5, help="classes to print per image (default 5)")
+    parser.add_argument("inputs", nargs="+", help="image files or folders of images")
+    parser.add_argument("--top-k", type=at_least(1), default=5, help="classes to list per image (default 5)")
+    parser.add_argument("--out", default="classes.json", help="JSON to write (default classes.json)")
     options = parser.parse_args(argv)
-    from vision_attn.vit.inference import Classifier, classify_files
+    from vision_attn.api import iter_classifications, load_classifier, write_classifications
+    from vision_attn.data.images import expand_inputs
+    from vision_attn.errors import Interrupted
+    from vision_attn.io import output_file
 
-    classifier = Classifier.from_checkpoint(options.ckpt, device=options.device)
-    for path, ranked in classify_files(classifier, options.images, top_k=options.top_k):
-        print(path)
-        for name, probability in ranked:
-            print(f"  {probability:7.2%}  {name}")
+    paths = [path for _, path in expand_inputs(options.inputs)]  # a bad input or output: one line, before any work
+    out = output_file(options.out, inputs=[options.ckpt, *paths])
+    classifier, results = load_classifier(options.ckpt, device=options.device), []
+    try:
+        for result in iter_classifications(classifier, paths, top_k=options.top_k, batch_size=options.batch_size,
+                                           on_bad_image=options.on_bad_image):
+            results.append(result)  # kept before it is shown: an interrupt never loses a printed result
+            print(result.source)
+            for name, probability in result.top_k:
+                print(f"  {probability:7.2%}  {name}")
+    except KeyboardInterrupt:  # keep every image classified so far, as a valid JSON
+        path = write_classifications(out, results)
+        raise Interrupted(f"interrupted: wrote the classes of the {len(results)} of {len(paths)} images finished "
+                          f"so far to {path}") from None
+    path, skipped = write_classifications(out, results), len(paths) - len(results)
+    print(f"wrote the classes of {len(results)} images to {path}"
+          + (f" ({skipped} unreadable images skipped)" if skipped else ""))
 
 
 @tool("caption", "caption images with a trained captioner; results JSON with attention")
 def caption_command(argv: Sequence[str]) -> None:
+    """``vision-attn caption``: caption image files, folders or a COCO split; write the results JSON with attention."""
     parser = parser_for("caption", "Caption images with a Show-Attend-Tell checkpoint; writes results JSON with "
-                        "attention (SPEC §4).", "device", "bad_images", "beam", "batch_size")
+                        "attention (docs/formats/results.md).", "device", "bad_images", "beam", "batch_size")
     parser.add_argument("--ckpt", required=True, help="captioner checkpoint (.ckpt) written by `vision-attn fit`")
     parser.add_argument("inputs", nargs="*", help="image files or folders of images")
     parser.add_argument("--coco-annotations", help="a COCO captions JSON: caption its images instead")
@@ -52,6 +73,7 @@ def caption_command(argv: Sequence[str]) -> None:
 
 @tool("overlay", "attention over images: per word (captioner) or rollout and heads (ViT)")
 def overlay_command(argv: Sequence[str]) -> None:
+    """``vision-attn overlay``: draw the attention over images (or a results JSON) into PNGs and an index.html."""
     parser = parser_for("overlay", "Attention over images, one PNG each and an index.html: per word for a captioner "
                         "(or `caption`'s JSON), rollout and last-layer heads for a ViT.", "device", "bad_images",
                         "head_fusion", "discard_ratio", "beam", "batch_size")
@@ -71,6 +93,7 @@ def overlay_command(argv: Sequence[str]) -> None:
 
 @tool("evaluate", "score any COCO results JSON: caption metrics; pointing and scene metrics with instances")
 def evaluate_command(argv: Sequence[str]) -> None:
+    """``vision-attn evaluate``: score a COCO results file; scene metrics and pointing with the instances."""
     parser = parser_for("evaluate", "Score a COCO results file (ours or another tool's) against COCO captions.")
     parser.add_argument("results", help="results JSON: [{image_id, caption}], or what `caption` writes")
     parser.add_argument("--annotations", required=True, help="COCO captions JSON holding the references")
@@ -87,10 +110,12 @@ def evaluate_command(argv: Sequence[str]) -> None:
 
 @tool("explore", "an interactive attention explorer: a static site to open in a browser")
 def explore_command(argv: Sequence[str]) -> None:
+    """``vision-attn explore``: write the interactive attention explorer, a static site."""
     parser = parser_for("explore", "Write the attention explorer, a static site (no network needed; open its "
                         "index.html from disk or serve the folder): each word's α over its image (captioner), or "
                         "rollout, layers and heads (ViT), drawn in the browser.", "device", "bad_images", "beam")
-    parser.add_argument("results", nargs="?", help="results JSON written by `vision-attn caption` (SPEC §4)")
+    parser.add_argument("results", nargs="?",
+                        help="results JSON written by `vision-attn caption` (docs/formats/results.md)")
     parser.add_argument("--images", nargs="*", default=[],
                         help="with a results JSON: the folder its images are in (default: as `overlay` finds "
                              "them); with --ckpt: image files or folders to run the model on")

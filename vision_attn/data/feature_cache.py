@@ -76,9 +76,11 @@ class FeatureCache:
     # ------------------------------------------------------------------------------------- layout
     @property
     def num_shards(self) -> int:
+        """How many shards the ``count`` images take, ``shard_size`` each (the last one maybe fewer)."""
         return -(-self.count // self.shard_size)
 
     def shard_rows(self, shard: int) -> range:
+        """The image indices shard ``shard`` holds."""
         return range(shard * self.shard_size, min(self.count, (shard + 1) * self.shard_size))
 
     def _paths(self, shard: int) -> tuple[Path, Path]:
@@ -86,10 +88,12 @@ class FeatureCache:
 
     @property
     def bytes_per_image(self) -> int:
+        """What one image takes on disk: its fp16 features and its one-byte valid flag."""
         return int(np.prod(self.shape)) * np.dtype(DTYPE).itemsize + 1
 
     @property
     def total_bytes(self) -> int:
+        """What the whole cache takes on disk, in bytes."""
         return self.bytes_per_image * self.count
 
     def is_done(self, shard: int) -> bool:
@@ -109,6 +113,7 @@ class FeatureCache:
 
     @property
     def complete(self) -> bool:
+        """Whether every shard is in place."""
         return not self.missing()
 
     # ------------------------------------------------------------------------------------- writing
@@ -126,6 +131,7 @@ class FeatureCache:
         _write_atomically(key_file, lambda handle: handle.write(text.encode()))
 
     def write_shard(self, shard: int, features: np.ndarray, valid: np.ndarray) -> None:
+        """Store a shard's features (rows, *shape) as fp16 and its valid flags (rows,), each file atomically."""
         rows = len(self.shard_rows(shard))
         if features.shape != (rows, *self.shape) or valid.shape != (rows,):
             raise ValueError(f"shard {shard}: got features {features.shape} and flags {valid.shape}, expected "

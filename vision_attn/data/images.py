@@ -52,10 +52,12 @@ class BadImageCounter:
         self._reported = 0
 
     def add(self) -> None:
+        """Count one skipped image, in this process's slot."""
         worker = torch.utils.data.get_worker_info()
         self.counts[0 if worker is None else 1 + worker.id % (self.SLOTS - 1)] += 1
 
     def total(self) -> int:
+        """The images skipped so far, in every process."""
         return int(self.counts.sum())
 
     def skipped_note(self) -> str:
@@ -64,6 +66,7 @@ class BadImageCounter:
         return f" ({total} unreadable images skipped)" if total else ""
 
     def take(self) -> int:
+        """The images skipped since the last ``take()``."""
         total = self.total()
         new, self._reported = total - self._reported, total
         return new

@@ -1,6 +1,6 @@
 """How the Fashion scenes draw their items: the colour words' RGB values, and the ``SceneStyle`` of a split.
 
-A ``SceneStyle`` says how a split is drawn (SPEC §3 is the default, ``SceneStyle()``):
+A ``SceneStyle`` says how a split is drawn (``docs/formats/scenes.md``; the default scenes are ``SceneStyle()``):
 
 - ``layout``: ``grid`` puts each item on its own cell of a G×G grid, at a random offset inside the cell, and
   relations follow from the cells; ``free`` puts items anywhere on the canvas without overlap, and relations
@@ -54,7 +54,7 @@ MAX_SCALE_JITTER = 0.5
 
 @dataclass(frozen=True)
 class SceneStyle:
-    """How a split's scenes are drawn (see the module's docstring); the default is SPEC §3's."""
+    """How a split's scenes are drawn (see the module's docstring); the default draws the default scenes."""
 
     layout: str = "grid"
     shade_jitter: float = 0.0
@@ -74,6 +74,8 @@ class SceneStyle:
         return cls(**options)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
+        """Refuse, in one line, an unknown layout or palette, a jitter out of range or that does not fit the
+        palette, or a canvas too small for the layout's largest items."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
         if not 0 <= self.shade_jitter <= 1:

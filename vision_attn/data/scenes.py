@@ -7,7 +7,7 @@ the same arguments always write the same bytes.
 
 A ``SceneStyle`` (``scene_style.py``) says how a split is drawn: its layout, tints and item sizes.
 
-Files under ``<root>/`` (SPEC §3):
+Files under ``<root>/`` (``docs/formats/scenes.md``):
 
 - ``images/<split>/<id>.png``
 - ``annotations/captions_<split>.json``: COCO captions.
@@ -211,7 +211,7 @@ def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style
     """The ``info`` block of a split's files: everything that decides its scenes."""
     info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
             "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
-    if style != SceneStyle():  # the default style is left out, so SPEC §3 scenes keep their bytes
+    if style != SceneStyle():  # the default style is left out, so default scenes keep their bytes
         info["style"] = asdict(style)
     return info
 
@@ -323,7 +323,7 @@ def make_scenes(
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
-    ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, SPEC §3's by default;
+    ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, the default scenes' by default;
     ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``.
     Existing files of the same names are overwritten.
     """

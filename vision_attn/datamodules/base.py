@@ -31,6 +31,7 @@ class ResumableRandomSampler(Sampler[int]):
         self.resume_at: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
+        """Shuffle the next iteration in this epoch's order."""
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -165,6 +166,7 @@ class SplitDataModule(L.LightningDataModule):
                 "batch_size": self._train_batch_size}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Restore the training order's seed and position from a checkpoint, so training resumes at its batch."""
         if not state_dict:
             return
         self._shuffle_seed = int(state_dict["seed"])
@@ -172,15 +174,19 @@ class SplitDataModule(L.LightningDataModule):
         self._counted_epoch, self._batches_this_epoch = int(state_dict["epoch"]), int(state_dict["batches"])
 
     def train_dataloader(self) -> DataLoader:
+        """The training split's loader, shuffled in a resumable order."""
         return self._loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
+        """The validation split's loader, in order."""
         return self._loader(self.val_set, train=False)
 
     def test_dataloader(self) -> DataLoader:
+        """The test split's loader, in order."""
         return self._loader(self.test_set, train=False)
 
     def predict_dataloader(self) -> DataLoader:
+        """Prediction runs over the test split, in order."""
         return self._loader(self.test_set, train=False)
 
     def normalize(self, images: Tensor) -> Tensor:

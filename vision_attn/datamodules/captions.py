@@ -161,6 +161,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     @property
     def vocab_size(self) -> int:
+        """V, the number of tokens in the vocabulary, specials included."""
         return len(self.vocab)
 
     @property
@@ -177,9 +178,11 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.save_vocab(folder / "vocab.json")
 
     def captions_file(self, split: str) -> Path:
+        """The COCO captions file of the split named ``split`` (``layout.captions_file_pattern``)."""
         return self.root / self.layout.captions_file_pattern.format(split=split)
 
     def image_dir(self, split: str) -> Path:
+        """The image folder of the split named ``split`` (``layout.image_dir_pattern``)."""
         return self.root / self.layout.image_dir_pattern.format(split=split)
 
     def _generate_scenes(self, counts: dict[str, int] | None, seed: int, styles: dict[str, dict] | None) -> None:
@@ -224,6 +227,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         return self._records[role]
 
     def setup(self, stage: str | None = None) -> None:
+        """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features."""
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
                                                  max_caption_length=self.max_caption_length,
@@ -277,6 +281,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
                                 dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
+        """Normalise the batch's images on the device (cached features pass as they are) and count training batches."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
         self.count_train_batch()

@@ -65,6 +65,7 @@ class ClassificationDataModule(SplitDataModule):
 
     @property
     def num_classes(self) -> int:
+        """How many classes the labels count, for the CLI to link into the model."""
         return len(self.class_names)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
@@ -73,6 +74,7 @@ class ClassificationDataModule(SplitDataModule):
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
                                 dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+        """(images, labels) on the device: training batches augmented, every batch normalised."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
         self.count_train_batch()
@@ -118,6 +120,7 @@ class HeldOutValidationDataModule(ClassificationDataModule):
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
+        """The stage's splits in memory: train and its validation hold-out, or the official test split."""
         if stage in (None, "fit", "validate") and self.train_set is None:
             full = TensorImageDataset(*self.load_split("train"))
             self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
@@ -141,9 +144,11 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
         self.mean, self.std = [fashion_mnist.MEAN], [fashion_mnist.STD]
 
     def prepare_data(self) -> None:
+        """Find Fashion-MNIST, downloading it when it is nowhere to be found and ``download`` allows."""
         fashion_mnist.find_fashion_mnist(self.root, download=self.download)
 
     def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(uint8 images (N, 1, 28, 28), labels (N,)) of the official ``train`` or ``test`` split."""
         images, labels = fashion_mnist.load_fashion_mnist(fashion_mnist.find_fashion_mnist(self.root, download=False),
                                                           split)
         return images.unsqueeze(1), labels  # (N, 28, 28) -> (N, 1, 28, 28)
@@ -192,6 +197,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         return TensorImageDataset(fashion_mnist.place_on_canvas(items, places, self.canvas_size), labels)
 
     def setup(self, stage: str | None = None) -> None:
+        """The Fashion-MNIST splits, with the validation and test items placed once on their canvases."""
         fresh_val, fresh_test = self.val_set is None, self.test_set is None
         super().setup(stage)
         if fresh_val and self.val_set is not None:
@@ -201,6 +207,8 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
                                 dataloader_idx: int) -> tuple[Tensor, ...] | None:
+        """Training items placed on fresh canvases, (images, labels, boxes[, origins]); evaluation batches with
+        the items' masks, (images, labels, masks); normalised."""
         if batch is None:
             return None
         images, labels = batch
@@ -267,6 +275,7 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
         return list(scenes.COLOURS)
 
     def setup(self, stage: str | None = None) -> None:
+        """The Fashion-MNIST splits, with their items drawn as scene items (fixed ones for validation and test)."""
         super().setup(stage)
         draw = {"style": self.style, "canvas_size": self.canvas_size}
         if self.train_set is not None and not isinstance(self.train_set, SceneItemDataset):
@@ -293,9 +302,11 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
         self.mean, self.std = list(cifar10.MEAN), list(cifar10.STD)
 
     def prepare_data(self) -> None:
+        """Find CIFAR-10 under ``root``, downloading it there when missing and ``download`` allows."""
         cifar10.load_cifar10(self.root, "test", download=self.download)
 
     def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(uint8 images (N, 3, 32, 32), labels (N,)) of the official ``train`` or ``test`` split."""
         return cifar10.load_cifar10(self.root, split)
 
 
@@ -358,6 +369,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
+        """The image files of every split: val/ or a hold-out of train/, test/ or else the validation set."""
         train_samples = scan_split(self.root / "train", self.class_names)
         val_dir, test_dir = self.root / "val", self.root / "test"
         if val_dir.is_dir():

@@ -42,6 +42,8 @@ class CocoLayout(OptionGroup):
     """the folder the Karpathy file's filepaths start from (null: root)"""
 
     def check(self) -> None:
+        """Refuse an unknown format, a pattern with a placeholder other than {split}, or a split Karpathy's file
+        does not have."""
         require(self.annotation_format in ("coco", "karpathy"), self.name,
                 f"annotation_format must be 'coco' or 'karpathy', got {self.annotation_format!r}")
         for key in ("captions_file_pattern", "image_dir_pattern", "instances_file_pattern", "attributes_file_pattern"):
@@ -58,6 +60,7 @@ class CocoLayout(OptionGroup):
 
     @property
     def splits(self) -> dict[str, str]:
+        """The split name that plays each role: train, val and test."""
         return {"train": self.train_split, "val": self.val_split, "test": self.test_split}
 
 
@@ -75,6 +78,7 @@ class VocabularyOptions(OptionGroup):
     """read the vocabulary from this JSON (as a fit writes it beside its checkpoints) instead of building it"""
 
     def check(self) -> None:
+        """Refuse a minimum word count or a caption length below 1."""
         require(self.min_word_count >= 1, self.name, f"min_word_count must be at least 1, got {self.min_word_count}")
         require(self.max_caption_length >= 1, self.name,
                 f"max_caption_length must be at least 1, got {self.max_caption_length}")
@@ -96,6 +100,7 @@ class SceneGeneration(OptionGroup):
     """each split's style, e.g. {train: {layout: mixed, shade_jitter: 1.0}} (null: the formats page's scenes)"""
 
     def check(self) -> None:
+        """Refuse scene counts that are not whole numbers of 0 or more."""
         require(self.counts is None or all(isinstance(v, int) and v >= 0 for v in self.counts.values()), self.name,
                 f"counts must be whole numbers of 0 or more, got {self.counts}")
 
@@ -114,6 +119,7 @@ class FeatureCacheOptions(OptionGroup):
     """images per shard file"""
 
     def check(self) -> None:
+        """Refuse a shard size below 1."""
         require(self.shard_size >= 1, self.name, f"shard_size must be at least 1, got {self.shard_size}")
 
 
@@ -131,6 +137,7 @@ class Augmentation(OptionGroup):
     """the share of images that get a random rectangle erased (Zhong et al. 2020)"""
 
     def check(self) -> None:
+        """Refuse a negative padding or an erase_prob outside [0, 1]."""
         require(self.pad_crop >= 0, self.name, f"pad_crop must be 0 or more pixels, got {self.pad_crop}")
         require(finite(self.erase_prob) and 0.0 <= self.erase_prob <= 1.0, self.name,
                 f"erase_prob must be between 0 and 1, got {self.erase_prob}")
@@ -155,6 +162,8 @@ class Canvas(OptionGroup):
     """training canvases get grey noise up to a level drawn per image from 0 to this (0..255) around the item"""
 
     def check(self) -> None:
+        """Refuse a noise level outside 0..255, a canvas smaller than an item, or a window that cannot reach every
+        place on the canvas in whole steps."""
         item = 28
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")

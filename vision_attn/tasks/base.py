@@ -45,12 +45,15 @@ class SkippedImagesReport(L.Callback):
             datamodule.report_skipped(f"{stage} epoch {trainer.current_epoch}")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the images skipped in this training epoch."""
         self._report(trainer, "train")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the images skipped in this validation epoch."""
         self._report(trainer, "val")
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the images skipped in the test epoch."""
         self._report(trainer, "test")
 
 
@@ -59,6 +62,7 @@ class DataFilesBesideCheckpoints(L.Callback):
     (the captioning DataModule's ``vocab.json``), in the checkpoint folder: its ``save_files(folder)``, if any."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 has the DataModule save its files in the checkpoint folder."""
         folder = getattr(trainer.checkpoint_callback, "dirpath", None)
         save = getattr(getattr(trainer, "datamodule", None), "save_files", None)
         if trainer.is_global_zero and folder and save is not None:
@@ -75,11 +79,13 @@ class ValidationOverlays(L.Callback):
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Keep the first validation batch and its step output, on rank 0 and outside the sanity check."""
         if batch is not None and batch_idx == 0 and self.count > 0 and not trainer.sanity_checking \
                 and trainer.is_global_zero:
             self._pending = (batch, outputs)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the task's ``overlay_figures`` of the kept batch at the current step."""
         if self._pending is None:
             return
         batch, outputs = self._pending
@@ -139,6 +145,7 @@ class BaseTask(L.LightningModule):
                                             strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
+        """The callbacks every task brings: the skipped-image report, the data files, the overlays, the schedule."""
         return [SkippedImagesReport(), DataFilesBesideCheckpoints(), ValidationOverlays(self.log_overlays),
                 self.schedule]
 
@@ -152,6 +159,8 @@ class BaseTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        """One training step: ``training_loss`` of the batch (None for an empty batch); a non-finite loss stops the
+        run."""
         if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
             return None
         loss = self.training_loss(batch)
@@ -161,10 +170,12 @@ class BaseTask(L.LightningModule):
         return loss
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Stamp the checkpoint with the model kind and version, and keep the random streams for an exact resume."""
         stamp(checkpoint, self.kind)
         checkpoint[RNG_KEY] = capture_rng_state()  # for an exact resume: augmentation and dropout continue
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Upgrade an older checkpoint, refuse another model kind's, and restore its random streams."""
         upgrade(checkpoint)
         require_kind(checkpoint.get(KIND_KEY), self.kind, training=True)
         restore_rng_state(checkpoint.get(RNG_KEY))

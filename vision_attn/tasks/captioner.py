@@ -46,7 +46,7 @@ class CaptionerTask(BaseTask):
     search in validation and test, which log the COCO metrics, pointing and the scene metrics.
 
     ``vocabulary``, ``image`` and ``objects`` are linked from the DataModule by the CLI and kept in the checkpoint
-    with every group, so ``caption`` needs nothing else. ``test`` writes the results (``docs/formats.md``) to
+    with every group, so ``caption`` needs nothing else. ``test`` writes the results (``docs/formats/results.md``) to
     ``<log dir>/results_test.json``.
 
     Args:
@@ -86,6 +86,8 @@ class CaptionerTask(BaseTask):
 
     # ----------------------------------------------------------------------------------------- training
     def training_loss(self, batch: CaptionBatch) -> Tensor:
+        """The NLL with the doubly stochastic term (and REINFORCE for hard attention), or once self-critical training
+        has started its loss (train/reward logged); the training aids added; logged as train/loss."""
         switch = self.self_critical.options
         if switch.enabled and self.schedule.phase_started("self-critical training", epoch=switch.from_epoch,
                                                           share=switch.from_progress):
@@ -146,9 +148,11 @@ class CaptionerTask(BaseTask):
         return self.evaluation.add(self.model, batch)
 
     def validation_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
+        """val/loss on each image's first reference, and the beam-searched records kept for scoring (returned)."""
         return self._evaluation_step(batch, "val")
 
     def test_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
+        """test/loss on each image's first reference, and the beam-searched records kept for scoring (returned)."""
         return self._evaluation_step(batch, "test")
 
     def _finish_evaluation(self, stage: str) -> list[dict[str, Any]]:
@@ -162,9 +166,11 @@ class CaptionerTask(BaseTask):
         return records
 
     def on_validation_epoch_end(self) -> None:
+        """Score the validation records and log them as val/<metric> (not in the sanity check)."""
         self._finish_evaluation("val")
 
     def on_test_epoch_end(self) -> None:
+        """Score the test records as test/<metric>, and rank 0 writes them to ``results_test.json``."""
         records = self._finish_evaluation("test")
         path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "results_test.json"  # a collective
         if self.trainer.is_global_zero and records:
@@ -172,6 +178,7 @@ class CaptionerTask(BaseTask):
 
     def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
                         count: int) -> list[tuple[str, Image.Image]]:
+        """α over the image for each word of the first ``count`` decoded captions (none from cached features)."""
         if batch.features:  # the batch holds cached features, not pixels to draw on
             log.info("no attention overlays: validation reads cached features, not the images")
             return []

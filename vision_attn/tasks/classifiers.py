@@ -55,11 +55,14 @@ class ClassifierTask(BaseTask):
         self.test_loss = torchmetrics.MeanMetric()
 
     def save_options(self, **options: Any) -> None:
+        """Save the classifiers' shared arguments with the subclass's ``options`` as the checkpoint's
+        hyper-parameters."""
         super().save_options(num_classes=self.num_classes, class_names=self.class_names, image=self.image,
                              training=self.training_options, optimiser=self.optimiser,
                              schedule=self.schedule.options, log_overlays=self.log_overlays, **options)
 
     def forward(self, images: Tensor) -> Tensor:
+        """The model's logits (B, classes) of normalised images (B, C, H, W)."""
         return self.model(images)
 
     def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
@@ -72,6 +75,7 @@ class ClassifierTask(BaseTask):
         return F.cross_entropy(logits, labels, label_smoothing=self.training_options.label_smoothing), logits
 
     def training_loss(self, batch: tuple[Tensor, ...]) -> Tensor:
+        """``classification_loss`` of the batch, logged as train/loss, with the epoch's top-1 accuracy as train/acc."""
         images, labels, *places = batch
         loss, logits = self.classification_loss(images, labels, *places)
         self.train_accuracy(logits, labels)
@@ -80,6 +84,7 @@ class ClassifierTask(BaseTask):
         return loss
 
     def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
+        """The logits (B, classes) of an evaluation batch; ``masks``, the objects' masks when it has them, unused."""
         return self.model(images)
 
     def _evaluate(self, batch: tuple[Tensor, ...] | None, stage: str, accuracy: torchmetrics.Metric,
@@ -94,15 +99,19 @@ class ClassifierTask(BaseTask):
         self.log(f"{stage}/acc", accuracy, prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, ...] | None, batch_idx: int) -> None:
+        """val/loss, the mean cross-entropy over images (no label smoothing), and val/acc, top-1 accuracy."""
         self._evaluate(batch, "val", self.val_accuracy, self.val_loss)
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        """test/loss, the mean cross-entropy over images (no label smoothing), and test/acc, top-1 accuracy."""
         self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """The class probabilities (B, classes) of the batch's images: the softmax of the logits."""
         return self.model(batch[0]).softmax(dim=-1)
 
     def parameter_groups(self) -> list[dict[str, Any]]:
+        """The trainable parameters, weight decay on matrices only and never on the model's ``no_weight_decay``."""
         skip = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else set()
         return decay_groups(self.model, self.optimiser.weight_decay, skip=skip)
 
@@ -185,16 +194,22 @@ class ViTTask(ClassifierTask):
                           compile=compile)
 
     def setup(self, stage: str) -> None:
+        """For a fit with a ``distillation.teacher``: load the teacher, and with a distillation token have the ViT
+        return both heads' logits in training."""
         if stage == "fit" and self.distillation.teacher and not self._teacher:
             self._teacher.append(load_teacher(self.distillation.teacher, self.num_classes, self.image))
             self.model.distilled_training = self.model.dist_token is not None
 
     def on_train_start(self) -> None:
+        """Move the teacher (not a submodule) to the task's device."""
         for teacher in self._teacher:
             teacher.to(self.device)
 
     def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
                             origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(loss, logits): cross-entropy with label smoothing, the grounded loss with ``attention_grounding``, or
+        DeiT's distillation loss with a teacher (train/teacher_loss); PatchDropout's rate follows the run's
+        progress when scheduled (train/patch_drop_rate)."""
         options = self.training_options
         if options.patch_drop_rate_end is not None:  # p = p_0 + (p_end − p_0) · (the share of the run done)
             start, end = options.patch_drop_rate, options.patch_drop_rate_end
@@ -243,9 +258,11 @@ class ViTTask(ClassifierTask):
         return loss + self.training_options.attention_grounding * grounding, logits
 
     def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
+        """The logits; with the objects' masks, also where rollout and the last layer's attention fall, logged as
+        {stage}/rollout_mass, {stage}/rollout_pointing, {stage}/last_layer_mass and {stage}/last_layer_pointing."""
         if not masks:
             return self.model(images)
-        # items with masks: also score where rollout and the last layer's attention fall (docs/formats.md)
+        # items with masks: also score where rollout and the last layer's attention fall (docs/formats/metrics.md)
         maps = explain(self.model, images)
         for name, (mass, hits) in map_scores(maps, masks[0]).items():  # rollout and the last layer
             key = f"{stage}_{name.replace(' ', '_')}"
@@ -256,5 +273,6 @@ class ViTTask(ClassifierTask):
         return maps.logits
 
     def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
+        """Rollout and last-layer overlays of the first ``count`` images of a validation batch, with their labels."""
         classifier = Classifier.from_hparams(self.model, self.hparams)
         return validation_figures(classifier, batch[0][:count].detach(), batch[1][:count].detach())

@@ -93,6 +93,7 @@ class EncoderPretrainingTask(BaseTask):
             self.log(name, accuracy, prog_bar=prog_bar, on_step=False, on_epoch=True)
 
     def on_train_epoch_end(self) -> None:
+        """Log the epoch's train/acc (and train/colour_acc) from the counted training batches, then reset them."""
         counted = [("train/acc", self.accuracy["train_"])]
         if self.colour_accuracy is not None:
             counted.append(("train/colour_acc", self.colour_accuracy["train_"]))
@@ -102,13 +103,17 @@ class EncoderPretrainingTask(BaseTask):
             accuracy.reset()
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The class (and colour) cross-entropy with label smoothing, logged as train/loss; accuracy only counted."""
         return self._step(batch, "train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
+        """Log val/loss (without label smoothing), val/acc and val/colour_acc."""
         self._step(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:
+        """Log test/loss (without label smoothing), test/acc and test/colour_acc."""
         self._step(batch, "test")
 
     def parameter_groups(self) -> list[dict]:
+        """The trainable parameters, weight decay on matrices only."""
         return decay_groups(self.model, self.optimiser.weight_decay)

@@ -121,9 +121,11 @@ class RunSchedule(L.Callback):
 
     # ---------------------------------------------------------------------------- the last validation
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Note when the validation starts, to time it."""
         self._validation_started = time.monotonic()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """End the fit when this validation left less of the time budget than it took, within its last ``tail``."""
         if trainer.sanity_checking or self._validation_started is None or trainer.state.fn != "fit":
             return
         took, self._validation_started = time.monotonic() - self._validation_started, None
@@ -137,7 +139,9 @@ class RunSchedule(L.Callback):
 
     # ------------------------------------------------------------------------------------- resuming
     def state_dict(self) -> dict[str, Any]:
+        """The steps at which the run's phases started, kept in checkpoints so a resumed run stays in them."""
         return {"phases": dict(self._phases)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the steps at which the run's phases started."""
         self._phases = dict(state_dict.get("phases", {}))

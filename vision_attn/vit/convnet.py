@@ -39,4 +39,5 @@ class ConvNet(nn.Module):
         self.num_classes = num_classes
 
     def forward(self, x: Tensor) -> Tensor:
+        """y = W h + b: images (B, C, H, W) -> logits (B, classes)."""
         return self.head(self.head_drop(self.pool(self.features(x)).flatten(1)))

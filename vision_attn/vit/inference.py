@@ -4,9 +4,9 @@ whether it looks at the garment (items pasted on a larger canvas)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from PIL import Image
@@ -32,6 +32,16 @@ from vision_attn.overlay import fit_within, vit_figure
 from vision_attn.vit.options import ViTArchitecture, ViTTraining
 from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
 from vision_attn.vit.vision_transformer import VisionTransformer
+
+Item = TypeVar("Item")
+# An image input (by default a file; ``vision_attn.api`` passes one that also reads PIL images), a mode ("RGB" or
+# "L") and the longest side the caller needs -> the image decoded upright in that mode
+Opener = Callable[[Any, str, int], Image.Image]
+
+
+def open_file(path: str | os.PathLike, mode: str, max_side: int) -> Image.Image:
+    """The default ``Opener``: an image file decoded upright in ``mode`` (``open_image``)."""
+    return open_image(path, mode=mode, max_side=max_side)
 
 
 def build_vit(image: ImageFormat, num_classes: int, architecture: ViTArchitecture,
@@ -85,13 +95,23 @@ class Classifier:
 
     @property
     def device(self) -> torch.device:
+        """The device the network is on."""
         return next(self.model.parameters()).device
 
-    def preprocess(self, path: str | os.PathLike) -> Tensor:
-        """An image file as the network input the checkpoint was trained on: (C, H, W), normalised."""
-        image = open_image(path, mode="L" if self.in_chans == 1 else "RGB", max_side=2 * self.image_size)
+    @property
+    def mode(self) -> str:
+        """The PIL mode images are read in: "L" for a 1-channel network, else "RGB"."""
+        return "L" if self.in_chans == 1 else "RGB"
+
+    def prepare(self, image: Image.Image) -> Tensor:
+        """A decoded image in ``mode`` as the network input the checkpoint was trained on: (C, H, W), normalised
+        (the shorter side resized to the input size, then the centre square)."""
         pixels = eval_transform(self.image_size)(to_tensor(image))  # uint8 (C, H, W)
         return normalize(pixels, self.mean, self.std)
+
+    def preprocess(self, path: Any, opener: Opener = open_file) -> Tensor:
+        """An image file (or what ``opener`` reads) as the network input: (C, H, W), normalised."""
+        return self.prepare(opener(path, self.mode, 2 * self.image_size))
 
     def class_index(self, name_or_index: str) -> int:
         """A class given by name or by index, checked against the checkpoint's classes."""
@@ -108,15 +128,32 @@ class Classifier:
 
 
 @torch.inference_mode()
-def classify_files(classifier: Classifier, paths: Sequence[str | os.PathLike], *, top_k: int = 5,
-                   batch_size: int = 64) -> Iterator[tuple[str, list[tuple[str, float]]]]:
-    """(path, [(class name, probability)] best first) for each image."""
+def classify_batches(classifier: Classifier, items: Sequence[Item], *, opener: Opener = open_file,
+                     batch_size: int = 64, on_bad_image: OnBadImage = "error",
+                     bad_images: BadImageCounter | None = None) -> Iterator[tuple[Item, Tensor]]:
+    """(item, its logits (C,) as float32 on the CPU) for each readable image, in order, ``batch_size`` at a time.
+    ``opener`` reads an item (default: an image file). An unreadable image raises BadImageError naming it, or
+    with ``on_bad_image="skip"`` is left out with a logged warning (and counted in ``bad_images``)."""
+    for chunk, batch in readable_batches(items, lambda item: classifier.preprocess(item, opener),
+                                         batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
+        logits = classifier.model(batch.to(classifier.device)).float().cpu()
+        yield from zip(chunk, logits, strict=True)
+
+
+def ranked(classifier: Classifier, logits: Tensor, top_k: int = 5) -> list[tuple[str, float]]:
+    """[(class name, probability)] of one image's logits (C,), the ``top_k`` best first (all when fewer)."""
     top_k = max(1, min(top_k, len(classifier.class_names)))
-    for chunk, batch in readable_batches(paths, classifier.preprocess, batch_size=batch_size):
-        probabilities = classifier.model(batch.to(classifier.device)).softmax(dim=-1)
-        values, indices = probabilities.topk(top_k, dim=-1)
-        for path, row_values, row_indices in zip(chunk, values.tolist(), indices.tolist(), strict=True):
-            yield str(path), [(classifier.class_names[i], p) for p, i in zip(row_values, row_indices, strict=True)]
+    values, indices = logits.softmax(dim=-1).topk(top_k)
+    return [(classifier.class_names[i], p) for p, i in zip(values.tolist(), indices.tolist(), strict=True)]
+
+
+def classify_files(classifier: Classifier, paths: Sequence[str | os.PathLike], *, top_k: int = 5,
+                   batch_size: int = 64, on_bad_image: OnBadImage = "error",
+                   bad_images: BadImageCounter | None = None) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+    """(path, [(class name, probability)] best first) for each readable image (``classify_batches``)."""
+    for path, logits in classify_batches(classifier, paths, batch_size=batch_size, on_bad_image=on_bad_image,
+                                         bad_images=bad_images):
+        yield str(path), ranked(classifier, logits, top_k)
 
 
 def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -147,18 +184,20 @@ def vit_overlays(
     batch_size: int = 32,
     on_bad_image: OnBadImage = "error",
     bad_images: BadImageCounter | None = None,
+    opener: Opener = open_file,
     **style: Any,
 ) -> Iterator[Overlay]:
-    """An overlay per image, titled "class probability", as ``vit_figure`` draws it.
+    """An overlay per image, titled "class probability", as ``vit_figure`` draws it. ``opener`` reads an item of
+    ``paths`` (default: an image file).
 
     The ViT saw the centre square of each image, so the maps are drawn there; the rest is dimmed.
     """
-    for chunk, batch in readable_batches(paths, classifier.preprocess, batch_size=batch_size,
-                                         on_bad_image=on_bad_image, bad_images=bad_images):
+    for chunk, batch in readable_batches(paths, lambda item: classifier.preprocess(item, opener),
+                                         batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         maps = explain(classifier.model, batch.to(classifier.device), head_fusion=head_fusion,
                        discard_ratio=discard_ratio, gradient_class=gradient_class)
         for index, path in enumerate(chunk):
-            shown = fit_within(open_image(path, mode="RGB", max_side=2 * panel_size), panel_size)
+            shown = fit_within(opener(path, "RGB", 2 * panel_size), panel_size)
             label = classifier.title(maps.logits[index])
             figure = vit_figure(shown, maps, index, classifier.class_names, box=centre_square(shown.size), title=label,
                                 head_fusion=head_fusion, discard_ratio=discard_ratio, gradient_class=gradient_class,
@@ -182,7 +221,8 @@ def validation_figures(classifier: Classifier, images: Tensor, labels: Tensor) -
 
 
 class MapScores(NamedTuple):
-    """How one kind of map finds the item: its mean mass on the item (SPEC §5) and its pointing-game hit rate."""
+    """How one kind of map finds the item: its mean mass on the item (docs/formats/metrics.md) and its pointing-game
+    hit rate."""
 
     mass_in_mask: float
     pointing: float
@@ -203,7 +243,8 @@ MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads
 
 def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     """Per map of ``MAP_NAMES`` that ``maps`` holds (gradient rollout only when it was asked for): its mass on
-    the mask (SPEC §5) and its pointing-game hit, per image. ``masks`` (B, H, W) are at the input's size."""
+    the mask (docs/formats/metrics.md) and its pointing-game hit, per image. ``masks`` (B, H, W) are at the input's
+    size."""
     masks = masks.to(maps.rollout.device)
     found = {"rollout": maps.rollout, "gradient rollout": maps.gradient_rollout, "last layer": maps.heads.mean(dim=1)}
     return {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
@@ -215,7 +256,7 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
                       batch_size: int = 256) -> CanvasScores:
     """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
     as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
-    the last layer's attention the mass on the item (SPEC §5, the mask is the item's pixels > 0) and the
+    the last layer's attention the mass on the item (docs/formats/metrics.md, the mask is the item's pixels > 0) and the
     pointing game; and the item's area share (the mass of a map blind to the item).
 
     ``background_noise`` (0..255) fills every pixel but the item's with uniform grey noise up to that level

@@ -48,6 +48,8 @@ class ViTArchitecture(OptionGroup):
     """NHWC convolutions in the patch embedding: the same maths, faster on CPUs"""
 
     def check(self) -> None:
+        """Refuse sizes below 1, an embed_dim the heads do not divide, an mlp_ratio not above 0, or negative
+        registers."""
         for key in ("patch_size", "embed_dim", "depth", "num_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         require(self.embed_dim % self.num_heads == 0, self.name,
@@ -67,6 +69,7 @@ class ConvNetArchitecture(OptionGroup):
     """the channels of each stage (two 3×3 conv-BN-ReLU layers each, 2×2 max pooling between)"""
 
     def check(self) -> None:
+        """Refuse an empty list of widths or a width below 1."""
         require(len(self.widths) > 0 and all(width >= 1 for width in self.widths), self.name,
                 f"widths must be one or more positive channel counts, got {list(self.widths)}")
 
@@ -83,6 +86,7 @@ class ClassifierTraining(OptionGroup):
     """the cross-entropy's label smoothing"""
 
     def check(self) -> None:
+        """Refuse a dropout or a label smoothing outside [0, 1)."""
         for key in ("drop_rate", "label_smoothing"):
             require(finite(getattr(self, key)) and 0 <= getattr(self, key) < 1, self.name,
                     f"{key} must be from 0 to below 1, got {getattr(self, key)}")
@@ -105,6 +109,7 @@ class ViTTraining(ClassifierTraining):
     """+ this × −log(the share of the rollout on the object's box), with training batches that carry boxes"""
 
     def check(self) -> None:
+        """``ClassifierTraining.check``, and refuse rates outside [0, 1) or a negative attention_grounding."""
         super().check()
         for key in ("attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
             require(finite(getattr(self, key)) and 0 <= getattr(self, key) < 1, self.name,
@@ -134,6 +139,7 @@ class Distillation(OptionGroup):
     """τ, the soft mode's temperature"""
 
     def check(self) -> None:
+        """Refuse an unknown mode, a λ outside [0, 1], or a τ not above 0."""
         require(self.mode in ("hard", "soft"), self.name, f"mode must be 'hard' or 'soft', got {self.mode!r}")
         require(finite(self.weight) and 0.0 <= self.weight <= 1.0 and finite(self.tau) and self.tau > 0, self.name,
                 f"weight must be in [0, 1] and tau above 0, got {self.weight} and {self.tau}")

@@ -127,6 +127,7 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
+        """The block's MLP on every token, (B, T, D) -> (B, T, D)."""
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
@@ -155,6 +156,7 @@ class Block(nn.Module):
         self.drop_path = drop_path
 
     def forward(self, x: Tensor) -> Tensor:
+        """z'_l = z_{l-1} + MSA(LN(z_{l-1})), z_l = z'_l + MLP(LN(z'_l)) on (B, T, D), with stochastic depth."""
         x = x + drop_path(self.attn(self.norm1(x)), self.drop_path, self.training)  # z' = MSA(LN(z)) + z
         return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
 
@@ -268,9 +270,12 @@ class VisionTransformer(nn.Module):
 
     @property
     def grid_size(self) -> tuple[int, int]:
+        """(Gh, Gw), the patch grid of an ``img_size`` image."""
         return self.patch_embed.grid_size
 
     def init_weights(self) -> None:
+        """The starting weights: E_pos truncated normal or 2-D sin-cos, the prefix tokens near 0, every Linear
+        truncated normal with zero bias, and the heads at zero with ``zero_init_head``."""
         if self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
             with torch.no_grad():
                 self.pos_embed.zero_()
@@ -293,10 +298,12 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
+        """What AdamW leaves undecayed: the position embedding and the cls, distillation and register tokens."""
         tokens = {name for name in ("dist_token", "reg_token") if getattr(self, name) is not None}
         return {"pos_embed", "cls_token"} | tokens
 
     def reset_classifier(self, num_classes: int) -> None:
+        """Fresh heads for ``num_classes`` classes (0: none, ``forward`` then gives the pooled features)."""
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         if self.dist_token is not None:
@@ -368,6 +375,7 @@ class VisionTransformer(nn.Module):
         return (logits + distilled) / 2
 
     def forward(self, x: Tensor) -> Tensor:
+        """Image (B, C, H, W) -> logits (B, classes), through the fused attention kernel (``forward_head``)."""
         return self.forward_head(self.forward_features(x))
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
