@@ -90,7 +90,8 @@ def examples(page: Path) -> list[Example]:
 
 def tiny_argv(argv: list[str]) -> list[str]:
     """The argv a docs example gives, with the tiny overrides appended (jsonargparse and argparse let the last
-    value win) or counts capped; raises for a fit of a config the runner has no tiny overrides for."""
+    value win) or counts capped, and the GPU trainer swapped for the CPU one (these tests have no GPU); raises
+    for a fit of a config the runner has no tiny overrides for."""
     command = argv[0] if argv else ""
     if command in ("fit", "validate", "test"):
         if "--print_config" in argv or "--help" in argv:
@@ -99,7 +100,8 @@ def tiny_argv(argv: list[str]) -> list[str]:
         if len(named) != 1:
             raise ValueError(f"docs example `vision-attn {' '.join(argv)}`: give tests/docs_runner.py's TINY_FOR "
                              "tiny overrides for its experiment config")
-        return [*argv, "--config", str(TINY / "trainer.yaml"), "--config", str(TINY / TINY_FOR[named[0]])]
+        on_cpu = ["configs/trainer/cpu.yaml" if arg == "configs/trainer/gpu.yaml" else arg for arg in argv]
+        return [*on_cpu, "--config", str(TINY / "trainer.yaml"), "--config", str(TINY / TINY_FOR[named[0]])]
     if command == "benchmark":
         return [*argv, "--quick", "--out", "benchmark.json"]
     caps = COUNT_CAPS.get(command, {})

@@ -202,3 +202,17 @@ def test_the_api_imports_no_lightning() -> None:
     code = "import sys, vision_attn.api\nprint('lightning' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("heads", [None, 2])
+def test_a_caption_without_words_keeps_its_grid_and_record(heads) -> None:
+    """A model can emit <end> first: the result has no α rows, and its record is still the one `caption` writes."""
+    record = {"image_id": 3, "file_name": "x.png", "caption": "", "tokens": [], "grid": [2, 3],
+              "image_size": [96, 96], "alphas": [], "betas": []}
+    if heads:
+        record["head_alphas"] = []
+    result = CaptionResult.from_record(record)
+    assert result.alphas.shape == (0, 2, 3) and result.to_record() == record
+    worded = {**record, "caption": "a bag", "tokens": ["a", "bag"], "alphas": [[0.5] * 6, [0.25] * 6],
+              "betas": [0.5, 0.75], **({"head_alphas": [[[0.5] * 6] * heads] * 2} if heads else {})}
+    assert CaptionResult.from_record(worded).to_record() == worded

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from PIL import Image
 from tests.docs_runner import PAGES, REPO, SHIM, TINY_FOR, CommandServer, examples, tiny_argv
 from tests.test_classification_data import _write_cifar, _write_image_folder
 from tests.test_pretrained_weights import fill_hub_cache
-from vision_attn.captioning.evaluation import caption_inputs, write_captions
+from vision_attn.cli import main
 from vision_attn.data.scenes import make_scenes
 
 RUN_PAGES = [page for page in PAGES if any(not e.twin for e in examples(page))]
@@ -28,22 +29,32 @@ TRAIN_STYLE = {"train": {"layout": "mixed", "shade_jitter": 1.0, "scale_jitter":
 
 
 @pytest.fixture(scope="session")
-def seed(tmp_path_factory, trained_captioner, vit_checkpoint) -> Path:
-    """What a reader of the docs has at hand, once per worker: the configs, small Fashion scenes where the docs'
-    configs look for them, checkpoints where the docs name them, photos, an image folder, CIFAR-10 (a small
-    release of its format) and the timm weights the docs name, in a Hugging Face cache."""
+def seed(tmp_path_factory, vit_checkpoint) -> Path:
+    """What a reader of the docs has at hand, once per worker: small Fashion scenes where the docs' configs look
+    for them, the scenes captioner trained as `make demo` trains it (with the docs' tiny overrides) and its test
+    results, a ViT, photos, an image folder, CIFAR-10 (a small release of its format) and the timm weights the
+    docs name, in a Hugging Face cache."""
     root = tmp_path_factory.mktemp("docs_seed")
     counts = {"train": 12, "val": 4, "test": 4}
     make_scenes(root / "data" / "fashion_scenes_varied", counts=counts, seed=0, styles=TRAIN_STYLE)
     make_scenes(root / "data" / "fashion_scenes", counts=counts, seed=0)
-    for name, source in {"captioner_fashion_scenes": trained_captioner["ckpt"], "vit_fashion_mnist": vit_checkpoint,
-                         "vit_fashion_mnist_canvas": vit_checkpoint}.items():
+    (root / "configs").symlink_to(REPO / "configs")
+    cpu = ["--config", "configs/trainer/cpu.yaml"]
+    previous = Path.cwd()
+    os.chdir(root)
+    try:
+        for task, experiment in (("classifier", "fashion_scene_items"), ("captioner", "fashion_scenes")):
+            main(tiny_argv(["fit", *cpu, "--config", f"configs/tasks/{task}.yaml", "--config",
+                            f"configs/captioner/{experiment}.yaml"]))
+        main(tiny_argv(["test", *cpu, "--config", "configs/tasks/captioner.yaml", "--config",
+                        "configs/captioner/fashion_scenes.yaml", "--ckpt_path",
+                        "runs/captioner_fashion_scenes/checkpoints/last.ckpt"]))
+    finally:
+        os.chdir(previous)
+    (root / "configs").unlink()
+    for name in ("vit_fashion_mnist", "vit_fashion_mnist_canvas"):
         (root / "runs" / name / "checkpoints").mkdir(parents=True)
-        shutil.copy(source, root / "runs" / name / "checkpoints" / "last.ckpt")
-    varied = root / "data" / "fashion_scenes_varied"
-    write_captions(trained_captioner["ckpt"], caption_inputs([], coco_annotations=varied / "annotations" /
-                   "captions_test.json", image_dir=varied / "images" / "test"),
-                   root / "runs" / "captioner_fashion_scenes" / "results_test.json", beam_size=2)
+        shutil.copy(vit_checkpoint, root / "runs" / name / "checkpoints" / "last.ckpt")
     photos = root / "photos"
     photos.mkdir()
     scenes = sorted((root / "data" / "fashion_scenes" / "images" / "test").glob("*.png"))
@@ -71,17 +82,31 @@ def server(seed: Path, tmp_path_factory):
     running.close()
 
 
+def fitted_runs(code: str) -> set[str]:
+    """The run folders that the `vision-attn fit` lines of ``code`` write (shell variables expanded)."""
+    text = code.replace("\\\n", " ")
+    variables = dict(re.findall(r'^(\w+)="([^"]*)"', text, re.M))
+    expand = lambda line: re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), ""), line)  # noqa: E731
+    for _ in range(3):  # variables made of variables
+        variables = {name: expand(value) for name, value in variables.items()}
+    runs = set()
+    for line in map(expand, text.splitlines()):
+        if line.strip().startswith("vision-attn fit") and "--print_config" not in line:
+            named = re.findall(r"--trainer.default_root_dir (\S+)", line)
+            configs = [config for config in TINY_FOR if config in line]
+            runs |= set(named) or {yaml.safe_load((REPO / c).read_text())["trainer"]["default_root_dir"]
+                                   for c in configs}
+    return runs
+
+
 def sandbox(seed: Path, tmp_path: Path, code: str = "") -> Path:
     """A fresh copy of the seed, with the repo's configs, to run one page's examples in; a run the page trains
-    itself (`vision-attn fit` of a config that writes it) is not seeded, as on a fresh checkout."""
+    itself is not seeded, as on a fresh checkout."""
     work = tmp_path / "work"
     shutil.copytree(seed, work, ignore=shutil.ignore_patterns("hf"))
     (work / "configs").symlink_to(REPO / "configs")
-    if "vision-attn fit" in code:
-        for config in TINY_FOR:
-            folder = yaml.safe_load((REPO / config).read_text())["trainer"].get("default_root_dir")
-            if config in code and folder and (work / folder).exists():
-                shutil.rmtree(work / folder)
+    for folder in fitted_runs(code):
+        shutil.rmtree(work / folder, ignore_errors=True)
     return work
 
 
@@ -121,6 +146,8 @@ def test_the_runner_appends_tiny_overrides_and_refuses_an_unknown_fit() -> None:
     fit = ["fit", "--config", "configs/trainer/cpu.yaml", "--config", "configs/vit/fashion_mnist.yaml"]
     rewritten = tiny_argv(fit)
     assert rewritten[:len(fit)] == fit and rewritten[-1].endswith("tests/configs/docs/vit.yaml")
+    gpu = ["fit", "--config", "configs/trainer/gpu.yaml", "--config", "configs/vit/cifar10.yaml"]
+    assert tiny_argv(gpu)[:5] == ["fit", "--config", "configs/trainer/cpu.yaml", "--config", "configs/vit/cifar10.yaml"]
     assert tiny_argv(["make-scenes", "--root", "x", "--train", "20000", "--val", "0"])[-3:] == ["12", "--val", "0"]
     with pytest.raises(ValueError, match="TINY_FOR"):
         tiny_argv(["fit", "--config", "configs/captioner/coco_vgg19.yaml"])
@@ -171,3 +198,10 @@ def test_pip_install_of_the_checkout_gives_the_command(tmp_path: Path) -> None:
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert where.stdout.strip().startswith(str(site)), where
     assert (site / "vision_attn" / "explorer_assets" / "index.html").is_file()  # package data installed too
+
+
+def test_the_sandbox_leaves_out_the_runs_a_page_trains_itself() -> None:
+    code = ('CPU="--config configs/trainer/cpu.yaml"\nVIT="$CPU --config configs/vit/fashion_mnist.yaml"\n'
+            'vision-attn fit $VIT\nvision-attn fit $CPU --config configs/captioner/fashion_scenes.yaml --print_config\n'
+            'vision-attn fit $VIT \\\n    --trainer.default_root_dir runs/other\n')
+    assert fitted_runs(code) == {"runs/vit_fashion_mnist", "runs/other"}

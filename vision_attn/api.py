@@ -87,16 +87,17 @@ class CaptionResult:
                    alphas=_frozen(record["alphas"], (len(tokens), *grid)),
                    betas=_frozen(record["betas"], (len(tokens),)), grid=grid,
                    image_size=(int(record["image_size"][0]), int(record["image_size"][1])),
-                   head_alphas=None if heads is None else _frozen(heads, (len(tokens), -1, *grid)))
+                   head_alphas=None if heads is None else _frozen(heads, (len(tokens), len(heads[0]) if heads else 0,
+                                                                         *grid)))
 
     def to_record(self) -> dict[str, Any]:
         """Exactly the record ``vision-attn caption`` writes for this image (docs/formats/results.md)."""
-        count = len(self.tokens)
+        count, cells = len(self.tokens), self.grid[0] * self.grid[1]  # explicit: a caption may have no words
         record = {"image_id": self.image_id, "file_name": self.source, "caption": self.caption,
                   "tokens": list(self.tokens), "grid": list(self.grid), "image_size": list(self.image_size),
-                  "alphas": self.alphas.reshape(count, -1).tolist(), "betas": self.betas.tolist()}
+                  "alphas": self.alphas.reshape(count, cells).tolist(), "betas": self.betas.tolist()}
         if self.head_alphas is not None:
-            record["head_alphas"] = self.head_alphas.reshape(count, self.head_alphas.shape[1], -1).tolist()
+            record["head_alphas"] = self.head_alphas.reshape(count, self.head_alphas.shape[1], cells).tolist()
         return record
 
 
