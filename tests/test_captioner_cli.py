@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import run_script, tiny
+from tests.conftest import run_in_process, run_script, tiny
 from tests.test_formats import schema_errors
 
 RESULT_KEYS = {"image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas"}
@@ -106,7 +106,7 @@ def test_two_ddp_processes_score_exactly_like_one(trained_captioner, tmp_path) -
     common = ["test", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
               str(trained_captioner["scenes"]), "--ckpt_path", str(trained_captioner["ckpt"]),
               "--data.init_args.loader.eval_batch_size", "1"]
-    one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
+    one = run_in_process(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
     two = run_script(*common, "--trainer.strategy", "ddp", "--trainer.devices", "2",
                      "--trainer.default_root_dir", str(tmp_path / "two"))
     assert one.returncode == 0, one.stderr[-3000:]

@@ -65,7 +65,7 @@ def test_no_config_repeats_more_than_ten_lines_of_another() -> None:
 
 
 def test_test_command_prints_test_accuracy(vit_checkpoint, tmp_path) -> None:
-    result = run_script("test", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
+    result = run_in_process("test", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
                         "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test/acc" in result.stdout
@@ -95,7 +95,7 @@ def test_classify_prints_top5_for_images_of_any_mode_and_size(vit_checkpoint, tm
 
 
 def test_classify_missing_image_is_one_line_error(vit_checkpoint, tmp_path) -> None:
-    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(tmp_path / "nope.png"))
+    result = run_in_process("classify", "--ckpt", str(vit_checkpoint), str(tmp_path / "nope.png"))
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {tmp_path / 'nope.png'}: no such file or folder"
 
@@ -103,7 +103,7 @@ def test_classify_missing_image_is_one_line_error(vit_checkpoint, tmp_path) -> N
 def test_classify_with_a_non_checkpoint_is_one_line_error(tmp_path) -> None:
     bogus = tmp_path / "model.ckpt"
     bogus.write_text("not a checkpoint")
-    result = run_script("classify", "--ckpt", str(bogus), str(bogus))
+    result = run_in_process("classify", "--ckpt", str(bogus), str(bogus))
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {bogus}: not a readable PyTorch checkpoint")
     assert "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
-"""A COCO rehearsal: the real COCO configs, end to end through the console script, on a small Karpathy-format
+"""A COCO rehearsal: the real COCO configs, end to end (`fit` through the console script, the later commands
+through the same entry point in this process, which saves importing Lightning four times), on a small Karpathy-format
 COCO of real-size JPEGs (landscape and portrait, EXIF-rotated, greyscale), with train/restval/val/test splits.
 Only the accelerator, precision, sizes, limits and paths are overridden; the configs' ImageNet weights come
 from a torch.hub cache the test fills (offline). The path is the README's: fit (filling
@@ -17,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_script, shipped
+from tests.conftest import run_in_process, run_script, shipped
 from vision_attn.metrics import java_available
 from vision_attn.trainer_cli import NATIVE_BF16_FLAGS, cpu_flags
 
@@ -139,7 +140,7 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
     conv = "features.0.weight" if config == "coco_vgg19" else "conv1.weight"
     assert torch.equal(next(v for k, v in trunk.items() if k.endswith("trunk.0.weight") or
                             k.endswith("trunk.0.0.weight")), imagenet[conv])  # the cached weights, frozen
-    tested = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
+    tested = run_in_process("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
                         str(tmp_path / "test"), "--trainer.logger", "false")
     assert tested.returncode == 0, tested.stderr[-3000:]
     results = next((tmp_path / "test").rglob("results_test.json"))
@@ -149,7 +150,7 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
     if config != "coco_vgg19":
         return  # the rest reads only the checkpoint: once, with the paper's config, keeps the suite short
     scores = tmp_path / "scores.json"
-    evaluated = run_script("evaluate", str(results), "--annotations", str(coco / "captions_test.json"),
+    evaluated = run_in_process("evaluate", str(results), "--annotations", str(coco / "captions_test.json"),
                            "--out", str(scores))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scored = {"BLEU-4", "ROUGE-L", "CIDEr-D"} | ({"METEOR"} if java_available() else set())  # METEOR runs on Java
@@ -158,10 +159,10 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
     images = sorted((coco / "val2014").glob("*.jpg"))[-3:]  # among them one EXIF-rotated and one greyscale
     out = tmp_path / "captions.json"
     on_device = ["--device", "cuda"] if ON_GPU else []
-    captioned = run_script("caption", "--ckpt", str(checkpoint), *map(str, images), "--out", str(out), *on_device)
+    captioned = run_in_process("caption", "--ckpt", str(checkpoint), *map(str, images), "--out", str(out), *on_device)
     assert captioned.returncode == 0, captioned.stderr[-3000:]
     assert len(json.loads(out.read_text())) == 3
-    overlaid = run_script("overlay", "--ckpt", str(checkpoint), *map(str, images), "--out", str(tmp_path / "ov"),
+    overlaid = run_in_process("overlay", "--ckpt", str(checkpoint), *map(str, images), "--out", str(tmp_path / "ov"),
                           *on_device)
     assert overlaid.returncode == 0, overlaid.stderr[-3000:]
     assert len(list((tmp_path / "ov").glob("*.png"))) == 3

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_script, tiny
+from tests.conftest import run_in_process, run_script, tiny
 
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
 
@@ -21,7 +21,7 @@ def test_vit_accuracy_with_two_processes_equals_one_on_an_odd_sized_split(vit_ch
     common = ["validate", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
               "--data.init_args.val_size", "999", "--data.init_args.loader.eval_batch_size", "100",
               "--trainer.limit_val_batches", "1.0"]
-    one = run_script(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
+    one = run_in_process(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
     two = run_script(*common, *DDP, "--trainer.default_root_dir", str(tmp_path / "two"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]

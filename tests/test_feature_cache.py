@@ -197,7 +197,7 @@ def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes
     # 6 test images in shards of 2: rank 0 fills shards 0 and 2, rank 1 shard 1; none is written twice
     assert "rank 0 of 2 filled 2 shards (4 images) of the test feature cache" in two.stderr
     assert "rank 1 of 2 filled 1 shards (2 images) of the test feature cache" in two.stderr
-    one = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
+    one = run_in_process("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
                      str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert "filled" not in one.stderr  # the cache the two ranks filled is whole: read, not refilled

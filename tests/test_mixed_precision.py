@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_script, tiny
+from tests.conftest import run_in_process, tiny
 from tests.test_captioner_model import captions_batch, tiny_decoder
 from vision_attn.attention import AdditiveAttention
 from vision_attn.captioning.beam_search import beam_search
@@ -127,7 +127,7 @@ def test_the_captioner_trains_in_bf16_mixed_and_its_checkpoint_tests_captions_an
     checkpoint = next(run.rglob("last.ckpt"))
     assert torch.load(checkpoint, weights_only=True)["hyper_parameters"]["vocabulary"]
 
-    tested = run_script("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
+    tested = run_in_process("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
                         str(tmp_path / "test"))
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test/CIDEr-D" in tested.stdout and "test/pointing_words" in tested.stdout
@@ -137,11 +137,11 @@ def test_the_captioner_trains_in_bf16_mixed_and_its_checkpoint_tests_captions_an
     Image.new("RGB", (96, 96), (200, 30, 30)).save(images / "red.png")
     Image.new("L", (50, 120), 90).save(images / "grey.png")
     out = tmp_path / "captions.json"
-    captioned = run_script("caption", "--ckpt", str(checkpoint), str(images), "--out", str(out))
+    captioned = run_in_process("caption", "--ckpt", str(checkpoint), str(images), "--out", str(out))
     assert captioned.returncode == 0, captioned.stderr[-3000:]
     records = json.loads(out.read_text())
     assert len(records) == 2 and all(abs(sum(row) - 1) < 1e-3 for r in records for row in r["alphas"])
-    overlaid = run_script("overlay", "--ckpt", str(checkpoint), str(images), "--out", str(tmp_path / "overlays"))
+    overlaid = run_in_process("overlay", "--ckpt", str(checkpoint), str(images), "--out", str(tmp_path / "overlays"))
     assert overlaid.returncode == 0, overlaid.stderr[-3000:]
     assert len(list((tmp_path / "overlays").glob("*.png"))) == 2
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_in_process, run_script, tiny
+from tests.conftest import run_in_process, tiny
 from vision_attn.overlay import heat_panel, panel_grid, upsample_heatmap, write_gallery
 from vision_attn.vit.rollout import attention_rollout, class_map, discard_weakest, explain, fuse_heads
 from vision_attn.vit.vision_transformer import VisionTransformer
@@ -254,7 +254,7 @@ def test_caption_overlay_draws_one_panel_per_word_in_the_image_geometry() -> Non
 def test_overlay_cli_for_the_captioner_on_odd_images_and_from_results_json(trained_captioner, tmp_path) -> None:
     sources = odd_images(tmp_path / "images")
     out = tmp_path / "out"
-    result = run_script("overlay", "--ckpt", str(trained_captioner["ckpt"]), str(tmp_path / "images"),
+    result = run_in_process("overlay", "--ckpt", str(trained_captioner["ckpt"]), str(tmp_path / "images"),
                         "--out", str(out), "--panel-size", "64", "--columns", "3", "--upsample", "pyramid")
     assert result.returncode == 0, result.stderr[-3000:]
     check_overlays(out, sources, 64)
@@ -262,13 +262,13 @@ def test_overlay_cli_for_the_captioner_on_odd_images_and_from_results_json(train
 
     # The same figures from `caption`'s results JSON, without the checkpoint; a caption with markup stays text.
     results = tmp_path / "results.json"
-    assert run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), str(sources[0]),
+    assert run_in_process("caption", "--ckpt", str(trained_captioner["ckpt"]), str(sources[0]),
                       "--out", str(results)).returncode == 0
     records = json.loads(results.read_text())
     records[0]["caption"] = "<script>alert(1)</script>"
     results.write_text(json.dumps(records))
     from_json = tmp_path / "from_json"
-    result = run_script("overlay", str(results), "--out", str(from_json))
+    result = run_in_process("overlay", str(results), "--out", str(from_json))
     assert result.returncode == 0, result.stderr[-3000:]
     gallery = read_gallery(from_json)
     assert gallery.scripts == 0 and "<script>alert(1)</script>" in "".join(gallery.text)
@@ -278,7 +278,7 @@ def test_overlay_cli_for_the_captioner_on_odd_images_and_from_results_json(train
 def test_overlay_cli_for_the_vit_with_rollout_options(vit_checkpoint, tmp_path) -> None:
     sources = odd_images(tmp_path / "images")
     out = tmp_path / "out"
-    result = run_script("overlay", "--ckpt", str(vit_checkpoint), *map(str, sources), "--out", str(out),
+    result = run_in_process("overlay", "--ckpt", str(vit_checkpoint), *map(str, sources), "--out", str(out),
                         "--head-fusion", "max", "--discard-ratio", "0.5", "--gradient-class", "Sneaker",
                         "--panel-size", "96")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -347,7 +347,7 @@ def test_mask_mass_weighs_each_cell_by_its_share_of_mask_pixels() -> None:
 
 
 def test_rollout_mass_command_reports_mass_against_the_area_share(vit_checkpoint) -> None:
-    result = run_script("rollout-mass", "--ckpt", str(vit_checkpoint), "--count", "64", "--canvas-size", "56")
+    result = run_in_process("rollout-mass", "--ckpt", str(vit_checkpoint), "--count", "64", "--canvas-size", "56")
     assert result.returncode == 0, result.stderr[-3000:]
     header, columns, *rows = result.stdout.strip().splitlines()
     area = float(header.split("area share ")[1].split()[0])

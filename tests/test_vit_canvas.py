@@ -8,7 +8,7 @@ import csv
 import pytest
 import torch
 
-from tests.conftest import run_in_process, run_script, shipped
+from tests.conftest import run_in_process, shipped
 from vision_attn.data.fashion_mnist import (
     canvas_mean_std,
     find_fashion_mnist,
@@ -109,7 +109,7 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     logged = {key: float(value) for row in rows for key, value in row.items() if value and "/" in key}
     for name in ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing"):
         assert 0.0 <= logged[f"val/{name}"] <= 1.0 and 0.0 <= logged[f"test/{name}"] <= 1.0
-    result = run_script("rollout-mass", "--ckpt", str(checkpoint), "--count", "64")
+    result = run_in_process("rollout-mass", "--ckpt", str(checkpoint), "--count", "64")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert "64 Fashion-MNIST test items on 56x56 canvases" in lines[0]
@@ -117,7 +117,7 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     assert set(scores) == {"rollout", "gradient rollout", "last layer"}
     assert all(0.0 <= value <= 1.0 for pair in scores.values() for value in pair)
     # the same items with grey noise around them: the same masks (so the same area share), other inputs
-    noisy = run_script("rollout-mass", "--ckpt", str(checkpoint), "--count", "64", "--background-noise", "64")
+    noisy = run_in_process("rollout-mass", "--ckpt", str(checkpoint), "--count", "64", "--background-noise", "64")
     assert noisy.returncode == 0, noisy.stderr[-3000:]
     first = noisy.stdout.strip().splitlines()[0]
     assert "with grey noise up to 64 around the item" in first
