@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vision_attn import metrics
-from vision_attn.metrics import caption_scores, deduplicate, pointing_scores
+from vision_attn.metrics import caption_scores, deduplicate, java_available, pointing_scores
 
 REFERENCES = {
     1: ["a red sneaker to the left of a white bag", "a white bag to the right of a red sneaker"],
@@ -146,3 +146,19 @@ def test_scene_scores_on_hand_made_captions() -> None:
     assert unknown["object_recall"] == 1.0 and math.isnan(unknown["colour_accuracy"])
     empty = scene_scores([], {})
     assert all(math.isnan(value) for value in empty.values())
+
+
+@pytest.mark.skipif(not java_available(), reason="METEOR runs on Java")
+def test_one_meteor_process_serves_every_scoring_and_a_dead_one_is_replaced() -> None:
+    """Scoring twice starts Java once (each start costs seconds); if that process has ended, the next scoring
+    starts another and still scores."""
+    from vision_attn.metrics import meteor_scorer
+
+    predictions, references = {1: "a red bag"}, {1: ["a red bag", "a bag that is red"]}
+    first = caption_scores(predictions, references)
+    process = meteor_scorer().meteor_p
+    second = caption_scores(predictions, references)
+    assert meteor_scorer().meteor_p is process and first == second
+    process.kill()
+    process.wait()
+    assert caption_scores(predictions, references) == first and meteor_scorer().meteor_p is not process

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -26,6 +27,24 @@ from vision_attn.data.vocabulary import tokenize
 log = logging.getLogger(__name__)
 
 _warned: set[str] = set()
+_meteor: Any = None  # one METEOR scorer (a Java process) for the whole process: each start loads its tables
+_meteor_pid = 0
+_inherited: list[Any] = []  # a forked child keeps its parent's scorer referenced: collecting it would kill its Java
+
+
+def meteor_scorer() -> Any:
+    """pycocoevalcap's METEOR scorer, started once per process and kept: a run that validates every epoch, or
+    a suite of commands, pays Java's start-up and METEOR's table loading once. Started again when its Java process
+    has ended, or in a forked child (whose pipes would be shared with its parent's)."""
+    global _meteor, _meteor_pid
+    if _meteor is not None and _meteor_pid != os.getpid():
+        _inherited.append(_meteor)
+        _meteor = None
+    if _meteor is None or _meteor.meteor_p.poll() is not None:
+        from pycocoevalcap.meteor.meteor import Meteor
+
+        _meteor, _meteor_pid = Meteor(), os.getpid()
+    return _meteor
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -81,11 +100,7 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     for n, value in enumerate(bleu, start=1):
         scores[f"BLEU-{n}"] = float(value)
     if use_java:
-        from pycocoevalcap.meteor.meteor import Meteor
-
-        meteor = Meteor()  # a Java subprocess, ended when the scorer is garbage-collected
-        scores["METEOR"] = float(meteor.compute_score(gts, res)[0])
-        del meteor
+        scores["METEOR"] = float(meteor_scorer().compute_score(gts, res)[0])
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
     return scores
