@@ -100,18 +100,21 @@ def random_captions(batch: int, length: int, vocab: int, device: torch.device) -
     return captions.to(device)
 
 
-def captioner_step(device: torch.device, precision: str, shape: dict[str, int], *, compiled: bool,
+def captioner_step(device: torch.device, precision: str, shape: dict[str, int], *, compiled: str | None,
                    repeats: int) -> dict[str, float]:
     """The decoder's train step from cached annotation vectors: teacher forcing, the NLL and the doubly
-    stochastic term at the paper's scale (λ = 1), backward, AdamW (with a gradient scaler in 16-mixed)."""
-    from vision_attn.captioning.decoder import AttentionDecoder
+    stochastic term at the paper's scale (λ = 1), backward, AdamW (with a gradient scaler in 16-mixed);
+    ``compiled``: through ``decoder.compile`` in that torch.compile mode, as the option does."""
+    from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
     from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
 
     torch.manual_seed(0)
     width = shape["width"]
     decoder = AttentionDecoder(vocab_size=shape["vocab"], annotation_dim=shape["dim"], embed_dim=width,
                                hidden_dim=width, attention_dim=width, dropout=0.5).to(device).train()
-    forward = torch.compile(decoder) if compiled else decoder
+    if compiled:
+        compile_decoder(decoder, compiled)
+    forward = decoder
     optimizer = torch.optim.AdamW(decoder.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
     annotations = torch.randn(shape["batch"], shape["locations"], shape["dim"], device=device)
@@ -140,17 +143,20 @@ def captioner_step(device: torch.device, precision: str, shape: dict[str, int], 
             "tflops_per_s": flops / seconds / 1e12, "first_step_s": first}
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int], *, beam_size: int,
-                      repeats: int) -> dict[str, float]:
+                      repeats: int, compiled: str | None = None) -> dict[str, float]:
+    """Batched beam search of every image at the paper's shape, T words each; ``compiled``: its step compiled."""
     from vision_attn.captioning.beam_search import beam_search
-    from vision_attn.captioning.decoder import AttentionDecoder
+    from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
     from vision_attn.data.vocabulary import END_ID, START_ID
 
     torch.manual_seed(0)
     width = shape["width"]
     decoder = AttentionDecoder(vocab_size=shape["vocab"], annotation_dim=shape["dim"], embed_dim=width,
                                hidden_dim=width, attention_dim=width).to(device).eval()
+    if compiled:
+        compile_decoder(decoder, compiled)
     annotations = torch.randn(shape["batch"], shape["locations"], shape["dim"], device=device)
 
     def search() -> None:
@@ -158,7 +164,7 @@ def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int
             beam_search(decoder, annotations, start_id=START_ID, end_id=END_ID, beam_size=beam_size,
                         max_length=shape["length"], min_length=shape["length"])  # every image decodes T words
 
-    seconds = median_time(device, search, repeats=repeats, warmup=1)
+    seconds = median_time(device, search, repeats=repeats, warmup=2 if compiled else 1)
     return {"seconds": seconds, "images_per_s": shape["batch"] / seconds}
 
 
@@ -273,7 +279,12 @@ SHAPES = {  # the paper's captioner, ViT-B/16; --quick: small enough for CI on a
 }
 
 
-def run(device_name: str, *, quick: bool, compile_decoder: bool) -> dict[str, Any]:
+COMPILE_MODES = ("default", "reduce-overhead")  # what `--compile` times: fused kernels, and CUDA graphs on a GPU
+SECTIONS = ("captioner", "vit", "feature-cache")
+
+
+def run(device_name: str, *, quick: bool, compile_decoder: bool,
+        sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     device = torch.device(device_name)
     shapes = SHAPES["quick" if quick else "full"]
     repeats = shapes["repeats"]
@@ -283,33 +294,53 @@ def run(device_name: str, *, quick: bool, compile_decoder: bool) -> dict[str, An
              for name in names}
     results["matmul_tflops"] = peaks
     progress("matmul_tflops", peaks)
-    results["captioner_train_step"] = {}
+    results["captioner_train_step"], results["beam_search"] = {}, {}
+    results["vit"], results["feature_cache"] = {}, {}
     compile_in = "bf16-mixed" if "bf16-mixed" in names else "32-true"  # compiling takes a minute: the likeliest one
-    for name in names:
-        results["captioner_train_step"][name] = captioner_step(device, name, shapes["captioner"], compiled=False,
-                                                               repeats=repeats)
-        if compile_decoder and name == compile_in:
-            try:
-                compiled = captioner_step(device, name, shapes["captioner"], compiled=True, repeats=repeats)
+    modes = COMPILE_MODES if device.type == "cuda" else COMPILE_MODES[:1]  # CUDA graphs need a GPU
+    if "captioner" in sections:
+        for name in names:
+            results["captioner_train_step"][name] = captioner_step(device, name, shapes["captioner"], compiled=None,
+                                                                   repeats=repeats)
+            for mode in modes if compile_decoder and name == compile_in else ():
                 eager = results["captioner_train_step"][name]
-                compiled.update(flops=eager["flops"], tflops_per_s=eager["flops"] / compiled["seconds"] / 1e12,
-                                speedup=eager["seconds"] / compiled["seconds"])
-                results["captioner_train_step"][f"{name} compiled"] = compiled
-            except Exception as error:  # noqa: BLE001 - a compiler that cannot run here is a row, not a crash
-                results["captioner_train_step"][f"{name} compiled"] = {"error": str(error).splitlines()[0][:300]}
-    progress("captioner_train_step", results["captioner_train_step"])
-    results["beam_search"] = {f"{name} k={k}": beam_search_speed(device, name, shapes["beam"], beam_size=k,
-                                                                 repeats=repeats)
-                              for name in names for k in (3, 5)}
-    progress("beam_search", results["beam_search"])
-    results["vit"] = {name: vit_steps(device, name, shapes["vit"], repeats=repeats) for name in names}
-    progress("vit", results["vit"])
-    results["feature_cache"] = {name: feature_cache_fill(device, name, shapes["vgg"], repeats=repeats)
-                                for name in names}
-    progress("feature_cache", results["feature_cache"])
-    results["coco_epoch"] = coco_epoch(results, shapes)
+                results["captioner_train_step"][f"{name} compiled {mode}"] = _compiled(
+                    lambda mode=mode, name=name: captioner_step(device, name, shapes["captioner"], compiled=mode,
+                                                                repeats=repeats), eager, flops=eager["flops"])
+        progress("captioner_train_step", results["captioner_train_step"])
+        for name in names:
+            for k in (3, 5):
+                eager = results["beam_search"][f"{name} k={k}"] = beam_search_speed(
+                    device, name, shapes["beam"], beam_size=k, repeats=repeats)
+                for mode in modes if compile_decoder and name == compile_in and k == 3 else ():
+                    results["beam_search"][f"{name} k={k} compiled {mode}"] = _compiled(
+                        lambda mode=mode, name=name, k=k: beam_search_speed(device, name, shapes["beam"], beam_size=k,
+                                                                            repeats=repeats, compiled=mode), eager)
+        progress("beam_search", results["beam_search"])
+    if "vit" in sections:
+        results["vit"] = {name: vit_steps(device, name, shapes["vit"], repeats=repeats) for name in names}
+        progress("vit", results["vit"])
+    if "feature-cache" in sections:
+        results["feature_cache"] = {name: feature_cache_fill(device, name, shapes["vgg"], repeats=repeats)
+                                    for name in names}
+        progress("feature_cache", results["feature_cache"])
+    results["coco_epoch"] = coco_epoch(results, shapes) if set(SECTIONS) <= set(sections) else {}
     results["table"] = table(results)
     return results
+
+
+def _compiled(measure: Callable[[], dict[str, float]], eager: dict[str, float], *,
+              flops: float | None = None) -> dict[str, Any]:
+    """A compiled variant's figures with its speed-up over ``eager`` (a compiler that cannot run here: a row
+    saying why, not a crash)."""
+    try:
+        figures = measure()
+    except Exception as error:  # noqa: BLE001
+        return {"error": str(error).splitlines()[0][:300]}
+    figures["speedup"] = eager["seconds"] / figures["seconds"]
+    if flops is not None:
+        figures.update(flops=flops, tflops_per_s=flops / figures["seconds"] / 1e12)
+    return figures
 
 
 def progress(section: str, figures: dict[str, Any]) -> None:
@@ -362,7 +393,11 @@ def table(results: dict[str, Any]) -> str:
                      f"({entry['seconds'] * 1000:.1f} ms/step{share}{speedup}; first step "
                      f"{entry['first_step_s']:.1f} s)"))
     for key, entry in results["beam_search"].items():
-        rows.append((f"beam search, {key}", f"{entry['images_per_s']:.0f} images/s"))
+        if "error" in entry:
+            rows.append((f"beam search, {key}", f"not run: {entry['error']}"))
+            continue
+        speedup = f" ({entry['speedup']:.2f}× eager)" if "speedup" in entry else ""
+        rows.append((f"beam search, {key}", f"{entry['images_per_s']:.0f} images/s{speedup}"))
     for key, entry in results["vit"].items():
         rows.append((f"{vit_name} train step (batch {vit['batch']}), {key}: ours vs timm",
                      f"{entry['ours_train_images_per_s']:.0f} vs {entry['timm_train_images_per_s']:.0f} img/s "
@@ -375,7 +410,7 @@ def table(results: dict[str, Any]) -> str:
                      f"px, batch {shapes['vgg']['batch']})",
                      f"{entry['encoder_images_per_s']:.0f} / {entry['fill_images_per_s']:.0f} img/s"))
     epoch = results["coco_epoch"]
-    if not results["quick"]:
+    if not results["quick"] and epoch:
         rows.append(("projected COCO epoch (Karpathy train + restval): cached / uncached with grouped captions",
                      f"{epoch['epoch_minutes_cached']:.1f} / {epoch['epoch_minutes_uncached_grouped']:.1f} min "
                      f"(+ {epoch['cache_fill_minutes']:.1f} min to fill the cache once)"))

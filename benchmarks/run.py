@@ -606,12 +606,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="measure speed on this device instead (cuda or cpu: the paper-shape captioner, ViT-B/16 "
                              "against timm, the feature cache; fp32, bf16-mixed, 16-mixed; benchmarks/device.py)")
     parser.add_argument("--compile", action="store_true",
-                        help="with --device: also time the captioner's train step through torch.compile")
+                        help="with --device: also time the captioner's train step and beam search compiled "
+                             "(decoder.compile: default, and reduce-overhead on a GPU)")
+    parser.add_argument("--sections", nargs="+", choices=["captioner", "vit", "feature-cache"],
+                        default=["captioner", "vit", "feature-cache"],
+                        help="with --device: the parts to measure (default all; the COCO epoch needs all)")
     options = parser.parse_args(argv)
     if options.device:
         from benchmarks.device import run as run_on_device
 
-        results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile)
+        results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
+                                sections=tuple(options.sections))
         print(results["table"])
         Path(options.out).write_text(json.dumps(results, indent=2))
         print(f"\nwrote {options.out}")

@@ -248,3 +248,13 @@ class AttentionDecoder(nn.Module):
             output.location_log_probs = log_alphas.gather(2, chosen.unsqueeze(-1)).squeeze(-1)  # log p(s_t | a)
             output.location_entropy = -(output.alphas * log_alphas).sum(-1)  # H[α_t]
         return output
+
+
+def compile_decoder(decoder: AttentionDecoder, mode: str | None = None, *, backend: str = "inductor") -> None:
+    """Run ``decoder``'s teacher-forced loop (``forward``) and its ``step`` (beam search, sampling) through
+    torch.compile in ``mode``, in place: the same parameters, state dict and numbers, with the T small steps of
+    the loop fused into fewer kernels (and, in reduce-overhead, replayed as CUDA graphs). ``backend`` is
+    torch.compile's (another than inductor checks the graph capture alone, as the tests do)."""
+    options = {"mode": mode} if backend == "inductor" else {}
+    decoder.compile(backend=backend, **options)
+    decoder.step = torch.compile(decoder.step, backend=backend, **options)  # the method, compiled, on the instance

@@ -60,6 +60,9 @@ class EncoderOptions(OptionGroup):
                 f"trainable_stages must be -1 (all), 0 (frozen) or more, got {self.trainable_stages}")
 
 
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
 @dataclass(frozen=True)
 class DecoderOptions(OptionGroup):
     """The LSTM decoder and its attention (Xu et al. 2015, §3.1.2 and §4): e_ti = f_att(a_i, h_{t−1}),
@@ -95,10 +98,13 @@ class DecoderOptions(OptionGroup):
     """ρ_t = ρ + U h_t: whether a word may be said again depends on the state (needs word_counts)"""
     hard_expectation_prob: float = 0.5
     """hard attention: the share of training batches that use the expected context instead of a sample"""
+    compile: str | None = None
+    """fit, validate and test run the teacher-forced loop and the beam-search step through torch.compile in this
+    mode: default, reduce-overhead (CUDA graphs), max-autotune (null: eager; the same numbers either way)"""
 
     def check(self) -> None:
-        """Refuse widths below 1, a dropout or β outside its range, an unknown attention mode or score, and
-        word_count_context without word_counts."""
+        """Refuse widths below 1, a dropout or β outside its range, an unknown attention mode, score or compile
+        mode, and word_count_context without word_counts."""
         for key in ("embed_dim", "hidden_dim", "attention_dim", "attention_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         require(finite(self.dropout) and 0 <= self.dropout < 1, self.name,
@@ -113,6 +119,8 @@ class DecoderOptions(OptionGroup):
                 "word_count_context reads ρ from the state for the word counts: set word_counts: true")
         require(finite(self.hard_expectation_prob) and 0 <= self.hard_expectation_prob <= 1, self.name,
                 f"hard_expectation_prob must be from 0 to 1, got {self.hard_expectation_prob}")
+        require(self.compile in COMPILE_MODES, self.name,
+                f"compile must be null or one of {', '.join(map(str, COMPILE_MODES[1:]))}, got {self.compile!r}")
 
 
 @dataclass(frozen=True)

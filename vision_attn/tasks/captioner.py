@@ -1,6 +1,5 @@
-"""The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, and its optimiser's groups. The
-network is ``captioning/captioner.py``; the objectives ``captioning/likelihood.py``, ``reinforce.py``,
-``self_critical.py`` and ``aids.py``; decoding and scoring ``captioning/evaluation.py``."""
+"""The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, its optimiser's groups. The network
+is ``captioning/captioner.py``, the objectives ``likelihood``, ``reinforce``, ``self_critical`` and ``aids``."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from torch import Tensor
 
 from vision_attn.captioning.aids import AidTerm, TrainingAids
 from vision_attn.captioning.captioner import Captioner
+from vision_attn.captioning.decoder import compile_decoder
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, score_records
 from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
 from vision_attn.captioning.options import (
@@ -41,13 +41,10 @@ OPTIMISER = CaptionerOptimiser(lr=4e-4)  # the paper's rate (Xu et al. 2015 trai
 
 
 class CaptionerTask(BaseTask):
-    """Trains a ``Captioner`` by likelihood with teacher forcing (plus the doubly stochastic term, and REINFORCE for
-    hard attention), or, from the point ``self_critical`` names, by self-critical training; decodes with beam
-    search in validation and test, which log the COCO metrics, pointing and the scene metrics.
-
-    ``vocabulary``, ``image`` and ``objects`` are linked from the DataModule by the CLI and kept in the checkpoint
-    with every group, so ``caption`` needs nothing else. ``test`` writes the results (``docs/formats/results.md``) to
-    ``<log dir>/results_test.json``.
+    """Trains a ``Captioner`` by likelihood (with the doubly stochastic term, and REINFORCE for hard attention) or,
+    from the point ``self_critical`` names, self-critically; validation and test beam-search and log the COCO
+    metrics, pointing and the scene metrics. ``vocabulary``, ``image`` and ``objects`` come from the DataModule
+    and stay in the checkpoint with every group; ``test`` writes ``<log dir>/results_test.json``.
 
     Args:
         log_overlays: after each validation, log the attention of this many validation images (0: none)
@@ -71,6 +68,8 @@ class CaptionerTask(BaseTask):
         self.objective = ObjectiveOptions.coerce(objective)
         self.model = Captioner(vocabulary=vocabulary or [], image=image, encoder=encoder, decoder=decoder,
                                decoding=decoding)
+        if self.model.decoder.options.compile:  # fit, validate and test; `caption` and the API stay eager
+            compile_decoder(self.model.decoder, self.model.decoder.options.compile)
         self.aids = TrainingAids(aids, objects, self.model.vocab, self.model.encoder.annotation_dim)
         if aids.object_heads_from_encoder:
             self.aids.start_from_pretraining(encoder.pretrained, self.model.encoder.pretrained_with)
@@ -81,8 +80,7 @@ class CaptionerTask(BaseTask):
         self.save_options(vocabulary=list(self.model.vocab.tokens), image=image, objects=objects,
                           encoder=self.model.encoder.options, decoder=self.model.decoder.options, decoding=decoding,
                           objective=self.objective, aids=aids, self_critical=self.self_critical.options,
-                          optimiser=self.optimiser,
-                          schedule=self.schedule.options, log_overlays=log_overlays)
+                          optimiser=self.optimiser, schedule=self.schedule.options, log_overlays=log_overlays)
 
     # ----------------------------------------------------------------------------------------- training
     def training_loss(self, batch: CaptionBatch) -> Tensor:
@@ -133,11 +131,9 @@ class CaptionerTask(BaseTask):
 
     def _aid(self, term: AidTerm | None, stage: str) -> Tensor | float:
         """A training aid's weighted loss (0 when it is off), its figures logged."""
-        if term is None:
-            return 0.0
-        for name, (value, count) in term.logs.items():
+        for name, (value, count) in (term.logs if term else {}).items():
             self.log(f"{stage}/{name}", value, batch_size=count, sync_dist=stage != "train")
-        return term.loss
+        return term.loss if term else 0.0
 
     # ------------------------------------------------------------------------------------- evaluation
     def _evaluation_step(self, batch: EvalCaptionBatch | None, stage: str) -> list[dict[str, Any]]:
@@ -179,8 +175,7 @@ class CaptionerTask(BaseTask):
     def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
                         count: int) -> list[tuple[str, Image.Image]]:
         """α over the image for each word of the first ``count`` decoded captions (none from cached features)."""
-        if batch.features:  # the batch holds cached features, not pixels to draw on
-            log.info("no attention overlays: validation reads cached features, not the images")
+        if batch.features:  # cached features, no pixels to draw on (the feature cache's docs say so)
             return []
         return caption_figures(batch.images[:count], outputs[:count], self.model.mean, self.model.std)
 

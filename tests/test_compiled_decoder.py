@@ -1,0 +1,93 @@
+"""decoder.compile: the teacher-forced loop and the beam-search step through torch.compile give the eager numbers
+(forward, gradients, beam search) on captions of varying length, and the task compiles only what it runs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from vision_attn.captioning.beam_search import beam_search
+from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+from vision_attn.captioning.options import DecoderOptions
+from vision_attn.data.vocabulary import END_ID, START_ID
+
+VOCAB, DIM = 23, 12
+
+
+def decoders(backend: str = "inductor") -> tuple[AttentionDecoder, AttentionDecoder]:
+    torch.manual_seed(0)
+    eager = AttentionDecoder(vocab_size=VOCAB, annotation_dim=DIM, embed_dim=8, hidden_dim=16, attention_dim=8,
+                             dropout=0.0, coverage=True, attend_with_word=True, word_counts=True,
+                             word_count_context=True)
+    with torch.no_grad():  # ρ and U start at 0: give them values, so that the word counts' path is compared too
+        eager.repeat_weight.normal_(0, 0.1)
+        eager.repeat_context.weight.normal_(0, 0.1)
+    compiled = copy.deepcopy(eager)
+    compile_decoder(compiled, "default", backend=backend)
+    return eager, compiled
+
+
+def captions(batch: int, length: int) -> torch.Tensor:
+    words = torch.randint(4, VOCAB, (batch, length + 2))
+    words[:, 0], words[:, -1] = START_ID, END_ID
+    return words
+
+
+def test_the_compiled_decoder_gives_the_eager_outputs_and_gradients_for_any_caption_length() -> None:
+    """The graph dynamo captures (the T-step loop, the state dataclasses), with autograd through it: aot_eager
+    runs that graph as it is, in seconds; inductor's code for it is checked by the beam search below."""
+    eager, compiled = decoders("aot_eager")
+    annotations = torch.randn(2, 9, DIM)
+    for length in (2, 3):  # a second length: compiled again (or run dynamically), never reused wrongly
+        batch = captions(4, length)  # two captions per image
+        outputs = [model(annotations, batch) for model in (eager, compiled)]
+        torch.testing.assert_close(outputs[1].logits, outputs[0].logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(outputs[1].alphas, outputs[0].alphas, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(outputs[1].betas, outputs[0].betas, rtol=1e-4, atol=1e-5)
+        for model, output in zip((eager, compiled), outputs, strict=True):
+            model.zero_grad()
+            (output.logits.logsumexp(-1).sum() + output.alphas.square().sum()).backward()
+        for (name, theirs), ours in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_compiled_step_beam_searches_the_eager_captions_and_scores_them_the_same() -> None:
+    """Inductor, the default backend: beam search with the compiled step, and the compiled teacher-forced loop
+    scoring a caption, equal eager."""
+    eager, compiled = decoders()
+    annotations = torch.randn(3, 9, DIM)
+    with torch.no_grad():
+        found = [beam_search(model, annotations, start_id=START_ID, end_id=END_ID, beam_size=3, max_length=4)
+                 for model in (eager.eval(), compiled.eval())]
+    for ours, theirs in zip(found[1], found[0], strict=True):
+        assert [beam.tokens for beam in ours] == [beam.tokens for beam in theirs]
+        torch.testing.assert_close(ours[0].alphas, theirs[0].alphas, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        batch = captions(3, 3)
+        scored = [model(annotations, batch).logits for model in (eager, compiled)]
+    torch.testing.assert_close(scored[1], scored[0], rtol=1e-4, atol=1e-5)
+
+
+def test_compile_keeps_the_state_dict_and_the_task_compiles_only_for_fit_validate_and_test() -> None:
+    from vision_attn.tasks import CaptionerTask
+
+    eager, compiled = decoders()
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    words = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag"]
+    task = CaptionerTask(vocabulary=words, encoder={"width": 4}, decoder={"embed_dim": 8, "hidden_dim": 8,
+                                                                          "attention_dim": 8, "compile": "default"})
+    plain = CaptionerTask(vocabulary=words, encoder={"width": 4}, decoder={"embed_dim": 8, "hidden_dim": 8,
+                                                                           "attention_dim": 8})
+    assert task.model.decoder._compiled_call_impl is not None and "step" in vars(task.model.decoder)
+    assert plain.model.decoder._compiled_call_impl is None and "step" not in vars(plain.model.decoder)
+    assert list(task.state_dict()) == list(plain.state_dict())  # checkpoints are interchangeable
+    assert task.hparams["decoder"]["compile"] == "default"
+
+
+@pytest.mark.parametrize("mode", ["fast", "", 1])
+def test_an_unknown_compile_mode_is_refused_in_one_line(mode) -> None:
+    with pytest.raises(ValueError, match="compile must be null or one of default, reduce-overhead") as raised:
+        DecoderOptions.coerce({"compile": mode})
+    assert "\n" not in str(raised.value)
