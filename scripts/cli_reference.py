@@ -60,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the section is not current; write nothing")
     check = parser.parse_args().check
+    sys.argv = sys.argv[:1]  # the tools read their own arguments; LightningCLI warns when sys.argv holds ours too
     page = TARGET.read_text(encoding="utf-8")
     text = written(page)
     if check:
