@@ -53,18 +53,19 @@ demo: setup
 	$(BIN)/vision-attn fit $(ITEMS) --overwrite true
 	$(BIN)/vision-attn fit $(CAPTION) --overwrite true
 	$(BIN)/vision-attn test $(CAPTION) --ckpt_path $(CAP_CKPT)
-	$(BIN)/vision-attn make-scenes --root $(FREE) --train 0 --val 0 --test 1000 --layout free --shade-jitter 1
+	$(BIN)/vision-attn make-scenes --root $(FREE) --train 0 --val 0 --test 1000 --layout free --shade-jitter 1 \
+		--overwrite
 	$(BIN)/vision-attn caption --ckpt $(CAP_CKPT) --coco-annotations $(FREE)/annotations/captions_test.json \
 		--image-dir $(FREE)/images/test --out $(CAP_RUN)/results_free_test.json
 	$(BIN)/vision-attn evaluate $(CAP_RUN)/results_free_test.json --annotations $(FREE)/annotations/captions_test.json \
 		--instances $(FREE)/annotations/instances_test.json --attributes $(FREE)/annotations/attributes_test.json \
 		--out $(CAP_RUN)/scores_free_test.json
-	$(BIN)/vision-attn overlay --ckpt $(CAP_CKPT) --out $(CAP_RUN)/overlays \
+	$(BIN)/vision-attn overlay --ckpt $(CAP_CKPT) --out $(CAP_RUN)/overlays --overwrite \
 		$(SCENES)/images/test/1.png $(SCENES)/images/test/2.png $(SCENES)/images/test/3.png \
 		$(FREE)/images/test/1.png $(FREE)/images/test/2.png $(FREE)/images/test/3.png
 	@echo "Attention overlays: $(CAP_RUN)/overlays/*.png, gallery $(CAP_RUN)/overlays/index.html"
 	$(BIN)/vision-attn explore $(CAP_RUN)/results_test.json --instances $(SCENES)/annotations/instances_test.json \
-		--attributes $(SCENES)/annotations/attributes_test.json --out $(CAP_RUN)/explorer
+		--attributes $(SCENES)/annotations/attributes_test.json --out $(CAP_RUN)/explorer --overwrite
 	@echo "Attention explorer: open $(CURDIR)/$(CAP_RUN)/explorer/index.html (or: python3 -m http.server -d $(CAP_RUN)/explorer)"
 
 # The ViT on Fashion-MNIST (<= 10 min), its test accuracy, top-5 classes of a few test images, and its
@@ -73,10 +74,13 @@ VIT_RUN := $(RUNS)/vit_fashion_mnist
 demo-vit: setup
 	$(BIN)/vision-attn fit $(VIT) --overwrite true
 	$(BIN)/vision-attn test $(VIT) --ckpt_path $(VIT_RUN)/checkpoints/last.ckpt
-	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --out $(VIT_RUN)/samples
-	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --canvas-size 56 --out $(VIT_RUN)/samples
-	$(BIN)/vision-attn classify --ckpt $(VIT_RUN)/checkpoints/last.ckpt $(VIT_RUN)/samples/*.png
-	$(BIN)/vision-attn overlay --ckpt $(VIT_RUN)/checkpoints/last.ckpt --out $(VIT_RUN)/overlays $(VIT_RUN)/samples
+	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --out $(VIT_RUN)/samples --overwrite
+	$(BIN)/vision-attn export-samples --dataset fashion-mnist --count 4 --canvas-size 56 \
+		--out $(VIT_RUN)/samples_canvas --overwrite
+	$(BIN)/vision-attn classify --ckpt $(VIT_RUN)/checkpoints/last.ckpt $(VIT_RUN)/samples/*.png \
+		$(VIT_RUN)/samples_canvas/*.png
+	$(BIN)/vision-attn overlay --ckpt $(VIT_RUN)/checkpoints/last.ckpt --out $(VIT_RUN)/overlays --overwrite \
+		$(VIT_RUN)/samples $(VIT_RUN)/samples_canvas
 	@echo "Attention overlays: $(VIT_RUN)/overlays/*.png, gallery $(VIT_RUN)/overlays/index.html"
 
 # pytest exits 5 when it collected nothing: for this project that is a broken suite, so say so and fail.

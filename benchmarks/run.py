@@ -27,7 +27,8 @@ from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
-from vision_attn.options import at_least, device
+from vision_attn.io import output_file, replace_atomically
+from vision_attn.options import OneLineParser, bounded_int, device, number_in
 
 
 def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
@@ -590,11 +591,13 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vision-attn benchmark", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="vision-attn benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not measured")
-    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default 0: all cores)")
+    parser.add_argument("--threads", type=bounded_int(0, 1024, "more threads than cores only slow a run down"),
+                        default=0, help="torch threads, up to 1024 (default 0: all cores)")
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON (default benchmark.json)")
-    parser.add_argument("--gpu-tflops", type=float, default=100.0,
+    parser.add_argument("--gpu-tflops", type=number_in(0.001, 100_000, why="no GPU reaches 100 PFLOP/s"),
+                        default=100.0,
                         help="the sustained TFLOP/s of the GPU the COCO epoch projection assumes (default 100)")
     parser.add_argument("--only", choices=["feature-cache"], default=None,
                         help="run one section only (feature-cache: the cached vs uncached COCO-shape step)")
@@ -612,19 +615,17 @@ def main(argv: list[str] | None = None) -> None:
                         default=["captioner", "vit", "feature-cache"],
                         help="with --device: the parts to measure (default all; the COCO epoch needs all)")
     options = parser.parse_args(argv)
+    out = output_file(options.out)  # refused before minutes of measuring, not after
     if options.device:
         from benchmarks.device import run as run_on_device
 
         results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
                                 sections=tuple(options.sections))
-        print(results["table"])
-        Path(options.out).write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {options.out}")
-        return
-    results = run(options)
+    else:
+        results = run(options)
     print(results["table"])
-    Path(options.out).write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {options.out}")
+    replace_atomically(out, lambda file: file.write(json.dumps(results, indent=2).encode("utf-8")))
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

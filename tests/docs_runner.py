@@ -93,7 +93,7 @@ def tiny_argv(argv: list[str]) -> list[str]:
     value win) or counts capped, and the GPU trainer swapped for the CPU one (these tests have no GPU); raises
     for a fit of a config the runner has no tiny overrides for."""
     command = argv[0] if argv else ""
-    if command in ("fit", "validate", "test"):
+    if command in ("fit", "validate", "test", "predict"):
         if "--print_config" in argv or "--help" in argv:
             return argv
         named = [arg for arg in argv if arg in TINY_FOR]

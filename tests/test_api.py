@@ -180,7 +180,7 @@ BAD = {  # what is wrong -> (the arguments after --ckpt C, in a folder holding g
     "--out the checkpoint": (["good.png", "--out", "CKPT"], "is one of the inputs"),
     "an unreadable image": (["good.png", "broken.png"], "broken.png: cannot decode image"),
     "a captioner checkpoint": (["good.png", "--ckpt", "CAPTIONER"], "but a ViT classifier is needed"),
-    "--top-k 0": (["good.png", "--top-k", "0"], "argument --top-k: expected a whole number of at least 1"),
+    "--top-k 0": (["good.png", "--top-k", "0"], "argument --top-k: expected a whole number from 1 to 1000"),
 }
 
 

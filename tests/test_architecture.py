@@ -28,7 +28,7 @@ LAYERS = [
      "vision_attn.captioning.self_critical", "vision_attn.vit.inference", "vision_attn.vit.distillation",
      "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
-    {"vision_attn.trainer_cli", "vision_attn.cli", "vision_attn.commands.*"},
+    {"vision_attn.trainer_cli", "vision_attn.config_errors", "vision_attn.cli", "vision_attn.commands.*"},
 ]
 LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.tasks.*", "vision_attn.trainer_cli"}
 

@@ -53,7 +53,7 @@ def write_bad_images(folder: Path) -> dict[str, Path]:
 def write_coco(root: Path, images: dict[int, tuple[str, list[str]]], *, split: str = "train",
                extra_images: list[dict] | None = None) -> Path:
     """captions_<split>.json for ``{image id: (file name, captions)}``; files that do not exist stay missing."""
-    entries = [{"id": image_id, "file_name": name, "width": 0, "height": 0} for image_id, (name, _) in images.items()]
+    entries = [{"id": image_id, "file_name": name} for image_id, (name, _) in images.items()]
     entries += extra_images or []
     annotations = [{"id": 1000 * image_id + k, "image_id": image_id, "caption": caption}
                    for image_id, (_, captions) in images.items() for k, caption in enumerate(captions)]

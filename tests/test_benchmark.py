@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from benchmarks.reference_decoder import TutorialStyleDecoder
 from benchmarks.run import main, random_captions
+from vision_attn.data.vocabulary import PAD_ID
 
 
 def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> None:
@@ -53,3 +55,60 @@ def test_reference_decoder_predicts_every_real_step() -> None:
     for row, steps in enumerate(decode_lengths):
         assert predictions[row, :steps].abs().sum(-1).gt(0).all()  # every real step predicted
         assert predictions[row, steps:].abs().sum() == 0  # nothing past the caption's end
+
+
+@pytest.mark.parametrize("sizes", [dict(), dict(dim=24, width=16, vocab=37, length=7, batch=3, locations=7)])
+def test_peer_benchmark_counts_our_step_as_torch_does(sizes) -> None:
+    """The decoder's matmul FLOPs counted by hand agree with torch's FlopCounterMode over a whole train step."""
+    from benchmarks.peers import TINY, Shape, counted_flops, decoder_matmul_flops, our_step, step_inputs
+
+    shape = Shape(**sizes) if sizes else TINY
+    annotations, captions = step_inputs(shape)
+    assert captions.ne(PAD_ID).sum(1).max() == shape.length + 2  # one caption as long as can be: T + 1 steps
+    by_hand = decoder_matmul_flops(shape)
+    assert by_hand["total"] == pytest.approx(counted_flops(our_step(shape, annotations, captions)), rel=0.01)
+    assert by_hand["recurrent"] + by_hand["batched"] == by_hand["forward"] + by_hand["backward"] == by_hand["total"]
+
+
+def test_peer_benchmark_runs_our_side_without_the_snapshot(tmp_path, capsys) -> None:
+    from benchmarks.peers import main as peers_main
+
+    out = tmp_path / "peers.json"
+    threads = torch.get_num_threads()
+    peers_main(["--tiny", "--skip-compile", "--repeats", "1", "--threads", "1", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # restored for the rest of the process
+    printed = capsys.readouterr().out
+    assert printed.startswith("| what | figure | goal |") and "not measured: give --ruotianluo PATH" in printed
+    results = json.loads(out.read_text())
+    ours = results["steps"]["ours"]
+    assert set(results["steps"]) == {"ours"} and results["peer"] is None
+    assert ours["matmul_flops"] == results["flops"]["total"] == pytest.approx(ours["counted_flops"], rel=0.02)
+    assert ours["seconds"] > 0 and 0 < ours["share_of_matmul"] == pytest.approx(
+        ours["matmul_flops"] / ours["seconds"] / 1e9 / results["matmul_gflops_per_s"])
+    assert results["shape"]["batch"] == 4 and results["decoding_steps"] == 6
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_a_snapshot"])
+def test_peer_benchmark_refuses_a_bad_snapshot_in_one_line(kind, tmp_path, capsys) -> None:
+    from benchmarks.peers import main as peers_main
+
+    snapshot = tmp_path / kind
+    if kind == "not_a_snapshot":
+        snapshot.mkdir()
+    out = tmp_path / "peers.json"
+    with pytest.raises(SystemExit) as exit_info:
+        peers_main(["--tiny", "--skip-compile", "--ruotianluo", str(snapshot), "--out", str(out)])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and error.startswith(f"error: --ruotianluo {snapshot}")
+    assert error.count("\n") == 1 and "Traceback" not in error and not out.exists()
+
+
+def test_peer_benchmark_refuses_a_shape_too_large_for_memory_before_any_work(tmp_path, capsys) -> None:
+    from benchmarks.peers import main as peers_main
+
+    out = tmp_path / "peers.json"
+    with pytest.raises(SystemExit) as exit_info:
+        peers_main(["--batch", "1024", "--locations", "4096", "--width", "4096", "--out", str(out)])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and error.startswith("error: --batch, --locations") and "GiB" in error
+    assert error.count("\n") == 1 and not out.exists()

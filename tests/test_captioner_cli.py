@@ -191,7 +191,8 @@ def test_evaluate_scores_caption_results_and_a_bare_coco_results_list(trained_ca
     # another tool's output: the bare COCO results format, no attention: caption and scene metrics, no pointing
     bare = tmp_path / "bare.json"
     truth = json.loads(annotations.read_text())["annotations"]
-    bare.write_text(json.dumps([{"image_id": a["image_id"], "caption": a["caption"]} for a in truth]))
+    first = {a["image_id"]: a["caption"] for a in reversed(truth)}  # one reference per image, the first
+    bare.write_text(json.dumps([{"image_id": image_id, "caption": caption} for image_id, caption in first.items()]))
     main(["evaluate", str(bare), "--annotations", str(annotations), "--instances", str(instances), "--attributes",
           str(attributes), "--out", str(tmp_path / "bare_scores.json")])
     bare_scores = json.loads((tmp_path / "bare_scores.json").read_text())
@@ -310,7 +311,7 @@ def test_the_encoder_pretrains_on_scene_items_and_a_captioner_starts_from_it(pre
         assert torch.equal(tensor, saved["state_dict"][f"model.encoder.trunk.{name}"]), name
     with pytest.raises(CheckpointError, match=r"pretrained on images normalised with mean \[0.485"):
         captioner(str(pretrained_encoder), mean=[0.5] * 3, std=[0.5] * 3)
-    with pytest.raises(CheckpointError, match="shapes differ"):
+    with pytest.raises(CheckpointError, match=r"weights for another architecture than the small trunk, .* is "):
         captioner(str(pretrained_encoder), width=16)
     missing = tmp_path / "runs" / "encoder" / "best.ckpt"
     with pytest.raises(CheckpointError, match=f"{missing}: no such file"):

@@ -52,7 +52,7 @@ def _write_coco(root: Path, captions: dict = CAPTIONS) -> Path:
         _write_images(root / "images" / split)
         annotations = [{"id": 100 * image_id + k, "image_id": image_id, "caption": caption}
                        for image_id, (_, texts) in images.items() for k, caption in enumerate(texts)]
-        entries = [{"id": image_id, "file_name": name, "width": 0, "height": 0}
+        entries = [{"id": image_id, "file_name": name}
                    for image_id, (name, _) in images.items()]
         (root / "annotations").mkdir(parents=True, exist_ok=True)
         (root / "annotations" / f"captions_{split}.json").write_text(
@@ -103,7 +103,7 @@ def test_vocabulary_build_encode_decode_and_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"bad.json: a vocabulary's tokens must start with"):
         Vocabulary.from_json(tmp_path / "bad.json")
     (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(ValueError, match="broken.json: not a readable vocabulary JSON"):
+    with pytest.raises(ValueError, match="broken.json: not a readable JSON file"):
         Vocabulary.from_json(tmp_path / "broken.json")
     with pytest.raises(ValueError, match="must be unique"):
         Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "a"])

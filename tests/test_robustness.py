@@ -78,11 +78,13 @@ def test_overlay_never_writes_over_its_inputs(tmp_path: Path, trained_captioner)
         (photos / name).write_bytes((trained_captioner["scenes"] / "images" / "test" / "1.png").read_bytes())
     before = {path.name: path.read_bytes() for path in photos.iterdir()}
     one_line_error(run("overlay", "--ckpt", str(trained_captioner["ckpt"]), str(photos), "--out", str(photos)),
-                   str(photos / "a.png"), "is one of the inputs")
+                   str(photos), "did not write")  # a folder of the user's files, without --overwrite
+    one_line_error(run("overlay", "--ckpt", str(trained_captioner["ckpt"]), str(photos), "--out", str(photos),
+                       "--overwrite"), str(photos / "a.png"), "is one of the inputs")
     assert {path.name: path.read_bytes() for path in photos.iterdir()} == before  # nothing changed, nothing added
     results = tmp_path / "results.json"
     assert run("caption", "--ckpt", str(trained_captioner["ckpt"]), str(photos), "--out", str(results)).returncode == 0
-    one_line_error(run("overlay", str(results), "--out", str(photos)), "is one of the inputs")
+    one_line_error(run("overlay", str(results), "--out", str(photos), "--overwrite"), "is one of the inputs")
     assert {path.name: path.read_bytes() for path in photos.iterdir()} == before
 
 
@@ -173,9 +175,9 @@ def test_overlay_that_fails_half_way_leaves_no_half_made_gallery(tmp_path: Path,
     new, existing = tmp_path / "new_gallery", tmp_path / "old_gallery"
     existing.mkdir()
     (existing / "keep.txt").write_text("earlier work")
-    for out in (new, existing):
+    for out in (new, existing):  # --overwrite: write beside the user's keep.txt
         one_line_error(run("overlay", str(photos / "a.png"), str(photos / "b.png"), "--ckpt",
-                           str(trained_captioner["ckpt"]), "--out", str(out)), str(photos / "b.png"))
+                           str(trained_captioner["ckpt"]), "--out", str(out), "--overwrite"), str(photos / "b.png"))
     assert not new.exists()  # the folder it would have made is gone with the staging area
     assert sorted(path.name for path in existing.iterdir()) == ["keep.txt"]  # no a.png, no index.html, no staging
 

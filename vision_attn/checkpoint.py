@@ -52,26 +52,49 @@ def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str
             return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
-    with open(path, "rb") as file:
-        magic = file.read(4)
-    if magic[:2] != b"PK" and magic[:1] != b"\x80":  # torch.save writes a zip; the legacy format a pickle
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (neither a zip archive nor a pickle)")
+    problem = torch_file_problem(path)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # protocol notices; the outcome is what matters
             loaded = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        found = re.search(r"WeightsUnpickler error: ([^\n]*)", str(error))
-        reason = (found.group(1).split(". Please")[0].strip() if found else "") or "unsupported content"
-        raise CheckpointError(
-            f"{path}: refused, the file holds objects other than tensors and plain types ({reason}); "
-            "only weights-only checkpoints are loaded"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({str(error).splitlines()[0]})") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, KeyError, ValueError,
+            TypeError, AttributeError, IndexError) as error:  # what a damaged file makes torch raise: one line
+        raise CheckpointError(f"{path}: {unreadable_reason(error)}") from None
     if not isinstance(loaded, Mapping):
         raise CheckpointError(f"{path}: expected a dict of weights, found {type(loaded).__name__}")
     return dict(loaded)
+
+
+def torch_file_problem(path: Path) -> str | None:
+    """What is wrong with a file ``torch.load`` is about to read, told by its first bytes (None: nothing seen):
+    ``torch.save`` writes a zip archive, its legacy format a pickle."""
+    with open(path, "rb") as file:
+        magic = file.read(4)
+    if not magic:
+        return "not a PyTorch checkpoint, the file is empty"
+    if magic[:2] != b"PK" and magic[:1] != b"\x80":
+        return "not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"
+    return None
+
+
+def unreadable_reason(error: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` failing with ``error`` says of the file, in our words: objects
+    refused, or a damaged or truncated file. torch's own advice to load with ``weights_only=False`` (which runs
+    whatever code the file carries) is never passed on."""
+    text = str(error)
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]*)", text)
+    detail = (found.group(1).split(". Please")[0].strip() if found else "") or next(
+        (line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line), "")
+    if isinstance(error, pickle.UnpicklingError) and re.search(r"global|class", detail, re.IGNORECASE):
+        return (f"refused, the file holds objects other than tensors and plain types ({detail}); only weights-only "
+                "checkpoints are loaded")
+    if isinstance(error, pickle.UnpicklingError):  # an opcode the weights-only unpickler lacks: more, or garbage
+        return (f"refused, not a weights-only checkpoint: its pickle holds more than tensors and plain types, or is "
+                f"damaged ({detail})")
+    detail = detail.split(". This is an internal")[0] or type(error).__name__
+    return f"not a readable PyTorch checkpoint, truncated or damaged ({detail})"
 
 
 def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
@@ -272,9 +295,30 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], *, source:
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} "
-                              f"({str(error).splitlines()[0]})") from None
+        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__}: "
+                              f"{state_dict_mismatch(error)}") from None
     return model
+
+
+def state_dict_mismatch(error: BaseException) -> str:
+    """torch's ``load_state_dict`` error (a list of every mismatch) as one clause: the first key whose shape
+    differs, with both shapes, else the first missing and unexpected keys."""
+    text = str(error)
+    shapes = re.search(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
+                       r"checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
+    if shapes:
+        key, found, wanted = shapes.groups()
+        return f"weights for another architecture, {key} is ({found}) in the file but ({wanted}) in the model"
+    parts = []
+    for label, pattern in (("missing", r"Missing key\(s\) in state_dict: ([^\n]*)"),
+                           ("unexpected", r"Unexpected key\(s\) in state_dict: ([^\n]*)")):
+        found = re.search(pattern, text)
+        keys = re.findall(r'"([^"]+)"', found.group(1)) if found else []
+        if keys:
+            parts.append(f"{len(keys)} {label} keys, e.g. {keys[0]}")
+    if parts:
+        return f"weights for another architecture ({'; '.join(parts)})"
+    return (text.strip().splitlines() or [type(error).__name__])[0]
 
 
 def capture_rng_state() -> dict[str, Any]:

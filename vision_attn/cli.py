@@ -1,4 +1,4 @@
-"""The ``vision-attn`` command. It only wires: fit/validate/test are LightningCLI (``trainer_cli.py``), and
+"""The ``vision-attn`` command. It only wires: fit/validate/test/predict are LightningCLI (``trainer_cli.py``), and
 every other tool is a function of ``vision_attn.commands`` that parses its options and calls one library function.
 Nothing heavy is imported before a command needs it, so ``--help`` is instant and the inference tools never import
 Lightning.
@@ -14,10 +14,8 @@ from vision_attn.commands import TOOLS, data, inference  # noqa: F401 - importin
 from vision_attn.errors import exit_on_user_error
 
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
-                      "test": "run the test loop (--ckpt_path C)"}
-PREDICT = ("there is no `vision-attn predict`: caption images with `vision-attn caption`, classify them with "
-           "`vision-attn classify` (both batch, skip unreadable images and write JSON), or from Python with "
-           "vision_attn.api")
+                      "test": "run the test loop (--ckpt_path C)",
+                      "predict": "predict the test split, as JSON in the run's folder (--ckpt_path C)"}
 
 
 def print_usage() -> None:
@@ -36,8 +34,6 @@ def main(args: Sequence[str] | None = None) -> None:
         print_usage()
         return
     with exit_on_user_error():
-        if argv[0] == "predict":
-            raise ValueError(PREDICT)
         if argv[0] in TOOLS:
             TOOLS[argv[0]][0](argv[1:])
         else:

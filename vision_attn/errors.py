@@ -40,16 +40,26 @@ def _raised_by_us(error: BaseException) -> bool:
     return bool(frames) and f"{os.sep}vision_attn{os.sep}" in frames[-1]
 
 
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # how a DataLoader worker's error arrives
+
+
 def user_message(error: BaseException) -> str:
     """The one line to show: the error itself, or, when a library wrapped one of ours (jsonargparse reports a
-    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), ours."""
+    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), ours. The chain
+    is followed through ``__cause__``, and through ``__context__`` only where ``raise ... from None`` did not
+    suppress it: our message that names the file stands over the inner error it replaced. An error re-raised by
+    a DataLoader worker (its message holds the worker's traceback) is its last line, less the type."""
     seen, cause = set(), error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if cause is not error and isinstance(cause, USER_ERRORS) and _raised_by_us(cause):
             error = cause
-        cause = cause.__cause__ or cause.__context__
-    return " ".join(str(error).split())
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    text = str(error)
+    if WORKER_TRACEBACK in text:
+        last = [line for line in text.splitlines() if line.strip()][-1]
+        text = last.partition(": ")[2] or last
+    return " ".join(text.split())
 
 
 @contextmanager

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,18 +31,18 @@ from PIL import Image
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.evaluation import caption_files
 from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
-from vision_attn.data.coco import read_objects
+from vision_attn.data.coco import SceneObject, read_objects
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, open_image, readable_batches
 from vision_attn.errors import CheckpointError
-from vision_attn.io import input_file, output_folder
+from vision_attn.io import MANIFEST, OwnedFolder, input_file
 from vision_attn.metrics import pointing_scores, scene_scores
 from vision_attn.overlay import _colour_table
 from vision_attn.results import read_results
 from vision_attn.vit.inference import Classifier, centre_square
 
 ASSETS = Path(__file__).with_name("explorer_assets")
-MARKER = ".vision-attn-explorer"  # marks a folder as a site this command wrote, which it may replace
 VIEW_SIZE, THUMB_SIZE = 448, 112
+LEGACY_MARKER = ".vision-attn-explorer"  # marked a site written before manifests: it is written over, as its own
 
 
 def js_data(callback: str, payload: Any) -> str:
@@ -87,10 +86,10 @@ def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_sc
 
 
 def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
-                    instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
+                    objects: dict[Any, list[SceneObject]] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Write each captioner record's page data and images into ``folder``; the index entries, in order."""
-    objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
+    """Write each captioner record's page data and images into ``folder``; the index entries, in order. With
+    ``objects`` (per image id, as ``read_objects`` reads an instances file) each entry has its scene metrics."""
     index = []
     for number, (record, path) in enumerate(pairs):
         image = open_image(path, mode="RGB")
@@ -146,26 +145,23 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
     return index
 
 
-def _check_out(out: Path, inputs: Sequence[Path]) -> None:
-    """Refuse before any work an output folder that holds other files than a site of ours, or an input."""
-    output_folder(out)
-    resolved = out.resolve()
+def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bool = False) -> OwnedFolder:
+    """The site's folder, checked before any work (``io.OwnedFolder``): refused when it holds an input, or files
+    that an earlier ``explore`` did not write (unless ``overwrite``; a site written before manifests, which
+    ``LEGACY_MARKER`` marks, is written over), or cannot be written."""
+    resolved = Path(out).resolve()
     for path in inputs:
         if resolved in Path(path).resolve().parents:
             raise ValueError(f"{out}: holds the input {path}; write the site to another folder")
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
-        raise ValueError(f"{out}: a folder that is not an explorer site and not empty; choose a new or empty folder")
+    legacy = (Path(out) / LEGACY_MARKER).is_file() and not (Path(out) / MANIFEST).exists()
+    return OwnedFolder(out, "explore", overwrite=overwrite or legacy, inputs=inputs)
 
 
-def write_site(out: str | os.PathLike, title: str, build: Callable[[Path], list[dict[str, Any]]],
-               inputs: Sequence[Path]) -> Path:
-    """Build a site into a hidden folder beside ``out`` with ``build`` (which fills it and returns the index
-    entries), then put it in place of ``out``: a failed or interrupted build leaves ``out`` as it was."""
-    out = Path(out)
-    _check_out(out, inputs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".explore-", dir=out.parent))
-    try:
+def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict[str, Any]]]) -> Path:
+    """Build a site into a staging folder with ``build`` (which fills it and returns the index entries), then put
+    its files in place of the earlier site's (``OwnedFolder.staged``): a failed or interrupted build leaves the
+    folder as it was, and files the site did not write are never touched."""
+    with owner.staged() as staging:
         for sub in ("data/items", "images", "thumbs"):
             (staging / sub).mkdir(parents=True)
         entries = build(staging)
@@ -177,13 +173,7 @@ def write_site(out: str | os.PathLike, title: str, build: Callable[[Path], list[
         (staging / "data" / "colours.js").write_text(js_data("colours", colours), encoding="utf-8")
         for asset in ("index.html", "view.html", "explorer.js", "explorer.css"):
             shutil.copyfile(ASSETS / asset, staging / asset)
-        (staging / MARKER).write_text("written by vision-attn explore\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        staging.replace(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
+    return owner.path
 
 
 def _printer(label: str) -> Callable[[int, int], None]:
@@ -197,22 +187,25 @@ def _printer(label: str) -> Callable[[int, int], None]:
 def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.PathLike], out: str | os.PathLike,
             checkpoint: str | os.PathLike | None = None, instances: str | os.PathLike | None = None,
             attributes: str | os.PathLike | None = None, beam_size: int | None = None, device: str = "cpu",
-            on_bad_image: OnBadImage = "error", quiet: bool = False) -> tuple[Path, int]:
+            on_bad_image: OnBadImage = "error", quiet: bool = False, overwrite: bool = False) -> tuple[Path, int]:
     """``vision-attn explore``: the site for a results JSON (its images found as ``read_results`` finds them,
     or in ``images``), or for ``images`` run through a checkpoint first (a captioner captions them, with every
-    beam; a ViT classifies them and exports its attention). Returns the site and its number of images."""
+    beam; a ViT classifies them and exports its attention). ``out`` is checked before any work (``site_folder``;
+    ``overwrite`` as there). Returns the site and its number of images."""
     progress = None if quiet else _printer("images")
     for path in (instances, attributes):
         if path:
             input_file(path, "an instances or attributes JSON")
+    # read and checked before any work: a bad instances or attributes file is one line, not a half-made site
+    objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
     if checkpoint is None:
         if results is None:
             raise ValueError("give a results JSON (from `vision-attn caption`), or --ckpt with --images")
         folder = Path(images[0]) if images else None
         pairs = read_results(results) if folder is None else _results_in(results, folder)
-        return write_site(out, Path(results).name, lambda site: caption_entries(
-            pairs, site, instances=instances, attributes=attributes, progress=progress),
-            [Path(results), *(p for _, p in pairs)]), len(pairs)
+        owner = site_folder(out, [Path(results), *(p for _, p in pairs)], overwrite=overwrite)
+        return write_site(owner, Path(results).name, lambda site: caption_entries(
+            pairs, site, objects=objects, progress=progress)), len(pairs)
     loaded = load_file(checkpoint)
     kind = checkpoint_kind(loaded)
     inputs = expand_inputs(images)
@@ -220,12 +213,12 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
         raise ValueError("--ckpt needs --images: image files or folders to run it on")
     if results is not None:
         raise ValueError("give a results JSON or --ckpt, not both")
-    sources = [Path(checkpoint), *(p for _, p in inputs)]
+    owner = site_folder(out, [Path(checkpoint), *(p for _, p in inputs)], overwrite=overwrite)
     if kind == VIT:
         classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
         bad = BadImageCounter()
-        built = write_site(out, Path(checkpoint).name, lambda site: vit_entries(
-            classifier, inputs, site, on_bad_image=on_bad_image, bad_images=bad, progress=progress), sources)
+        built = write_site(owner, Path(checkpoint).name, lambda site: vit_entries(
+            classifier, inputs, site, on_bad_image=on_bad_image, bad_images=bad, progress=progress))
         return built, len(inputs) - bad.take()
     if kind != CAPTIONER:
         raise CheckpointError(f"{checkpoint}: not a checkpoint of {' or '.join(KIND_NAMES.values())}")
@@ -233,8 +226,8 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
     records = list(caption_files(captioner, inputs, beam_size=beam_size, on_bad_image=on_bad_image,
                                  all_beams=True))
     pairs = [(record, Path(record["file_name"])) for record in records]
-    return write_site(out, Path(checkpoint).name, lambda site: caption_entries(
-        pairs, site, instances=instances, attributes=attributes, progress=progress), sources), len(pairs)
+    return write_site(owner, Path(checkpoint).name, lambda site: caption_entries(
+        pairs, site, objects=objects, progress=progress)), len(pairs)
 
 
 def _results_in(results: str | os.PathLike, folder: Path) -> list[tuple[dict[str, Any], Path]]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,8 +20,8 @@ from vision_attn.captioning.evaluation import caption_files
 from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError
-from vision_attn.io import output_file, output_folder
-from vision_attn.options import at_least, number_in
+from vision_attn.io import OwnedFolder, output_file
+from vision_attn.options import bounded_int, number_in
 from vision_attn.overlay import caption_overlay, save_png, write_gallery
 from vision_attn.results import read_results
 from vision_attn.vit.inference import Classifier, vit_overlays
@@ -42,11 +40,15 @@ class OverlayOptions:
     upsample: str = _option("bilinear", "how the attention grid is enlarged to the image (default bilinear)",
                             choices=["bilinear", "pyramid"])
     sigma: float | None = _option(None, "Gaussian smoothing in output pixels (default: a quarter of a grid cell)",
-                                  type=number_in(0.0))
+                                  type=number_in(0.0, 512.0, why="a blur wider than a panel only flattens the map, "
+                                                                  "and its kernel costs memory"))
     cmap: str = _option("turbo", "matplotlib colour map (default turbo)")
     opacity: float = _option(0.6, "blend opacity at the strongest attention (0 to 1)", type=number_in(0.0, 1.0))
-    panel_size: int = _option(224, "longer side of each panel in pixels", type=at_least(16))
-    columns: int = _option(5, "panels per row before wrapping (default 5)", type=at_least(1))
+    panel_size: int = _option(224, "longer side of each panel in pixels, 16 to 2048",
+                              type=bounded_int(16, 2048, "a panel larger than a 4K screen's side only costs memory"))
+    columns: int = _option(5, "panels per row before wrapping, 1 to 64 (default 5)",
+                           type=bounded_int(1, 64, "a row of more panels is wider than any screen, and its "
+                                                   "figure costs memory"))
     head_fusion: HeadFusion = _option("mean", "", shared=True)
     discard_ratio: float = _option(0.0, "", shared=True)
     gradient_class: str | None = _option(None, "ViT: also draw gradient rollout for this class (name or index)")
@@ -77,12 +79,18 @@ class OverlayOptions:
 
 @dataclass
 class Gallery:
-    """The overlays of a folder: a PNG name reserved per source before anything is drawn (``<stem>.png``, then
-    ``_2``, ``_3``... when a name is taken), and (PNG name, caption or class) for each one written."""
+    """The overlays of a folder that ``overlay`` owns (``io.OwnedFolder``): a PNG name reserved per source before
+    anything is drawn (``<stem>.png``, then ``_2``, ``_3``... when a name is taken), and (PNG name, caption or
+    class) for each one written."""
 
-    folder: Path
+    owner: OwnedFolder
     sources: Sequence[str | os.PathLike]
     entries: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def folder(self) -> Path:
+        """The folder the overlays go into."""
+        return self.owner.path
 
     def __post_init__(self) -> None:
         self.reserved: dict[str, deque[str]] = {}
@@ -108,21 +116,12 @@ class Gallery:
 
     @contextmanager
     def staged(self) -> Iterator[Path]:
-        """A hidden folder inside ``folder`` to draw into. When the block ends well, its PNGs move into ``folder``
-        and the index is written; when it fails (or Ctrl-C), it is removed, with ``folder`` if it was new: no
-        half-made gallery is left."""
-        created = not self.folder.exists()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".overlays-", dir=self.folder))
-        try:
+        """A hidden folder inside ``folder`` to draw into (``OwnedFolder.staged``). When the block ends well, the
+        index is written beside the PNGs and they replace the overlays an earlier run wrote; when it fails (or
+        Ctrl-C), it is removed, with ``folder`` if it was new: no half-made gallery is left."""
+        with self.owner.staged() as staging:
             yield staging
-            for name, _ in self.entries:
-                (staging / name).replace(self.folder / name)
-            write_gallery(self.folder, self.entries)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            if created and not any(self.folder.iterdir()):
-                self.folder.rmdir()
+            write_gallery(staging, self.entries)
 
 
 class OverlaysWritten(NamedTuple):
@@ -136,12 +135,15 @@ class OverlaysWritten(NamedTuple):
 def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
                   checkpoint: str | os.PathLike | None = None, options: OverlayOptions | None = None,
                   beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
-                  device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None) -> OverlaysWritten:
+                  device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None,
+                  overwrite: bool = False) -> OverlaysWritten:
     """Overlays of every input into ``out``, and its gallery page.
 
     ``.json`` inputs are results from ``caption`` (no model needed); other inputs are images or folders of
     images, drawn with ``checkpoint``: per word for a captioner, rollout and heads for a ViT. ``on_overlay``
-    sees (input, caption or class, PNG) as each is written.
+    sees (input, caption or class, PNG) as each is written. ``out`` is checked before any drawing
+    (``io.OwnedFolder``): files an earlier ``overlay`` wrote there are replaced, others refused unless
+    ``overwrite``, which keeps them.
     """
     options = options or OverlayOptions()
     json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
@@ -162,8 +164,9 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
     # the draw order: a ViT's images, then the records (results JSON first, then the captioner's images)
     sources = (image_paths if kind == VIT else []) + [path for _, path in records] \
         + (image_paths if kind == CAPTIONER else [])
-    gallery, bad_images = Gallery(output_folder(out), [str(source) for source in sources]), BadImageCounter()
     every_input = [*image_paths, *(path for _, path in records), *json_inputs]
+    owner = OwnedFolder(out, "overlay", overwrite=overwrite, inputs=every_input)
+    gallery, bad_images = Gallery(owner, [str(source) for source in sources]), BadImageCounter()
     for target in gallery.outputs():
         output_file(target, inputs=every_input)  # refuse, before drawing anything, to write over an input
     policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}

@@ -93,6 +93,13 @@ def require(condition: bool, group: str, message: str) -> None:
         raise ValueError(f"{group}.{message}")
 
 
+def at_most(group: str, key: str, value: Any, high: int, why: str) -> None:
+    """Refuse, in one line naming the option, a size, count or beam above ``high``, saying ``why`` it is bounded:
+    an unbounded one is unbounded memory, time or disk. (Whether it is a number at all is the group's own check.)"""
+    require(not isinstance(value, int | float) or value <= high, group, f"{key} must be at most {high} ({why}), "
+                                                                        f"got {value}")
+
+
 def finite(value: float) -> bool:
     """Whether ``value`` is a number and finite (not NaN or ±inf, nor a string or None)."""
     return isinstance(value, int | float) and math.isfinite(value)
@@ -116,9 +123,10 @@ class ImageFormat(OptionGroup):
     """per-channel standard deviation the pixels are normalised with (null: the model's default)"""
 
     def check(self) -> None:
-        """Refuse a size below 1, channels other than 1 or 3, or a mean or std without one finite value per
-        channel (std above 0)."""
+        """Refuse a size below 1 or above 4096, channels other than 1 or 3, or a mean or std without one finite
+        value per channel (std above 0)."""
         require(isinstance(self.size, int) and self.size >= 1, self.name, f"size must be at least 1, got {self.size}")
+        at_most(self.name, "size", self.size, 4096, "a larger input only costs memory")
         require(self.channels in (1, 3), self.name, f"channels must be 1 or 3, got {self.channels}")
         for key in ("mean", "std"):
             values = getattr(self, key)
@@ -199,13 +207,19 @@ class Loader(OptionGroup):
     """an unreadable image is left out with a warning and counted (skip), or stops the run (error)"""
 
     def check(self) -> None:
-        """Refuse a batch size below 1, a negative worker count, or an on_bad_image other than skip or error."""
+        """Refuse a batch size below 1, a negative worker count, either above its bound (8192, 256), or an
+        on_bad_image other than skip or error."""
         require(isinstance(self.batch_size, int) and self.batch_size >= 1, self.name,
                 f"batch_size must be at least 1, got {self.batch_size}")
         require(self.eval_batch_size is None or self.eval_batch_size >= 1, self.name,
                 f"eval_batch_size must be at least 1, got {self.eval_batch_size}")
         require(isinstance(self.num_workers, int) and self.num_workers >= 0, self.name,
                 f"num_workers must be 0 or more, got {self.num_workers}")
+        for key, high, why in (("batch_size", 8192, "past the largest batches that train well, it only costs "
+                                                    "memory"),
+                               ("eval_batch_size", 8192, "a larger batch only costs memory"),
+                               ("num_workers", 256, "more workers than cores only cost memory")):
+            at_most(self.name, key, getattr(self, key), high, why)
         require(self.on_bad_image in ("skip", "error"), self.name,
                 f"on_bad_image must be 'skip' or 'error', got {self.on_bad_image!r}")
 

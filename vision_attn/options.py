@@ -19,18 +19,43 @@ def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def number_in(low: float, high: float = math.inf, *, high_included: bool = True) -> Callable[[str], float]:
-    """An argparse type: a finite number from ``low`` to ``high`` (NaN and infinities are refused)."""
+def bounded_int(low: int, high: int, why: str) -> Callable[[str], int]:
+    """An argparse type for a size, count or beam: a whole number from ``low`` to ``high``. Above ``high`` the
+    one-line refusal says the bound and ``why`` it is there, before any work (an unbounded size is unbounded
+    memory, time or disk)."""
+    def parse(text: str) -> int:
+        if not text.strip().lstrip("-").isdigit() or int(text) < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
+        if int(text) > high:
+            raise argparse.ArgumentTypeError(f"at most {high}, got {text.strip()} ({why})")
+        return int(text)
+    return parse
+
+
+def number_in(low: float, high: float = math.inf, *, high_included: bool = True,
+              why: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number from ``low`` to ``high`` (NaN and infinities are refused); ``why`` says,
+    when given, why there is an upper bound."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and low <= value and (value <= high if high_included else value < high)):
-            bound = "" if high == math.inf else f" and {'at most' if high_included else 'below'} {high:g}"
-            raise argparse.ArgumentTypeError(f"expected a number of at least {low:g}{bound}, got {text!r}")
+            bound = "" if high == math.inf else f"{'at most' if high_included else 'below'} {high:g}"
+            if why and math.isfinite(value) and value >= high:
+                raise argparse.ArgumentTypeError(f"{bound}, got {text.strip()} ({why})")
+            raise argparse.ArgumentTypeError(f"expected a number of at least {low:g}{' and ' * bool(bound)}{bound}, "
+                                             f"got {text!r}")
         return value
     return parse
+
+
+# The bounds of the sizes, counts and beams the tools share: each serves real use with room to spare, and keeps a
+# typo (an extra zero or three) from taking all the memory, time or disk there is.
+BATCH_SIZE = bounded_int(1, 1024, "a larger batch only costs memory: inference is no faster past a few dozen")
+BEAM_SIZE = bounded_int(1, 50, "captions stop improving long before; each beam costs time and memory, and "
+                                 "--all-beams JSON grows with it")
 
 
 def device(text: str) -> str:
@@ -58,9 +83,14 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # options
                                          "help": "ViT rollout: how the heads of a layer are fused (default mean)"}),
     "discard_ratio": (("--discard-ratio",), {"type": number_in(0.0, 1.0, high_included=False), "default": 0.0,
                                              "help": "ViT rollout: fraction of the weakest links dropped per layer"}),
-    "beam": (("--beam",), {"type": at_least(1), "help": "captioner beam size (default: the checkpoint's)"}),
-    "batch_size": (("--batch-size",), {"type": at_least(1), "default": 32,
-                                       "help": "images per batch (default 32)"}),
+    "beam": (("--beam",), {"type": BEAM_SIZE, "help": "captioner beam size, 1 to 50 (default: the checkpoint's)"}),
+    "batch_size": (("--batch-size",), {"type": BATCH_SIZE, "default": 32,
+                                       "help": "images per batch, 1 to 1024 (default 32)"}),
+    "overwrite": (("--overwrite",), {"action": "store_true",
+                                     "help": "write into a folder that holds files this command did not write: "
+                                             "files of the names it writes are replaced, every other file is kept "
+                                             "(without it such a folder is refused; a folder this command wrote "
+                                             "before is always rewritten, its old files removed)"}),
 }
 
 

@@ -8,7 +8,6 @@ exactly what pycocoevalcap and ``COCO.loadRes`` read.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -17,7 +16,8 @@ from typing import Any
 
 from torch import Tensor
 
-from vision_attn.io import input_file, write_json_atomically
+from vision_attn.data.formats import read_json
+from vision_attn.io import write_json_atomically
 
 RECORD_KEYS = ("image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas")
 OPTIONAL_KEYS = ("head_alphas", "beams")  # a multihead score's per-head α; every beam (`caption --all-beams`)
@@ -125,11 +125,8 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
     """The records of a results JSON with the image file each names, found in ``image_dir`` (by its path or its
     name) when given, else in the working directory or beside the JSON. A missing file, invalid JSON, a list of
     anything but records, or a missing image is a one-line error naming it."""
-    path = input_file(path, "a results JSON")
-    try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    path = Path(path)
+    loaded = read_json(path, "a results JSON")
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
         raise ValueError(f"{path}: expected a list of caption records, as `caption` writes")
     found = []
@@ -151,3 +148,48 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
                                     f"(looked in {where})")
         found.append((record, image))
     return found
+
+
+ATTENTION_KEYS = ("tokens", "grid", "image_size", "alphas", "betas", "head_alphas", "beams")
+
+
+def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a COCO results JSON to score, one per image id, in the file's order: ours, or another
+    tool's bare ``[{"image_id", "caption"}]``. Refused in one line naming the file and the record: anything but
+    a non-empty list of records, an ``image_id`` that is not a number or a string, a ``caption`` that is not a
+    string, a record that carries attention (any of ``ATTENTION_KEYS``) that ``record_problem`` refuses (its
+    ``file_name`` is not needed here), and two records of one image with different captions (the same caption
+    twice, as DDP's padding repeats images, is kept once)."""
+    path = Path(path)
+    loaded = read_json(path, "a results JSON")
+    if not isinstance(loaded, list):
+        raise ValueError(f'{path}: expected the COCO results format, a list of {{"image_id", "caption"}}, got a '
+                         f"{type(loaded).__name__}")
+    first: dict[Any, int] = {}
+    records = []
+    for index, record in enumerate(loaded):
+        if not isinstance(record, dict):
+            raise ValueError(f'{path}: record {index} is a {type(record).__name__}, not a {{"image_id", "caption"}} '
+                             "record")
+        image_id, caption = record.get("image_id"), record.get("caption")
+        if isinstance(image_id, bool) or not isinstance(image_id, int | str):
+            raise ValueError(f"{path}: record {index}: image_id must be a number or a string, got {image_id!r:.60}")
+        where = f"{path}: record {index} (image {image_id!r:.60})"
+        if not isinstance(caption, str):
+            raise ValueError(f"{where}: caption must be a string, got {caption!r:.60}")
+        if any(record.get(key) is not None for key in ATTENTION_KEYS):
+            problem = record_problem({**record, "file_name": "-"})
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+        if image_id in first:
+            earlier = loaded[first[image_id]]["caption"]
+            if earlier != caption:
+                shown = [repr(text if len(text) <= 40 else f"{text[:37]}...") for text in (earlier, caption)]
+                raise ValueError(f"{path}: records {first[image_id]} and {index} both caption image {image_id!r:.60}, "
+                                 f"differently ({shown[0]} and {shown[1]}); keep one record per image")
+            continue
+        first[image_id] = index
+        records.append(dict(record))
+    if not records:
+        raise ValueError(f"{path}: holds no records to score")
+    return records

@@ -1,6 +1,8 @@
-"""``vision-attn fit | validate | test``: LightningCLI with the DataModule → model links, the option
+"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, the option
 groups' docs in ``--help``, atomic checkpoint writes, a ``last.ckpt`` that holds the final weights, a progress bar
-redrawn at most 5 times a second, and ``--ckpt_path`` checked and read safely.
+redrawn at most 5 times a second, and ``--ckpt_path`` checked and read safely. A run that restores a checkpoint
+(``--ckpt_path``) never reads the files its fit started from (the options of ``checkpoint.INITIAL_WEIGHTS``):
+the checkpoint holds those weights, so it runs anywhere with only the data.
 
 LightningCLI's public hooks are overridden (``parse_arguments``, ``add_arguments_to_parser``,
 ``instantiate_trainer``), and two private methods of Lightning 2.6, each with a test: ``_parse_ckpt_path``, which
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,12 +26,27 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import (
+    LearningRateMonitor,
+    ModelCheckpoint,
+    OnExceptionCheckpoint,
+    ProgressBar,
+    TQDMProgressBar,
+)
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vision_attn.checkpoint import KIND_KEY, load_file, local_path, require_kind, upgrade, without_initial_weights
+from vision_attn.checkpoint import (
+    INITIAL_WEIGHTS,
+    KIND_KEY,
+    load_file,
+    local_path,
+    require_kind,
+    upgrade,
+    without_initial_weights,
+)
+from vision_attn.config_errors import OneLineErrors
 from vision_attn.io import replace_atomically
 
 # A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
@@ -142,13 +160,47 @@ class FinalWeightsInLast(L.Callback):
                 trainer.save_checkpoint(callback.last_model_path)
 
 
-def model_kind(class_path: str) -> str | None:
-    """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
+def model_class(class_path: str) -> type | None:
+    """The class a config's ``model.class_path`` names (None if it cannot be imported)."""
     module_name, _, class_name = class_path.rpartition(".")
     try:
-        return getattr(getattr(importlib.import_module(module_name), class_name), "kind", None)
+        return getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError, ValueError):
         return None  # LightningCLI reports a class it cannot import in its own words
+
+
+def model_kind(class_path: str) -> str | None:
+    """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
+    return getattr(model_class(class_path), "kind", None)
+
+
+def clear_initial_weights(model: Any, kind: str | None) -> None:
+    """Clear, in a config's ``model`` (class path and init args), the options that say where a fit's first
+    weights come from (``checkpoint.INITIAL_WEIGHTS`` of ``kind``): None, or False for a flag."""
+    for target in INITIAL_WEIGHTS.get(kind or "", ()):
+        key = f"init_args.{target}"
+        try:
+            value = model[key]
+        except (KeyError, TypeError):
+            continue
+        model[key] = False if isinstance(value, bool) else None
+
+
+def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
+    """(the checkpoints ``--ckpt_path last`` resumes from, the folders looked in), as Lightning (2.6) finds them:
+    each ModelCheckpoint's ``last`` files (``last.ckpt``, ``last-v1.ckpt`` ...) in its folder, and the
+    files of the OnExceptionCheckpoints."""
+    found, folders = [], []
+    for callback in trainer.callbacks:
+        if isinstance(callback, OnExceptionCheckpoint):
+            found += [Path(callback.ckpt_path)] if Path(callback.ckpt_path).is_file() else []
+        elif isinstance(callback, ModelCheckpoint):
+            folder = checkpoint_folder(trainer, callback)
+            folders.append(folder)
+            last = re.compile(rf"^{re.escape(callback.CHECKPOINT_NAME_LAST)}(-(\d+))?")
+            found += [path for path in sorted(folder.iterdir()) if path.suffix == callback.FILE_EXTENSION
+                      and last.match(path.stem)] if folder.is_dir() else []
+    return found, folders
 
 
 def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
@@ -161,13 +213,9 @@ def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
-class VisionAttnCLI(LightningCLI):
-    """LightningCLI with the links of ``LINKED_FROM_DATA`` and a ``--ckpt_path`` check."""
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        """fit, validate and test: predictions come from the ``caption`` and ``classify`` tools instead."""
-        return {name: keys for name, keys in LightningCLI.subcommands().items() if name != "predict"}
+class VisionAttnCLI(OneLineErrors, LightningCLI):
+    """LightningCLI with the links of ``LINKED_FROM_DATA``, a ``--ckpt_path`` check, and its refusals in one line
+    naming the option or the config file (``config_errors.OneLineErrors``)."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -177,9 +225,31 @@ class VisionAttnCLI(LightningCLI):
                             help="fit: start anew over the checkpoints of an earlier run in the same folder, "
                                  "replacing them (without it, such a fit is refused)")
 
+    def require_last_checkpoint(self) -> None:
+        """Refuse ``--ckpt_path last`` when there is no last checkpoint, naming where it was looked for: Lightning
+        would only warn, then fit from scratch (or evaluate untrained weights)."""
+        if self.config[self.subcommand].get("ckpt_path") != "last":
+            return
+        found, folders = last_checkpoints(self.trainer)
+        if found:
+            return
+        where = f"in {', '.join(str(folder) for folder in folders)}" if folders else \
+            "to look for: the config has no ModelCheckpoint (trainer.callbacks) that writes one"
+        raise FileNotFoundError(f"--ckpt_path last: no last checkpoint {where}; pass the checkpoint's path, or "
+                                + ("fit without --ckpt_path to start anew" if self.subcommand == "fit" else
+                                   f"{self.subcommand} another run's checkpoint"))
+
+    def before_validate(self) -> None:
+        """Refuse ``--ckpt_path last`` with no last checkpoint (``require_last_checkpoint``)."""
+        self.require_last_checkpoint()
+
+    before_test = before_predict = before_validate
+
     def before_fit(self) -> None:
-        """Refuse a fresh fit whose checkpoint folder holds an earlier run's checkpoints: replacing them silently
-        loses that run. Resuming (``--ckpt_path``) and ``--overwrite true`` go ahead."""
+        """Refuse ``--ckpt_path last`` with nothing to resume (``require_last_checkpoint``), and a fresh fit whose
+        checkpoint folder holds an earlier run's checkpoints: replacing them silently loses that run. Resuming
+        (``--ckpt_path``) and ``--overwrite true`` go ahead."""
+        self.require_last_checkpoint()
         config = self.config[self.subcommand]
         if config.get("ckpt_path") or config.get("overwrite"):
             return
@@ -194,10 +264,12 @@ class VisionAttnCLI(LightningCLI):
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """Parse, then check ``--ckpt_path`` before LightningCLI takes the model's hyper-parameters from it: the
         file must be a weights-only checkpoint of the model family the config trains (else the config's data
-        meets another model)."""
+        meets another model). ``predict`` needs a checkpoint, and a task that writes predictions."""
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand == "predict":
+            require_predictions(self.config[subcommand], ckpt_path)
         if ckpt_path and ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             self.config[subcommand]["ckpt_path"] = local
@@ -212,10 +284,16 @@ class VisionAttnCLI(LightningCLI):
         """Lightning's own (2.6) puts the checkpoint's hyper-parameters into the model's config, read with
         ``torch.load``; here they are read weights-only (``checkpoint.load_file``), brought to today's groups
         (a checkpoint written before them still tests), and the options that say where a fit's first weights come
-        from are cleared: the checkpoint's weights replace them, so it runs on any machine with only the data."""
+        from are cleared: the checkpoint's weights replace them, so it runs on any machine with only the data.
+        They are cleared in the config too, for ``last`` and the other names Lightning resolves later."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path:
+            return
+        model = self.config[subcommand].get("model")
+        if model is not None:
+            clear_initial_weights(model, model_kind(str(model.get("class_path", ""))))
+        if not Path(ckpt_path).is_file():
             return
         loaded = upgrade(load_file(ckpt_path))
         hparams = loaded.get("hyper_parameters") or {}
@@ -245,6 +323,20 @@ class VisionAttnCLI(LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def require_predictions(config: Any, ckpt_path: str | None) -> None:
+    """Refuse ``predict`` without ``--ckpt_path`` (it would predict with untrained weights) or for a task that
+    writes no predictions (``tasks/predictions.py``)."""
+    model = config.get("model")
+    class_path = str(model.get("class_path", "")) if model is not None else ""
+    task = model_class(class_path)
+    if task is not None and not hasattr(task, "save_predictions"):
+        raise ValueError(f"predict: {class_path} writes no predictions; predict runs a captioner "
+                         "(vision_attn.tasks.CaptionerTask) or a classifier (ViTTask, ConvNetTask)")
+    if not ckpt_path:
+        raise ValueError("predict needs --ckpt_path: the checkpoint whose predictions to write "
+                         "(e.g. runs/<run>/checkpoints/best.ckpt)")
 
 
 def holds_progress_bar(callbacks: Any) -> bool:

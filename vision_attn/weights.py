@@ -29,6 +29,8 @@ import re
 import socket
 import urllib.error
 import urllib.parse
+import warnings
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
+from vision_attn.checkpoint import state_dict_mismatch, torch_file_problem, unreadable_reason
 from vision_attn.errors import CheckpointError
 
 IMAGENET = "imagenet"
@@ -99,10 +102,14 @@ def torchvision_weights(backbone: str, name: str) -> NamedWeights:
         raise CheckpointError(f"unknown weights '{name}' for {backbone}: use {IMAGENET} (= {enum.DEFAULT.name}), "
                               f"{', '.join(members)}, or a local weights file")
     what = f"torchvision {enum.__name__}.{weights.name}"
-    with torch_hub_download(weights.url, what):
+    with torch_hub_download(weights.url, what) as cached, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the unpickler's protocol notices: the outcome is what matters
         state = weights.get_state_dict(progress=True, check_hash=True, weights_only=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{cached}: not {what}, the file holds a {type(state).__name__}, not a dict of "
+                              f"weights; delete it and put the file from {weights.url} there")
     transform = weights.transforms()
-    return NamedWeights(state, what, list(transform.mean), list(transform.std))
+    return NamedWeights(state, f"{cached} ({what})", list(transform.mean), list(transform.std))
 
 
 def torch_hub_file(url: str) -> Path:
@@ -120,11 +127,14 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
     cached = torch_hub_file(url)
     fetch = f"on a machine with network download {url} and put it there, or pass the file as a local path"
     if cached.exists():
+        problem = torch_file_problem(cached) if cached.is_file() else "not a file"
+        if problem:
+            raise CheckpointError(f"{cached}: {problem}; delete it and put the file from {url} there")
         try:
             yield cached
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
-            raise CheckpointError(f"{cached}: cannot be read as {what} ({_first_line(error)}); delete it and put "
-                                  f"the file from {url} there") from None
+        except UNREADABLE as error:
+            raise CheckpointError(f"{cached}: {_unreadable(error, what)}; delete it and put the file from {url} "
+                                  "there") from None
         return
     if offline():
         raise CheckpointError(f"{what} is not in torch.hub's cache: no file {cached}, and HF_HUB_OFFLINE is set; "
@@ -179,10 +189,9 @@ def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
     pretrained_cfg = timm.models.get_pretrained_cfg(pretrained_name)
     what = f"timm {pretrained_name}"
     if pretrained_cfg.hf_hub_id:
-        _check_hub_files(pretrained_cfg.hf_hub_id, what)
-        return _create(pretrained_name, what, **kwargs)
-    with torch_hub_download(pretrained_cfg.url, what):
-        return _create(pretrained_name, what, **kwargs)
+        return _create(pretrained_name, what, _check_hub_files(pretrained_cfg.hf_hub_id, what), **kwargs)
+    with torch_hub_download(pretrained_cfg.url, what) as cached:
+        return _create(pretrained_name, what, cached if cached.exists() else None, **kwargs)
 
 
 def timm_weights(pretrained_name: str) -> NamedWeights:
@@ -193,30 +202,57 @@ def timm_weights(pretrained_name: str) -> NamedWeights:
     return NamedWeights(model.state_dict(), f"timm {pretrained_name}", list(config["mean"]), list(config["std"]))
 
 
-def _create(pretrained_name: str, what: str, **kwargs: Any) -> nn.Module:
+def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwargs: Any) -> nn.Module:
+    """timm's model with its weights; a cached file (``cached``) that cannot be read, or holds weights of another
+    architecture, is refused naming it."""
     import timm
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+    from safetensors import SafetensorError
 
     try:
         return timm.create_model(pretrained_name, pretrained=True, **kwargs)
     except (EntryNotFoundError, HfHubHTTPError) as error:
         raise CheckpointError(f"{what}: the Hugging Face Hub did not give its weights ({_first_line(error)})") \
             from None
-    except RuntimeError as error:
-        raise CheckpointError(f"{what}: timm could not build it with its weights ({_first_line(error)})") from None
+    except (SafetensorError, *UNREADABLE) as error:
+        if cached is None:
+            if not isinstance(error, RuntimeError):
+                raise  # a failed download: torch_hub_download and huggingface_hub say so
+            raise CheckpointError(f"{what}: timm could not build it with its weights ({_first_line(error)})") \
+                from None
+        folder = " (and its snapshot folder)" if "snapshots" in cached.parts else ""
+        raise CheckpointError(f"{cached}: {_unreadable(error, what)}; delete it{folder} and download it again") \
+            from None
 
 
-def _check_hub_files(hub_id: str, what: str) -> None:
-    """Return when a weights file of ``hub_id`` is in the Hugging Face cache, or the Hub answers; else raise the
-    one-line error. One request without retries: huggingface_hub itself retries a dead network for ~45 s."""
+UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, zipfile.BadZipFile)
+
+
+def _unreadable(error: BaseException, what: str) -> str:
+    """Why a cached weights file failed to load as ``what``: weights of another architecture (the first key whose
+    shape differs, with both shapes), or a file that is not a checkpoint, truncated or damaged. Never torch's
+    advice to load with ``weights_only=False``."""
+    if "state_dict" in str(error):
+        return f"not {what}: {state_dict_mismatch(error)}"
+    if type(error).__name__ == "SafetensorError":
+        return f"not a readable safetensors file, truncated or damaged ({_first_line(error)})"
+    return unreadable_reason(error)
+
+
+def _check_hub_files(hub_id: str, what: str) -> Path | None:
+    """The cached weights file of ``hub_id`` in the Hugging Face cache, or None when it is not there but the Hub
+    answers; else raise the one-line error. One request without retries: huggingface_hub itself retries a dead
+    network for ~45 s."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
     from huggingface_hub.file_download import repo_folder_name
 
     repo_id, _, revision = hub_id.partition("@")
     revision = revision or "main"
-    if any(isinstance(try_to_load_from_cache(repo_id, file, revision=revision), str) for file in HUB_FILES):
-        return
+    for file in HUB_FILES:
+        found = try_to_load_from_cache(repo_id, file, revision=revision)
+        if isinstance(found, str):
+            return Path(found)
     folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
     looked_for = folder / "snapshots" / f"<commit in refs/{revision}>" / HUB_FILES[0]
     url = hf_hub_url(repo_id, HUB_FILES[0], revision=revision)
@@ -228,7 +264,7 @@ def _check_hub_files(hub_id: str, what: str) -> None:
     try:
         get_hf_file_metadata(url, timeout=min(NETWORK_TIMEOUT, constants.HF_HUB_ETAG_TIMEOUT))
     except EntryNotFoundError:
-        return  # the Hub answered; timm asks it for its other file names
+        return None  # the Hub answered; timm asks it for its other file names
     except Exception as error:  # whatever stops the request (network, proxy, TLS, access) stops the load
         raise CheckpointError(f"{what}: no file {looked_for}, and the Hugging Face Hub cannot be reached "
                               f"({type(error).__name__}: {_first_line(error)}); {fetch}") from None

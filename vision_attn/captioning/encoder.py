@@ -175,8 +175,10 @@ class AnnotationEncoder(nn.Module):
         Lightning hyperparameters, if any, are kept as ``pretrained_with`` (the normalisation it learnt under)."""
         loaded = load_file(path)
         state = extract_state_dict(loaded)
-        if any(k.startswith("encoder.trunk.") for k in state):  # a vision-attn encoder pretraining or captioner
-            state = {k.removeprefix("encoder.trunk."): v for k, v in state.items() if k.startswith("encoder.trunk.")}
+        for prefix in ("encoder.trunk.", "model.encoder.trunk."):  # a vision-attn encoder pretraining or captioner
+            if any(k.startswith(prefix) for k in state):  # (a captioner's keys keep ``model.``: not all have it)
+                state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+                break
         self.pretrained_with = hyper_parameters(loaded)
         self._load_trunk_state(state, path)
 
@@ -198,25 +200,28 @@ class AnnotationEncoder(nn.Module):
     def _load_trunk_state(self, state: dict[str, Tensor], source: str | os.PathLike) -> None:
         """Load a torchvision/timm/own trunk state dict into the trunk, refusing one that does not fit it."""
         own = self.trunk.state_dict()
+        if self.backbone_name.startswith("timm:"):
+            state = _timm_trunk_names(state, own)
+        file_key = {k: k for k in state}  # the trunk's name -> the file's (named in errors)
         if self.backbone_name == "vgg19":  # torchvision names: features.N.*
-            state = {k.removeprefix("features."): v for k, v in state.items()}
+            file_key = {k.removeprefix("features."): k for k in state}
         elif self.backbone_name.startswith("resnet"):  # torchvision names: conv1, bn1, layer1..4, fc
             renamed = {"conv1": "0.0", "bn1": "0.1", "layer1": "1", "layer2": "2", "layer3": "3", "layer4": "4"}
-            state = {
-                renamed[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v
-                for k, v in state.items() if k.split(".", 1)[0] in renamed
-            }
-        elif self.backbone_name.startswith("timm:"):
-            state = _timm_trunk_names(state, own)
+            file_key = {renamed[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: k
+                        for k in state if k.split(".", 1)[0] in renamed}
+        state = {k: state[name] for k, name in file_key.items()}
         usable = {k: v for k, v in state.items() if k in own}
+        another = f"weights for another architecture than the {self.backbone_name} trunk"
         if not usable:
-            raise CheckpointError(f"{source}: no weights match the {self.backbone_name} trunk")
+            raise CheckpointError(f"{source}: {another}, none of its keys matches the trunk's")
         wrong = [k for k, v in usable.items() if v.shape != own[k].shape]
         if wrong:
-            raise CheckpointError(f"{source}: shapes differ for {', '.join(wrong[:3])}; is it a {self.backbone_name}?")
+            raise CheckpointError(f"{source}: {another}, {file_key[wrong[0]]} is {tuple(usable[wrong[0]].shape)} in "
+                                  f"the file but {tuple(own[wrong[0]].shape)} in the trunk")
         missing = [k for k in own if k not in usable and not k.endswith("num_batches_tracked")]
         if missing:
-            raise CheckpointError(f"{source}: {len(missing)} trunk weights missing, e.g. {missing[0]}")
+            raise CheckpointError(f"{source}: {another}, {len(missing)} of the trunk's weights are not in the file, "
+                                  f"e.g. {missing[0]}")
         self.trunk.load_state_dict(usable, strict=False)
         log.info("loaded %d trunk tensors from %s", len(usable), source)
 

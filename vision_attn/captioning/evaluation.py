@@ -8,7 +8,7 @@ Nothing here needs Lightning: the ranks are gathered with ``torch.distributed`` 
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,7 +22,7 @@ from torch import Tensor
 from vision_attn.captioning.beam_search import Hypothesis
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.data.caption_datasets import EvalCaptionBatch
-from vision_attn.data.coco import load_caption_image, load_coco, read_coco_captions, read_objects
+from vision_attn.data.coco import load_caption_image, load_coco, read_coco_captions, read_instances
 from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,
@@ -34,10 +34,12 @@ from vision_attn.data.images import (
 )
 from vision_attn.data.vocabulary import tokenize
 from vision_attn.errors import Interrupted
-from vision_attn.io import input_file, output_file, write_json_atomically
+from vision_attn.io import output_file, write_json_atomically
 from vision_attn.metrics import caption_scores, deduplicate, pointing_scores, scene_scores
 from vision_attn.overlay import caption_overlay
-from vision_attn.results import caption_record, record_problem, write_results
+from vision_attn.results import caption_record, read_scored_results, write_results
+
+log = logging.getLogger(__name__)
 
 
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
@@ -192,43 +194,58 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
                      out: str | os.PathLike | None = None) -> dict[str, float]:
     """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
     file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too,
-    and pointing when every record carries its attention (``docs/formats/results.md``). One result per image id is
-    scored. With ``out`` (checked before any work) the scores are written there as JSON."""
+    and pointing when every record carries its attention (``docs/formats/results.md``). Every file is read and
+    checked before any scoring (``read_scored_results``, the validators of ``vision_attn.data.formats``); each
+    results image must be in the annotations with reference captions, and in the instances when given. With
+    ``out`` (checked before any work) the scores are written there as JSON."""
     inputs = [path for path in (results, annotations, instances, attributes) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
-    results = input_file(results, "a results JSON")  # a pipe would block the read
-    try:
-        loaded = json.loads(results.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{results}: not a readable JSON file ({error})") from None
-    if not isinstance(loaded, list) or not all(isinstance(r, dict) and isinstance(r.get("caption"), str)
-                                                and isinstance(r.get("image_id"), int | str) for r in loaded):
-        raise ValueError(f'{results}: expected the COCO results format, a list of {{"image_id", "caption"}}')
-    records = deduplicate(loaded)
+    records = read_scored_results(results)
     coco = load_coco(Path(annotations), "captions")
-    missing = [r["image_id"] for r in records if r["image_id"] not in coco.imgs]
-    if missing:
-        raise ValueError(f"{results}: {len(missing)} image ids are not in {annotations}, e.g. "
-                         f"{', '.join(map(repr, missing[:5]))}")
-    objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
-    for record in records:
-        record["references"] = [a["caption"] for a in coco.imgToAnns.get(record["image_id"], [])]
-        record.setdefault("tokens", tokenize(record["caption"]))
-        if objects is not None:
-            record["objects"] = objects.get(record["image_id"], [])
-    # pointing needs every record's attention, valid (the file name is not needed to score)
-    attention = all(record_problem({"file_name": "-", **r}) is None for r in records)
+    _all_in(results, records, coco.imgs, annotations)
+    unreferenced = [r["image_id"] for r in records if not coco.imgToAnns.get(r["image_id"])]
+    if unreferenced:
+        raise ValueError(f"{annotations}: {len(unreferenced)} images of {results} have no reference captions to "
+                         f"score against: image ids {', '.join(map(repr, unreferenced[:5]))}"
+                         + (", ..." if len(unreferenced) > 5 else ""))
+    found = read_instances(Path(instances), Path(attributes) if attributes else None) if instances else None
+    attention = [r for r in records if r.get("alphas") is not None]
+    if found is not None and attention and len(attention) < len(records):
+        log.warning("%s: %d of %d records carry no attention, so the pointing metrics are left out", results,
+                    len(records) - len(attention), len(records))
+    pointing = found is not None and len(attention) == len(records)
     scale = None
-    if objects is not None and attention:  # boxes are in the image file's pixels, α over the network input
-        sizes = {image["id"]: (image.get("width"), image.get("height"))
-                 for image in load_coco(Path(instances), "instances").dataset.get("images", [])}
-        scale = {r["image_id"]: (r["image_size"][1] / sizes[r["image_id"]][0],
-                                 r["image_size"][0] / sizes[r["image_id"]][1])
-                 for r in records if all(sizes.get(r["image_id"], (None, None)))}
-    scores = score_records(records, pointing=attention, box_scale=scale)
+    if found is not None:
+        _all_in(results, records, found.objects, instances)
+    if pointing:  # boxes are in the image file's pixels, α over the network input
+        unsized = [r["image_id"] for r in records if found.sizes[r["image_id"]] is None]
+        if unsized:
+            raise ValueError(f"{instances}: images without a width and height, which pointing needs to place "
+                             f"their boxes under the attention: image ids {', '.join(map(repr, unsized[:5]))}")
+        scale = {}
+        for record in records:
+            width, height = found.sizes[record["image_id"]]
+            if record.get("image_size") is None:  # the grid covers the whole image: place it in the file's pixels
+                record["image_size"] = [height, width]
+            scale[record["image_id"]] = (record["image_size"][1] / width, record["image_size"][0] / height)
+    for record in records:
+        record["references"] = [a["caption"] for a in coco.imgToAnns[record["image_id"]]]
+        record.setdefault("tokens", tokenize(record["caption"]))
+        if found is not None:
+            record["objects"] = found.objects[record["image_id"]]
+    scores = score_records(records, pointing=pointing, box_scale=scale)
     if target is not None:
         write_json_atomically(target, scores)
     return scores
+
+
+def _all_in(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: Any,
+            source: str | os.PathLike) -> None:
+    """Refuse, in one line, results records whose image ids are not images of ``source``."""
+    missing = [r["image_id"] for r in records if r["image_id"] not in images]
+    if missing:
+        raise ValueError(f"{results}: {len(missing)} image ids are not in {source}, e.g. "
+                         f"{', '.join(map(repr, missing[:5]))}")
 
 
 def scores_table(scores: dict[str, float]) -> str:

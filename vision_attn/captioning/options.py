@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vision_attn.attention import ATTENTION_SCORES
-from vision_attn.option_groups import Optimiser, OptionGroup, finite, require
+from vision_attn.option_groups import Optimiser, OptionGroup, at_most, finite, require
 
 BACKBONES = ("small", "vgg19", "resnet50", "resnet101", "vit")  # and timm:<model name>
 LOSS_NORMALISATIONS = ("paper", "token")
@@ -56,6 +56,8 @@ class EncoderOptions(OptionGroup):
                                                    f"{self.stride}")
         require(self.grid_size is None or self.grid_size >= 1, self.name,
                 f"grid_size must be at least 1, got {self.grid_size}")
+        at_most(self.name, "width", self.width, 1024, "the small CNN's annotation vectors would be 8 × that wide")
+        at_most(self.name, "grid_size", self.grid_size, 64, "α over more cells than that costs memory per word")
         require(self.trainable_stages >= -1, self.name,
                 f"trainable_stages must be -1 (all), 0 (frozen) or more, got {self.trainable_stages}")
 
@@ -107,6 +109,9 @@ class DecoderOptions(OptionGroup):
         mode, and word_count_context without word_counts."""
         for key in ("embed_dim", "hidden_dim", "attention_dim", "attention_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
+        for key in ("embed_dim", "hidden_dim", "attention_dim"):
+            at_most(self.name, key, getattr(self, key), 8192, "a wider layer only costs memory here")
+        at_most(self.name, "attention_heads", self.attention_heads, 64, "each head costs memory per location")
         require(finite(self.dropout) and 0 <= self.dropout < 1, self.name,
                 f"dropout must be from 0 to below 1, got {self.dropout}")
         require(self.attention_mode in ("soft", "hard"), self.name,
@@ -137,9 +142,14 @@ class DecodingOptions(OptionGroup):
     """a beam's score is its log-probability / length^penalty (0: none)"""
 
     def check(self) -> None:
-        """Refuse a beam size or maximum length below 1, or a negative length penalty."""
+        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), or a negative length
+        penalty."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
+        at_most(self.name, "beam_size", self.beam_size, 50, "captions stop improving long before; each beam costs "
+                                                            "time and memory")
+        at_most(self.name, "max_length", self.max_length, 200, "no caption is that long; each word costs time, and "
+                                                               "memory for its α")
         require(finite(self.length_penalty) and self.length_penalty >= 0, self.name,
                 f"length_penalty must be 0 or more, got {self.length_penalty}")
 
@@ -231,6 +241,7 @@ class SelfCriticalOptions(OptionGroup):
         require(not self.enabled or self.samples >= 2, self.name,
                 f"samples must be at least 2 (the baseline is the mean reward of an image's other samples), got "
                 f"{self.samples}")
+        at_most(self.name, "samples", self.samples, 64, "each sample is a decoded caption per image per step")
         for key in ("repeat_penalty", "recall_reward"):
             require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
                     f"{key} must be 0 or more, got {getattr(self, key)}")

@@ -7,26 +7,31 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vision_attn.commands import tool
-from vision_attn.options import at_least, number_in, parser_for
+from vision_attn.options import at_least, bounded_int, number_in, parser_for
+
+CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 
 
 @tool("export-samples", "write dataset images as PNG files (for classify and overlay)")
 def export_samples_command(argv: Sequence[str]) -> None:
     """``vision-attn export-samples``: write dataset images as PNG files and print their paths."""
-    parser = parser_for("export-samples", "Write dataset images as PNG files named by their true class.")
+    parser = parser_for("export-samples", "Write dataset images as PNG files named by their true class.",
+                        "overwrite")
     parser.add_argument("--dataset", choices=["fashion-mnist"], default="fashion-mnist")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--split", choices=["train", "test"], default="test")
-    parser.add_argument("--count", type=at_least(1), default=8)
+    parser.add_argument("--count", type=bounded_int(1, 60000, "Fashion-MNIST's largest split has 60000 images"),
+                        default=8, help="images to write, 1 to 60000 (default 8)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--canvas-size", type=at_least(28), default=28,
-                        help="paste each garment at a random place on a black square this big (default 28: as is)")
+    parser.add_argument("--canvas-size", type=CANVAS_SIZE, default=28,
+                        help="paste each garment at a random place on a black square this big, 28 to 1024 (default "
+                             "28: as is)")
     parser.add_argument("--out", required=True, help="output folder")
     options = parser.parse_args(argv)
     from vision_attn.data.fashion_mnist import export_samples
 
     for path in export_samples(options.root, options.out, count=options.count, split=options.split,
-                               seed=options.seed, canvas_size=options.canvas_size):
+                               seed=options.seed, canvas_size=options.canvas_size, overwrite=options.overwrite):
         print(path)
 
 
@@ -36,10 +41,16 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser = parser_for("make-scenes", "Generate the Fashion scenes captioning dataset (COCO format).")
     parser.add_argument("--root", default="data/fashion_scenes", help="output folder (default data/fashion_scenes)")
     for split, count in (("train", 20000), ("val", 1000), ("test", 1000)):
-        parser.add_argument(f"--{split}", type=at_least(0), default=count, help=f"{split} scenes (default {count})")
+        parser.add_argument(f"--{split}", type=bounded_int(0, 100_000, "five times the default training set; more "
+                                                                       "scenes only fill the disk"),
+                            default=count, help=f"{split} scenes, 0 to 100000 (default {count})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--canvas-size", type=at_least(1), default=96, help="canvas side in pixels (default 96)")
-    parser.add_argument("--grid-size", type=at_least(1), default=3, help="grid cells per side (default 3)")
+    parser.add_argument("--canvas-size", type=bounded_int(1, 1024, "the 28-pixel items are specks on a larger "
+                                                                   "canvas, which only costs memory and disk"),
+                        default=96, help="canvas side in pixels, up to 1024 (default 96)")
+    parser.add_argument("--grid-size", type=bounded_int(1, 8, "a scene holds at most 3 items; more cells only "
+                                                              "spread them thinner"),
+                        default=3, help="grid cells per side, up to 8 (default 3)")
     parser.add_argument("--layout", choices=["grid", "free", "mixed"], default="grid",
                         help="items on grid cells (the default scenes), anywhere without overlap, or either per scene")
     parser.add_argument("--shade-jitter", type=number_in(0, 1), default=0.0,
@@ -54,6 +65,10 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                         help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
                         help="where to look for Fashion-MNIST after the system location")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the dataset in --root: the files an earlier make-scenes wrote there are "
+                             "removed, so the new dataset is never mixed with the old; every other file is kept "
+                             "(without it, a --root that holds anything is refused)")
     options = parser.parse_args(argv)
     from vision_attn.data.scenes import make_scenes
 
@@ -62,7 +77,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                           style={"layout": options.layout, "shade_jitter": options.shade_jitter,
                                  "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter,
                                  "palette": options.palette},
-                          fashion_mnist_root=options.fashion_mnist_root)
+                          fashion_mnist_root=options.fashion_mnist_root, overwrite=options.overwrite)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "
               f"and {counts['instances']} objects in {options.root}/annotations/*_{split}.json")
@@ -77,8 +92,10 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                         "items pasted at random on a larger canvas (docs/formats/metrics.md).", "device", "head_fusion",
                         "discard_ratio")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
-    parser.add_argument("--canvas-size", type=at_least(28), default=56, help="canvas side in pixels (default 56)")
-    parser.add_argument("--count", type=at_least(1), default=1000, help="test items to use (default 1000)")
+    parser.add_argument("--canvas-size", type=CANVAS_SIZE, default=56,
+                        help="canvas side in pixels, 28 to 1024 (default 56)")
+    parser.add_argument("--count", type=bounded_int(1, 10000, "Fashion-MNIST's test split has 10000 items"),
+                        default=1000, help="test items to use, 1 to 10000 (default 1000)")
     parser.add_argument("--root", default="data/fashion_mnist", help="where to look after the system location")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--background-noise", type=at_least(0, 255), default=0, metavar="LEVEL",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vision_attn.commands import tool
-from vision_attn.options import at_least, parser_for
+from vision_attn.options import bounded_int, parser_for
 
 
 @tool("classify", "top-k classes of images with a trained ViT; JSON of each image's classes")
@@ -17,7 +17,9 @@ def classify_command(argv: Sequence[str]) -> None:
                         "device", "bad_images", "batch_size")
     parser.add_argument("--ckpt", required=True, help="ViT checkpoint (.ckpt) written by `vision-attn fit`")
     parser.add_argument("inputs", nargs="+", help="image files or folders of images")
-    parser.add_argument("--top-k", type=at_least(1), default=5, help="classes to list per image (default 5)")
+    parser.add_argument("--top-k", type=bounded_int(1, 1000, "no checkpoint here has more than ImageNet's 1000 "
+                                                    "classes"), default=5,
+                        help="classes to list per image, 1 to 1000 (default 5)")
     parser.add_argument("--out", default="classes.json", help="JSON to write (default classes.json)")
     options = parser.parse_args(argv)
     from vision_attn.api import iter_classifications, load_classifier, write_classifications
@@ -76,7 +78,7 @@ def overlay_command(argv: Sequence[str]) -> None:
     """``vision-attn overlay``: draw the attention over images (or a results JSON) into PNGs and an index.html."""
     parser = parser_for("overlay", "Attention over images, one PNG each and an index.html: per word for a captioner "
                         "(or `caption`'s JSON), rollout and last-layer heads for a ViT.", "device", "bad_images",
-                        "head_fusion", "discard_ratio", "beam", "batch_size")
+                        "head_fusion", "discard_ratio", "beam", "batch_size", "overwrite")
     parser.add_argument("inputs", nargs="+", help="image files, folders of images, or results JSON from `caption`")
     parser.add_argument("--ckpt", help="captioner or ViT checkpoint (not needed when every input is a results JSON)")
     parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
@@ -87,7 +89,8 @@ def overlay_command(argv: Sequence[str]) -> None:
     style = OverlayOptions.from_arguments(options)
     written = draw_overlays(options.inputs, options.out, checkpoint=options.ckpt, options=style, beam_size=options.beam,
                             batch_size=options.batch_size, on_bad_image=options.on_bad_image, device=options.device,
-                            on_overlay=lambda source, text, path: print(f"{source}: {text} -> {path}"))
+                            on_overlay=lambda source, text, path: print(f"{source}: {text} -> {path}"),
+                            overwrite=options.overwrite)
     print(f"wrote {written.count} overlays and {written.page}{written.skipped_note}")
 
 
@@ -113,7 +116,8 @@ def explore_command(argv: Sequence[str]) -> None:
     """``vision-attn explore``: write the interactive attention explorer, a static site."""
     parser = parser_for("explore", "Write the attention explorer, a static site (no network needed; open its "
                         "index.html from disk or serve the folder): each word's α over its image (captioner), or "
-                        "rollout, layers and heads (ViT), drawn in the browser.", "device", "bad_images", "beam")
+                        "rollout, layers and heads (ViT), drawn in the browser.", "device", "bad_images", "beam",
+                        "overwrite")
     parser.add_argument("results", nargs="?",
                         help="results JSON written by `vision-attn caption` (docs/formats/results.md)")
     parser.add_argument("--images", nargs="*", default=[],
@@ -132,6 +136,7 @@ def explore_command(argv: Sequence[str]) -> None:
 
     site, count = explore(results=options.results, images=options.images, out=options.out,
                           checkpoint=options.ckpt, instances=options.instances, attributes=options.attributes,
-                          beam_size=options.beam, device=options.device, on_bad_image=options.on_bad_image)
+                          beam_size=options.beam, device=options.device, on_bad_image=options.on_bad_image,
+                          overwrite=options.overwrite)
     print(f"wrote the attention explorer for {count} images: open {(site / 'index.html').resolve()} "
           f"(or serve it: python -m http.server -d {site})")

@@ -126,6 +126,31 @@ def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor,
     return torch.utils.data.default_collate(kept) if kept else None
 
 
+class PlacedItems(Dataset):
+    """A split's items for prediction, each followed by its place in the split, ``(index, name)``: the name is its
+    file (an ``ImageFileDataset``'s, also through a ``Subset``), else ``<split>/<index>`` for images held in
+    memory. An unreadable image stays None (the collate drops it), so every prediction keeps its own image's
+    place."""
+
+    def __init__(self, dataset: Dataset, split: str) -> None:
+        self.dataset, self.split = dataset, split
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def name(self, index: int) -> str:
+        """The name of the item at ``index``: its file, else ``<split>/<index>``."""
+        dataset, inner = self.dataset, index
+        while isinstance(dataset, Subset):
+            dataset, inner = dataset.dataset, dataset.indices[inner]
+        samples = getattr(dataset, "samples", None)
+        return str(samples[inner][0]) if isinstance(samples, list) else f"{self.split}/{index}"
+
+    def __getitem__(self, index: int) -> tuple[Tensor, ...] | None:
+        item = self.dataset[index]
+        return None if item is None else (*item, (index, self.name(index)))
+
+
 def split_train_val(dataset: Dataset, val_size: int, seed: int) -> tuple[Subset, Subset]:
     """A fixed random hold-out of ``val_size`` items; the rest is for training."""
     if not 0 < val_size < len(dataset):  # type: ignore[arg-type]

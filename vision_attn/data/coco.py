@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from PIL import Image
 from pycocotools.coco import COCO
 from torch import Tensor
 
+from vision_attn.data.formats import check_attributes, check_coco_captions, check_coco_instances, read_json
 from vision_attn.data.images import open_image, to_tensor
 from vision_attn.data.vocabulary import has_words
 from vision_attn.errors import DatasetNotFoundError
@@ -62,38 +62,28 @@ def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
     return Path(candidate)
 
 
-def load_coco(path: Path, what: str) -> COCO:
-    """A pycocotools index of a COCO JSON file, with its progress prints silenced and errors named."""
-    if not path.is_file():
+def load_coco(path: Path, what: Literal["captions", "instances"]) -> COCO:
+    """A pycocotools index of a COCO captions or instances file, read by ``read_json`` and checked by its
+    validator (``vision_attn.data.formats``) before pycocotools sees it: the index is built from the checked
+    content, not from a second read of the file. Its progress prints are silenced."""
+    if not path.exists():
         raise DatasetNotFoundError(f"{path}: {what} file not found")
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return COCO(str(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a readable JSON file ({error})") from None
-    except (AssertionError, KeyError, TypeError) as error:
-        raise ValueError(f"{path}: not a COCO {what} file (problem: {type(error).__name__} {error})") from None
+    data = read_json(path, f"a COCO {what} JSON")
+    coco = COCO()
+    coco.dataset = check_coco_captions(data, path) if what == "captions" else check_coco_instances(data, path)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
 
 
 def read_coco_captions(captions_file: Path, image_dir: Path) -> list[CaptionedImage]:
     """The captioned images of a COCO captions file, in the file's order; images without captions are left out."""
-    coco = load_coco(captions_file, "captions")
+    coco = load_coco(captions_file, "captions")  # unique image ids, every caption a string of one of them
     if not image_dir.is_dir():
         raise DatasetNotFoundError(f"{image_dir}: image folder not found (the images of {captions_file})")
-    seen: set = set()
-    for entry in coco.dataset.get("images", []):
-        if entry["id"] in seen:
-            raise ValueError(f"{captions_file}: image id {entry['id']!r} appears twice in 'images'; ids must be unique")
-        seen.add(entry["id"])
-    orphans = set(coco.imgToAnns) - set(coco.imgs)
-    if orphans:
-        raise ValueError(f"{captions_file}: captions refer to {len(orphans)} image ids missing from 'images' "
-                         f"(e.g. {sorted(orphans, key=str)[0]})")
     records, wordless = [], []
     for image_id in coco.imgs:  # the file's order
-        captions = [annotation.get("caption") for annotation in coco.imgToAnns.get(image_id, [])]
-        if not all(isinstance(caption, str) for caption in captions):
-            raise ValueError(f"{captions_file}: an annotation of image {image_id} has no 'caption' string")
+        captions = [annotation["caption"] for annotation in coco.imgToAnns.get(image_id, [])]
         if not all(map(has_words, captions)):  # empty or punctuation-only captions teach nothing
             wordless += [(image_id, caption) for caption in captions if not has_words(caption)]
             captions = [caption for caption in captions if has_words(caption)]
@@ -116,12 +106,10 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     """The Karpathy splits of ``dataset_coco.json`` as {"train", "val", "test"}; restval joins train."""
     if not karpathy_file.is_file():
         raise DatasetNotFoundError(f"{karpathy_file}: Karpathy split file (dataset_coco.json) not found")
-    try:
-        entries = json.loads(karpathy_file.read_text())["images"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{karpathy_file}: not a readable JSON file ({error})") from None
-    except (KeyError, TypeError):
-        raise ValueError(f"{karpathy_file}: expected a Karpathy split file with an 'images' list") from None
+    data = read_json(karpathy_file, "a Karpathy split file (dataset_coco.json)")
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{karpathy_file}: expected a Karpathy split file with an 'images' list")
     if not image_root.is_dir():
         raise DatasetNotFoundError(f"{image_root}: image folder not found (the images of {karpathy_file})")
     splits: dict[str, list[CaptionedImage]] = {role: [] for role in ROLES}
@@ -135,6 +123,11 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
         except (KeyError, TypeError) as error:
             raise ValueError(f"{where}: missing or malformed field {error} (need split, filename, "
                              "sentences[].raw or sentences[].tokens)") from None
+        if not (isinstance(split, str) and isinstance(entry.get("filepath", ""), str)
+                and isinstance(image_id, int | str) and not isinstance(image_id, bool)
+                and all(isinstance(caption, str) for caption in captions)):
+            raise ValueError(f"{where}: split, filepath and each sentence's raw must be strings, and cocoid (or "
+                             "imgid) a number or a string")
         if split not in KARPATHY_SPLITS:
             raise ValueError(f"{where}: unknown split {split!r}; expected one of {sorted(KARPATHY_SPLITS)}")
         path = resolve_inside(image_root, os.path.join(entry.get("filepath", ""), filename), source=karpathy_file)
@@ -147,23 +140,39 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     return splits
 
 
-def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, list[SceneObject]]:
-    """Per image id, the objects of a COCO instances file, with their colours when ``attributes`` (the Fashion
+def read_attributes(path: Path, coco: COCO) -> dict[str, Any]:
+    """The Fashion scenes' ``attributes_<split>.json`` that goes with the instances ``coco``, read by ``read_json``
+    and checked (``check_attributes``: every entry's id an annotation of the instances file)."""
+    return check_attributes(read_json(path, "a scenes attributes JSON"), path, set(coco.anns))
+
+
+class Instances(NamedTuple):
+    """What a COCO instances file says: per image id its objects, and its (width, height) in pixels where the
+    file gives them (None otherwise)."""
+
+    objects: dict[int | str, list[SceneObject]]
+    sizes: dict[int | str, tuple[int, int] | None]
+
+
+def read_instances(path: Path, attributes: Path | None = None) -> Instances:
+    """The ``Instances`` of a COCO instances file, with the objects' colours when ``attributes`` (the Fashion
     scenes' ``attributes_<split>.json``: ``{"instances": [{"id", "colour"}]}``) is given."""
     coco = load_coco(path, "instances")
     names = {category["id"]: category["name"] for category in coco.cats.values()}
     colours: dict = {}
     if attributes is not None:
-        try:
-            colours = {entry["id"]: entry.get("colour") for entry in json.loads(attributes.read_text())["instances"]}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{attributes}: not an attributes file with instances[].id ({error})") from None
-    try:
-        return {image_id: [SceneObject(names[a["category_id"]], [float(v) for v in a["bbox"]], colours.get(a["id"]))
-                           for a in coco.imgToAnns.get(image_id, [])]
-                for image_id in coco.imgs}
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: an annotation lacks an id, a known category_id or a bbox ({error})") from None
+        colours = {entry["id"]: entry.get("colour") for entry in read_attributes(attributes, coco)["instances"]}
+    objects = {image_id: [SceneObject(names[a["category_id"]], [float(v) for v in a["bbox"]], colours.get(a["id"]))
+                          for a in coco.imgToAnns.get(image_id, [])]
+               for image_id in coco.imgs}
+    sizes = {image_id: (image["width"], image["height"]) if "width" in image and "height" in image else None
+             for image_id, image in coco.imgs.items()}
+    return Instances(objects, sizes)
+
+
+def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, list[SceneObject]]:
+    """Per image id, the objects of a COCO instances file (``read_instances``)."""
+    return read_instances(path, attributes).objects
 
 
 class ObjectTargets(NamedTuple):
@@ -184,31 +193,28 @@ def read_object_targets(path: Path, attributes: Path | None = None) -> ObjectTar
     category_ids = sorted(coco.cats)
     if not category_ids:
         raise ValueError(f"{path}: no categories, so no object targets")
+    for index, image in enumerate(coco.dataset["images"]):
+        if "width" not in image or "height" not in image:
+            raise ValueError(f"{path}: images[{index}] (id {image['id']}) has no width and height, which the object "
+                             "targets need to place its boxes")
     class_index = {category_id: index for index, category_id in enumerate(category_ids)}
     colours: list[str] = []
     colour_of: dict = {}
     if attributes is not None:
-        try:
-            data = json.loads(attributes.read_text())
-            colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
-            colours = list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{attributes}: not an attributes file with instances[].id ({error})") from None
+        data = read_attributes(attributes, coco)
+        colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
+        colours = list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
     colour_index = {name: index for index, name in enumerate(colours)}
     per_image: dict[int | str, Tensor] = {}
-    try:
-        for image_id, image in coco.imgs.items():
-            width, height = float(image["width"]), float(image["height"])
-            rows = []
-            for annotation in coco.imgToAnns.get(image_id, []):
-                x, y, w, h = (float(v) for v in annotation["bbox"])
-                colour = colour_index.get(colour_of.get(annotation["id"]), -1)
-                rows.append([class_index[annotation["category_id"]], colour, x / width, y / height,
-                             (x + w) / width, (y + h) / height])
-            per_image[image_id] = torch.tensor(rows, dtype=torch.float32).view(-1, 6)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        raise ValueError(f"{path}: an image lacks its width and height, or an annotation an id, a known "
-                         f"category_id or a bbox ({type(error).__name__} {error})") from None
+    for image_id, image in coco.imgs.items():
+        width, height = float(image["width"]), float(image["height"])
+        rows = []
+        for annotation in coco.imgToAnns.get(image_id, []):
+            x, y, w, h = (float(v) for v in annotation["bbox"])
+            colour = colour_index.get(colour_of.get(annotation["id"]), -1)
+            rows.append([class_index[annotation["category_id"]], colour, x / width, y / height,
+                         (x + w) / width, (y + h) / height])
+        per_image[image_id] = torch.tensor(rows, dtype=torch.float32).view(-1, 6)
     return ObjectTargets([coco.cats[i]["name"] for i in category_ids], colours, per_image)
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from vision_attn.errors import DatasetNotFoundError
-from vision_attn.io import output_folder
+from vision_attn.io import OwnedFolder
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,11 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
 
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,
-                   canvas_size: int = 28) -> list[Path]:
+                   canvas_size: int = 28, overwrite: bool = False) -> list[Path]:
     """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``.
+
+    ``out`` is a folder the command owns (``io.OwnedFolder``): PNGs an earlier ``export-samples`` wrote there are
+    replaced, a folder holding other files is refused unless ``overwrite`` (which keeps them).
 
     With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
     and the name ends with the garment's box, ``_at<left>-<top>``: a test of whether attention finds it.
@@ -125,22 +128,22 @@ def export_samples(root: str | Path, out: str | Path, *, count: int, split: str 
         raise ValueError(f"count must be at least 1, got {count}")
     if canvas_size < 28:
         raise ValueError(f"canvas size must be at least 28 (the garment's size), got {canvas_size}")
-    out = output_folder(out)
+    owner = OwnedFolder(out, "export-samples", overwrite=overwrite)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), split)
     if count > len(images):
         raise ValueError(f"count {count} is more than the {len(images)} images of Fashion-MNIST's {split} split")
-    out.mkdir(parents=True, exist_ok=True)
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     written = []
     places = random_places(count, canvas_size, generator=torch.Generator().manual_seed(seed + 1))
-    for index, (left, top) in zip(chosen, places.tolist(), strict=True):
-        name = CLASS_NAMES[int(labels[index])].replace("/", "-").replace(" ", "-")
-        garment = Image.fromarray(images[index].numpy(), mode="L")
-        if canvas_size == 28:
-            path, image = out / f"{index:05d}_{name}.png", garment
-        else:
-            path, image = out / f"{index:05d}_{name}_at{left}-{top}.png", Image.new("L", (canvas_size,) * 2)
-            image.paste(garment, (left, top))
-        image.save(path)
-        written.append(path)
+    with owner.staged() as staging:
+        for index, (left, top) in zip(chosen, places.tolist(), strict=True):
+            name = CLASS_NAMES[int(labels[index])].replace("/", "-").replace(" ", "-")
+            garment = Image.fromarray(images[index].numpy(), mode="L")
+            if canvas_size == 28:
+                file_name, image = f"{index:05d}_{name}.png", garment
+            else:
+                file_name, image = f"{index:05d}_{name}_at{left}-{top}.png", Image.new("L", (canvas_size,) * 2)
+                image.paste(garment, (left, top))
+            image.save(staging / file_name)
+            written.append(owner.path / file_name)
     return written

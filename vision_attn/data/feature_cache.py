@@ -10,11 +10,15 @@ Layout, under ``root/<key digest>/``:
 - ``key.json``: everything the features depend on (the frozen modules' tensors, image size, normalisation,
   grid pooling, the list of images with their sizes and modification times, the stored shape and dtype). The
   folder name is a digest of it, so a changed setting or a changed image gets a new folder: a stale cache is
-  never read, it is rebuilt beside.
+  never read, it is rebuilt beside. A ``key.json`` that is not the one its folder's name stands for (edited,
+  damaged or deleted) makes the folder's shards stale: they count as missing, so the number of shards to fill
+  that ``cache-features`` prints is the number it fills, and the fill deletes them and says so in a logged line.
 - ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and ``shard_NNNNN.valid.npy``
   (which of them could be read). Each is written to a temporary name and renamed into place, the valid flags
   first: a shard exists only whole, so a killed fill resumes at the first missing shard and never reads a
   half-written one. Under DDP rank r fills the shards i with i % world_size == r: nothing is written twice.
+  Each shard is checked once, when it is first read, for non-finite values (a finite encoder output is all a
+  fill stores): a damaged one is refused in one line naming the file, to delete and refill.
 """
 
 from __future__ import annotations
@@ -96,8 +100,23 @@ class FeatureCache:
         """What the whole cache takes on disk, in bytes."""
         return self.bytes_per_image * self.count
 
+    @property
+    def key_matches(self) -> bool:
+        """Whether the folder's ``key.json`` is the one its name stands for (not edited, damaged or deleted)."""
+        try:
+            return (self.folder / "key.json").read_bytes() == self._key_text().encode()
+        except OSError:
+            return False
+
+    def _key_text(self) -> str:
+        return json.dumps(self.key, sort_keys=True, indent=1)
+
     def is_done(self, shard: int) -> bool:
-        """Whether the shard is in place whole (its features file exists with the expected header)."""
+        """Whether the shard is in place whole (its features file exists with the expected header; a shard
+        under a ``key.json`` that does not match is stale, not done: see ``key_matches``)."""
+        return self.key_matches and self._shard_whole(shard)
+
+    def _shard_whole(self, shard: int) -> bool:
         features, valid = self._paths(shard)
         if not (features.is_file() and valid.is_file()):
             return False
@@ -108,8 +127,12 @@ class FeatureCache:
         return stored.shape == (len(self.shard_rows(shard)), *self.shape) and stored.dtype == DTYPE
 
     def missing(self, rank: int = 0, world_size: int = 1) -> list[int]:
-        """The shards rank ``rank`` of ``world_size`` has to fill (those not yet in place)."""
-        return [shard for shard in range(rank, self.num_shards, world_size) if not self.is_done(shard)]
+        """The shards rank ``rank`` of ``world_size`` has to fill (those not yet in place: all of them when the
+        folder's ``key.json`` does not match)."""
+        shards = range(rank, self.num_shards, world_size)
+        if not self.key_matches:
+            return list(shards)
+        return [shard for shard in shards if not self._shard_whole(shard)]
 
     @property
     def complete(self) -> bool:
@@ -118,17 +141,22 @@ class FeatureCache:
 
     # ------------------------------------------------------------------------------------- writing
     def prepare(self) -> None:
-        """Create the folder and its ``key.json``; a folder whose key.json says otherwise is emptied first."""
+        """Create the folder and its ``key.json``; the shards of a folder whose key.json does not match (edited,
+        damaged or deleted) are stale: deleted first, with a logged line saying so."""
         self.folder.mkdir(parents=True, exist_ok=True)
         key_file = self.folder / "key.json"
-        text = json.dumps(self.key, sort_keys=True, indent=1)
-        found = key_file.read_text(encoding="utf-8") if key_file.is_file() else None
-        if found == text:
+        if self.key_matches:
             return
-        if found is not None:
-            for stale in self.folder.glob("shard_*"):
-                stale.unlink()
-        _write_atomically(key_file, lambda handle: handle.write(text.encode()))
+        if key_file.exists() and not key_file.is_file():
+            raise ValueError(f"{key_file}: not a file; delete it, and the next fill writes the cache's key there")
+        stale = sorted(self.folder.glob("shard_*"))
+        if stale:
+            why = "does not match the settings this folder's name stands for" if key_file.exists() else "is missing"
+            log.warning("%s %s (edited, damaged or deleted): the %d shard files beside it are stale and are filled "
+                        "again", key_file, why, len(stale))
+        for path in stale:
+            path.unlink()
+        _write_atomically(key_file, lambda handle: handle.write(self._key_text().encode()))
 
     def write_shard(self, shard: int, features: np.ndarray, valid: np.ndarray) -> None:
         """Store a shard's features (rows, *shape) as fp16 and its valid flags (rows,), each file atomically."""
@@ -179,7 +207,12 @@ class FeatureCache:
         shard, row = divmod(index, self.shard_size)
         if shard not in self._open:
             features_path, valid_path = self._paths(shard)
-            self._open[shard] = (np.load(features_path, mmap_mode="r"), np.load(valid_path))
+            features = np.load(features_path, mmap_mode="r")
+            if not np.isfinite(features.sum(dtype=np.float32)):  # once per shard: one pass, no copy
+                raise ValueError(f"{features_path}: holds non-finite values (NaN or infinity), which a fill never "
+                                 "writes: the shard was damaged after it was written; delete it and the next fit "
+                                 "or cache-features fills it again")
+            self._open[shard] = (features, np.load(valid_path))
         features, valid = self._open[shard]
         return torch.from_numpy(np.array(features[row])) if valid[row] else None
 

@@ -32,7 +32,7 @@ from PIL import Image
 
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from vision_attn.data.scene_style import COLOURS, ITEM_SIZE, LAYOUTS, PALETTES, SceneStyle, draw_item
-from vision_attn.io import output_folder
+from vision_attn.io import OwnedFolder
 
 __all__ = ["CLASS_WORDS", "COLOURS", "ITEM_SIZE", "LAYOUTS", "PALETTES", "SceneStyle", "draw_item", "make_scenes"]
 
@@ -50,6 +50,9 @@ SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each s
 MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far apart on some axis (pixels)
 PLACEMENT_TRIES = 1000
 PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is ~6× smaller than raw and as fast
+# The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
+# times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 3 items.
+MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
 
 
 def category_id(label: int) -> int:
@@ -147,8 +150,12 @@ def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int
     for split, count in counts.items():
         if split not in SOURCES:
             raise ValueError(f"scene split '{split}' is not one of {list(SOURCES)}")
-        if not isinstance(count, int) or count < 0:
-            raise ValueError(f"scene count for '{split}' must be a whole number >= 0, got {count!r}")
+        if not isinstance(count, int) or not 0 <= count <= MAX_SCENES:
+            raise ValueError(f"scene count for '{split}' must be a whole number from 0 to {MAX_SCENES}, got "
+                             f"{count!r}")
+    if not canvas_size <= MAX_CANVAS_SIZE or not grid_size <= MAX_GRID_SIZE:
+        raise ValueError(f"canvas_size is at most {MAX_CANVAS_SIZE} and grid_size at most {MAX_GRID_SIZE}, got "
+                         f"{canvas_size} and {grid_size}")
     if grid_size < 2:
         raise ValueError(f"grid_size must be at least 2 (3 items need 3 cells), got {grid_size}")
     if canvas_size // grid_size < ITEM_SIZE:
@@ -319,13 +326,17 @@ def make_scenes(
     style: SceneStyle | Mapping | None = None,
     styles: Mapping[str, SceneStyle | Mapping] | None = None,
     fashion_mnist_root: str | Path = "data/fashion_mnist",
+    overwrite: bool = False,
 ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
     ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, the default scenes' by default;
     ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``.
-    Existing files of the same names are overwritten.
+    A dataset is never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the
+    dataset there (the files its manifest lists, or, written before manifests, its annotation files and numbered
+    PNGs, ``dataset_files``) and keeps every other file. The splits are drawn into a staging folder and moved into
+    place at the end, so a failure leaves the old dataset, or nothing.
     """
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
@@ -333,17 +344,29 @@ def make_scenes(
     if unknown:
         raise ValueError(f"styles name split(s) {sorted(unknown)} that are not written: {list(counts)}")
     _check_arguments(counts, canvas_size, grid_size, split_styles)
-    root = output_folder(root)
+    owner = OwnedFolder(root, "make-scenes", overwrite=overwrite, exclusive=True, legacy=dataset_files)
     directory = find_fashion_mnist(fashion_mnist_root)
     loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     written = {}
-    for split, count in counts.items():
-        source_split, source_slice = SOURCES[split]
-        if source_split not in loaded:
-            images, labels = load_fashion_mnist(directory, source_split)
-            loaded[source_split] = (images.numpy(), labels.numpy())
-        images, labels = (array[source_slice] for array in loaded[source_split])
-        log.info("writing %d %s scenes under %s (%s)", count, split, root, split_styles[split])
-        written[split] = _make_split(root, split, count, images=images, labels=labels, seed=seed,
-                                     canvas_size=canvas_size, grid_size=grid_size, style=split_styles[split])
+    with owner.staged() as staging:
+        for split, count in counts.items():
+            source_split, source_slice = SOURCES[split]
+            if source_split not in loaded:
+                images, labels = load_fashion_mnist(directory, source_split)
+                loaded[source_split] = (images.numpy(), labels.numpy())
+            images, labels = (array[source_slice] for array in loaded[source_split])
+            log.info("writing %d %s scenes under %s (%s)", count, split, owner.path, split_styles[split])
+            written[split] = _make_split(staging, split, count, images=images, labels=labels, seed=seed,
+                                         canvas_size=canvas_size, grid_size=grid_size, style=split_styles[split])
     return written
+
+
+def dataset_files(root: Path) -> list[str]:
+    """The files of a Fashion scenes dataset written before ``make-scenes`` kept a manifest, relative to ``root``:
+    each split's annotation files and the numbered PNGs of its image folder."""
+    splits = set(SPLIT_CODES) | {path.stem.removeprefix("captions_") for path in root.glob("annotations/captions_*")}
+    names = [f"annotations/{kind}_{split}.json" for split in sorted(splits)
+             for kind in ("captions", "instances", "attributes")]
+    names = [name for name in names if (root / name).is_file()]
+    return names + [f"images/{split}/{path.name}" for split in sorted(splits)
+                    for path in sorted((root / "images" / split).glob("*.png")) if path.stem.isdigit()]

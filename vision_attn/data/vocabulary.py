@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vision_attn.data.formats import read_json
 from vision_attn.errors import CheckpointError
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
@@ -166,16 +167,11 @@ class Vocabulary:
     @classmethod
     def from_json(cls, path: str | Path) -> Vocabulary:
         """Load a vocabulary saved by ``to_json``."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: vocabulary file not found") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: not a readable vocabulary JSON file ({error})") from None
+        data = read_json(path, "a vocabulary JSON")
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(word, str) for word in tokens):
             raise ValueError(f"{path}: expected {{\"tokens\": [strings], \"min_count\": n}}")
         try:
             return cls(tokens, min_count=int(data.get("min_count", 1)))
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise ValueError(f"{path}: {error}") from None

@@ -7,7 +7,6 @@ split only and exists right after construction, so LightningCLI can link it into
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,6 +35,7 @@ from vision_attn.data.coco import (
     read_objects,
 )
 from vision_attn.data.feature_cache import FeatureCache, FrozenPart, fill_caches, split_caches
+from vision_attn.data.formats import read_json
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
@@ -47,7 +47,7 @@ from vision_attn.datamodules.options import (
     VocabularyOptions,
 )
 from vision_attn.errors import DatasetNotFoundError
-from vision_attn.io import output_folder
+from vision_attn.io import output_folder, writable_folder
 from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,9 @@ class CocoCaptionsDataModule(SplitDataModule):
                 log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
             return
         for split in self.splits.values():  # scenes already there: they must be the ones this config asks for
-            found = json.loads(self.captions_file(split).read_text()).get("info", {}).get("style")
+            data = read_json(self.captions_file(split), "a COCO captions JSON")
+            info = data.get("info") if isinstance(data, dict) else None
+            found = info.get("style") if isinstance(info, dict) else None
             wanted = styles.get(split, SceneStyle())
             if SceneStyle.of(found) != wanted:
                 raise ValueError(f"the {split} scenes in {self.root} were drawn with style {SceneStyle.of(found)}, "
@@ -266,7 +268,10 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def fill_feature_caches(self, part: FrozenPart, caches: dict[str, FeatureCache], **where: Any) -> None:
         """Fill (this rank's share of) ``caches`` from this DataModule's images (``data.feature_cache.fill_caches``;
-        ``where``: its rank, world size, device, barrier and progress)."""
+        ``where``: its rank, world size, device, barrier and progress). A cache folder that cannot be written is one
+        line before any work."""
+        if any(cache.missing() for cache in caches.values()):
+            writable_folder(self.feature_cache.folder)
         policy = self.loader.on_bad_image
 
         def load(role: str, index: int) -> Tensor | None:

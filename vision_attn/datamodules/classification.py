@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from vision_attn.data import cifar10, fashion_mnist, scenes
 from vision_attn.data.classification import (
     ImageFileDataset,
+    PlacedItems,
     TensorImageDataset,
     collate_readable,
     random_erase,
@@ -72,8 +73,19 @@ class ClassificationDataModule(SplitDataModule):
         drop_last = train and dataset is not None and len(dataset) > self.loader.batch_size  # type: ignore[arg-type]
         return self._make_loader(dataset, train=train, collate_fn=collate_readable, drop_last=drop_last)
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
-                                dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+    def predict_dataloader(self) -> DataLoader:
+        """The test split, in order, each batch ending with its images' places (``PlacedItems``) to name them."""
+        return self._loader(None if self.test_set is None else PlacedItems(self.test_set, "test"), train=False)
+
+    def on_after_batch_transfer(self, batch: tuple[Any, ...] | None, dataloader_idx: int) -> tuple[Any, ...] | None:
+        """The batch as the model reads it (``prepare_batch``); a prediction batch keeps its places last."""
+        if batch is not None and getattr(self.trainer, "predicting", False):
+            *items, places = batch
+            return (*self.prepare_batch(tuple(items), dataloader_idx), places)  # type: ignore[misc]
+        return self.prepare_batch(batch, dataloader_idx)
+
+    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None,
+                      dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
         """(images, labels) on the device: training batches augmented, every batch normalised."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
@@ -205,8 +217,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         if fresh_test and self.test_set is not None:
             self.test_set = self._placed(self.test_set, self.seed + 1)
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor] | None,
-                                dataloader_idx: int) -> tuple[Tensor, ...] | None:
+    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, ...] | None:
         """Training items placed on fresh canvases, (images, labels, boxes[, origins]); evaluation batches with
         the items' masks, (images, labels, masks); normalised."""
         if batch is None:
@@ -234,7 +245,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             origins = torch.randint(0, steps, (len(images), 2), device=images.device) * self.window_step
             return self.normalize(canvases), labels, boxes, origins
         masks = images[:, 0] > 0
-        normalised, labels = super().on_after_batch_transfer((images, labels), dataloader_idx)  # type: ignore[misc]
+        normalised, labels = super().prepare_batch((images, labels), dataloader_idx)  # type: ignore[misc]
         return normalised, labels, masks
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vision_attn.option_groups import OptionGroup, finite, require
+from vision_attn.option_groups import OptionGroup, at_most, finite, require
 
 KARPATHY_SPLITS = ("train", "val", "test")  # restval is always part of train
 
@@ -82,6 +82,8 @@ class VocabularyOptions(OptionGroup):
         require(self.min_word_count >= 1, self.name, f"min_word_count must be at least 1, got {self.min_word_count}")
         require(self.max_caption_length >= 1, self.name,
                 f"max_caption_length must be at least 1, got {self.max_caption_length}")
+        at_most(self.name, "max_caption_length", self.max_caption_length, 200, "no caption is that long; each word "
+                                                                               "costs memory in every batch")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,9 @@ class SceneGeneration(OptionGroup):
         """Refuse scene counts that are not whole numbers of 0 or more."""
         require(self.counts is None or all(isinstance(v, int) and v >= 0 for v in self.counts.values()), self.name,
                 f"counts must be whole numbers of 0 or more, got {self.counts}")
+        for split, count in (self.counts or {}).items():
+            at_most(self.name, f"counts.{split}", count, 100_000, "five times the default training set; more "
+                                                                  "scenes only fill the disk")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class FeatureCacheOptions(OptionGroup):
     def check(self) -> None:
         """Refuse a shard size below 1."""
         require(self.shard_size >= 1, self.name, f"shard_size must be at least 1, got {self.shard_size}")
+        at_most(self.name, "shard_size", self.shard_size, 65536, "a shard is read whole; a larger one only costs "
+                                                                 "memory")
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class Augmentation(OptionGroup):
     def check(self) -> None:
         """Refuse a negative padding or an erase_prob outside [0, 1]."""
         require(self.pad_crop >= 0, self.name, f"pad_crop must be 0 or more pixels, got {self.pad_crop}")
+        at_most(self.name, "pad_crop", self.pad_crop, 256, "a larger padding only costs memory: the crops are "
+                                                           "mostly padding")
         require(finite(self.erase_prob) and 0.0 <= self.erase_prob <= 1.0, self.name,
                 f"erase_prob must be between 0 and 1, got {self.erase_prob}")
 
@@ -168,6 +177,8 @@ class Canvas(OptionGroup):
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")
         require(self.size >= item, self.name, f"size must be at least {item} (an item's side), got {self.size}")
+        at_most(self.name, "size", self.size, 1024, "a 28-pixel item is a speck on a larger canvas, which only "
+                                                    "costs memory")
         window, step = self.train_window, self.window_step
         require(window is None or (step >= 1 and item + step - 1 <= window <= self.size
                                    and (self.size - window) % step == 0), self.name,

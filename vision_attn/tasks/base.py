@@ -28,6 +28,7 @@ from vision_attn.checkpoint import (
     restore_rng_state,
     stamp,
     upgrade,
+    without_initial_weights,
 )
 from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.option_groups import Optimiser, Schedule, plain
@@ -138,9 +139,13 @@ class BaseTask(L.LightningModule):
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
                              strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> BaseTask:
         """Lightning's ``load_from_checkpoint``, for local files only and always weights-only (a remote path, or a
-        file whose pickle carries code, is refused in one line)."""
+        file whose pickle carries code, is refused in one line). The files its fit started from are not read
+        (``checkpoint.INITIAL_WEIGHTS``): the checkpoint holds those weights (``kwargs`` may still set them)."""
         path = local_path(checkpoint_path)
-        load_file(path)  # refuses folders, missing files and pickled code before Lightning reads it
+        hparams = load_file(path).get("hyper_parameters")  # refuses folders, missing files and pickled code first
+        if isinstance(hparams, dict):
+            cleared = without_initial_weights(getattr(cls, "kind", ""), hparams)
+            kwargs = {**{key: value for key, value in cleared.items() if value != hparams.get(key)}, **kwargs}
         return super().load_from_checkpoint(path, map_location=map_location, hparams_file=hparams_file,
                                             strict=strict, weights_only=True, **kwargs)
 

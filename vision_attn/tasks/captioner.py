@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -32,19 +31,20 @@ from vision_attn.checkpoint import CAPTIONER
 from vision_attn.data.caption_datasets import CaptionBatch, EvalCaptionBatch
 from vision_attn.data.feature_cache import FrozenPart
 from vision_attn.option_groups import ImageFormat, Schedule
-from vision_attn.results import write_results
 from vision_attn.tasks.base import BaseTask
+from vision_attn.tasks.predictions import CaptionPredictions, write_run_results
 
 log = logging.getLogger(__name__)
 
 OPTIMISER = CaptionerOptimiser(lr=4e-4)  # the paper's rate (Xu et al. 2015 trained with Adam)
 
 
-class CaptionerTask(BaseTask):
+class CaptionerTask(CaptionPredictions, BaseTask):
     """Trains a ``Captioner`` by likelihood (with the doubly stochastic term, and REINFORCE for hard attention) or,
     from the point ``self_critical`` names, self-critically; validation and test beam-search and log the COCO
     metrics, pointing and the scene metrics. ``vocabulary``, ``image`` and ``objects`` come from the DataModule
-    and stay in the checkpoint with every group; ``test`` writes ``<log dir>/results_test.json``.
+    and stay in the checkpoint with every group; ``test`` writes ``<log dir>/results_test.json``, ``predict`` (the
+    test split's captions) ``<log dir>/predictions.json`` (``tasks/predictions.py``).
 
     Args:
         log_overlays: after each validation, log the attention of this many validation images (0: none)
@@ -167,10 +167,7 @@ class CaptionerTask(BaseTask):
 
     def on_test_epoch_end(self) -> None:
         """Score the test records as test/<metric>, and rank 0 writes them to ``results_test.json``."""
-        records = self._finish_evaluation("test")
-        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "results_test.json"  # a collective
-        if self.trainer.is_global_zero and records:
-            log.info("wrote %d results to %s", len(records), write_results(path, records))
+        write_run_results(self.trainer, self._finish_evaluation("test"), "results_test.json")
 
     def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
                         count: int) -> list[tuple[str, Image.Image]]:

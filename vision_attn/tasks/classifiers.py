@@ -16,6 +16,7 @@ from vision_attn.boxes import box_cell_coverage
 from vision_attn.checkpoint import CONVNET, VIT
 from vision_attn.option_groups import ImageFormat, Optimiser, Schedule
 from vision_attn.tasks.base import BaseTask, decay_groups
+from vision_attn.tasks.predictions import ClassPredictions
 from vision_attn.vit.convnet import ConvNet
 from vision_attn.vit.distillation import distillation_loss, load_teacher
 from vision_attn.vit.inference import Classifier, build_vit, map_scores, validation_figures
@@ -29,10 +30,11 @@ MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer
 OPTIMISER, SCHEDULE = Optimiser(weight_decay=0.05), Schedule(warmup_epochs=1.0)  # the classifiers' defaults
 
 
-class ClassifierTask(BaseTask):
+class ClassifierTask(ClassPredictions, BaseTask):
     """What the image classifiers share: top-1 accuracy (micro) and the mean loss in training, validation and
-    test, softmax predictions, and AdamW with no decay on norms, biases and the model's ``no_weight_decay``.
-    Subclasses build ``self.model`` (images -> logits) and may override ``classification_loss``.
+    test, ``classify``'s entries as predictions (``tasks/predictions.py``), and AdamW with no decay on norms,
+    biases and the model's ``no_weight_decay``. Subclasses build ``self.model`` (images -> logits) and may
+    override ``classification_loss``.
 
     ``num_classes``, ``class_names`` and ``image`` are linked from the DataModule by the CLI and stored with the
     checkpoint, so ``classify`` can preprocess new images alone."""
@@ -105,10 +107,6 @@ class ClassifierTask(BaseTask):
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         """test/loss, the mean cross-entropy over images (no label smoothing), and test/acc, top-1 accuracy."""
         self._evaluate(batch, "test", self.test_accuracy, self.test_loss)
-
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """The class probabilities (B, classes) of the batch's images: the softmax of the logits."""
-        return self.model(batch[0]).softmax(dim=-1)
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The trainable parameters, weight decay on matrices only and never on the model's ``no_weight_decay``."""

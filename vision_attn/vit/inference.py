@@ -239,6 +239,7 @@ class CanvasScores(NamedTuple):
 
 
 MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads' mean, from the pooled token(s)
+CANVAS_PIXELS_PER_BATCH = 256 * 128 * 128  # canvases drawn at once: 256 up to 128 pixels a side, fewer when larger
 
 
 def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
@@ -268,6 +269,7 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
         raise ValueError(f"background noise is a grey level from 0 to 255, got {background_noise}")
     places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
     noise = torch.Generator().manual_seed(seed + 1)
+    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))  # large canvases: fewer at once
     correct, areas = 0, []
     scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
     for start in range(0, len(images), batch_size):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vision_attn.option_groups import OptionGroup, finite, require
+from vision_attn.option_groups import OptionGroup, at_most, finite, require
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,12 @@ class ViTArchitecture(OptionGroup):
         registers."""
         for key in ("patch_size", "embed_dim", "depth", "num_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
+        for key, high, why in (("patch_size", 256, "a patch larger than that is most of any image here"),
+                               ("embed_dim", 8192, "a wider token only costs memory here"),
+                               ("depth", 256, "each block costs memory and time"),
+                               ("num_heads", 256, "each head costs memory per token pair"),
+                               ("reg_tokens", 256, "each register costs memory like a patch")):
+            at_most(self.name, key, getattr(self, key), high, why)
         require(self.embed_dim % self.num_heads == 0, self.name,
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         require(finite(self.mlp_ratio) and self.mlp_ratio > 0, self.name,
@@ -72,6 +78,9 @@ class ConvNetArchitecture(OptionGroup):
         """Refuse an empty list of widths or a width below 1."""
         require(len(self.widths) > 0 and all(width >= 1 for width in self.widths), self.name,
                 f"widths must be one or more positive channel counts, got {list(self.widths)}")
+        require(len(self.widths) <= 16 and all(width <= 8192 for width in self.widths), self.name,
+                f"widths must be at most 16 stages of at most 8192 channels (more only costs memory), got "
+                f"{list(self.widths)}")
 
 
 @dataclass(frozen=True)

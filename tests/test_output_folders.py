@@ -1,0 +1,225 @@
+"""Commands own their output folders: each of overlay, explore, export-samples and make-scenes lists what it wrote in
+the folder's manifest, replaces only that when run again, refuses a folder holding other files unless --overwrite
+(which keeps them), follows a symlinked --out, refuses a read-only folder before any work, and leaves no staging
+folder behind; make-scenes never leaves a dataset that mixes two runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_in_process, tiny
+from tests.test_bad_paths import snapshot
+from vision_attn.io import MANIFEST, STAGING_PREFIX
+
+COMMANDS = ("overlay", "explore", "export-samples", "make-scenes")
+
+
+@pytest.fixture(scope="module")
+def captions(tmp_path_factory, trained_captioner) -> dict[str, Path]:
+    """Three scene images, and `caption`'s results JSON of all three and of the first only."""
+    work = tmp_path_factory.mktemp("owned")
+    images = work / "images"
+    images.mkdir()
+    for number in (1, 2, 3):
+        shutil.copy(trained_captioner["scenes"] / "images" / "test" / f"{number}.png", images / f"scene{number}.png")
+    for name, chosen in (("all.json", sorted(images.iterdir())), ("one.json", [images / "scene1.png"])):
+        result = run_in_process("caption", "--ckpt", str(trained_captioner["ckpt"]), *map(str, chosen),
+                                "--out", str(work / name))
+        assert result.returncode == 0, result.stderr[-2000:]
+    return {"images": images, "all": work / "all.json", "one": work / "one.json"}
+
+
+def command_args(command: str, captions: dict[str, Path], out: Path, *, smaller: bool = False) -> list[str]:
+    """``vision-attn COMMAND`` writing into ``out``; ``smaller`` writes fewer files than the first run."""
+    results = str(captions["one" if smaller else "all"])
+    return {"overlay": ["overlay", results, "--panel-size", "32", "--out", str(out)],
+            "explore": ["explore", results, "--out", str(out)],
+            "export-samples": ["export-samples", "--count", "1" if smaller else "3", "--seed", "2" if smaller else "0",
+                               "--out", str(out)],
+            "make-scenes": ["make-scenes", "--train", "1" if smaller else "3", "--val", "1", "--test", "0",
+                            "--root", str(out)]}[command]
+
+
+def one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:
+    """Exit 2 and exactly one line on stderr, ``error: ...``, holding each of ``expected``."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in lines if line.startswith("error")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr[-2000:]
+    assert all(text in errors[0] for text in expected), errors[0]
+    return errors[0]
+
+
+def manifest_files(folder: Path) -> list[str]:
+    """The files the manifest in ``folder`` lists; they must all be there."""
+    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    assert listed and all((folder / name).is_file() for name in listed), listed
+    return listed
+
+
+def files_in(folder: Path) -> set[str]:
+    """Every file under ``folder``, relative."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def add_users_files(folder: Path) -> dict[str, bytes]:
+    """A note and a subfolder with a file of the user's in ``folder``; returns their bytes by relative path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("my notes, keep them")
+    (folder / "mine").mkdir(exist_ok=True)
+    (folder / "mine" / "draft.png").write_bytes(b"not even a png")
+    return {"notes.txt": b"my notes, keep them", "mine/draft.png": b"not even a png"}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_of_the_users_is_refused_and_with_overwrite_kept(command, captions, tmp_path) -> None:
+    out = tmp_path / "out"
+    users = add_users_files(out)
+    before = snapshot(tmp_path)
+    refused = run_in_process(*command_args(command, captions, out))
+    one_line_error(refused, str(out), "did not write", "--overwrite")
+    assert snapshot(tmp_path) == before  # refused before any work: nothing written, nothing removed
+    written = run_in_process(*command_args(command, captions, out), "--overwrite")
+    assert written.returncode == 0, written.stderr[-2000:]
+    listed = manifest_files(out)
+    assert files_in(out) == {*listed, *users, MANIFEST}
+    assert all((out / name).read_bytes() == data for name, data in users.items())
+    again = run_in_process(*command_args(command, captions, out, smaller=True), "--overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert files_in(out) == {*manifest_files(out), *users, MANIFEST}  # its earlier files gone, the user's kept
+    assert all((out / name).read_bytes() == data for name, data in users.items())
+    assert not list(out.glob(f"{STAGING_PREFIX}*"))
+
+
+@pytest.mark.parametrize("command", ("overlay", "explore", "export-samples"))
+def test_a_rerun_into_its_own_folder_replaces_only_its_files(command, captions, tmp_path) -> None:
+    out = tmp_path / "out"
+    first = run_in_process(*command_args(command, captions, out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    earlier = manifest_files(out)
+    users = add_users_files(out)  # the user adds notes to the folder afterwards
+    second = run_in_process(*command_args(command, captions, out, smaller=True))  # no --overwrite needed
+    assert second.returncode == 0, second.stderr[-2000:]
+    now = manifest_files(out)
+    assert set(earlier) - set(now), "the smaller run should write fewer files"
+    assert files_in(out) == {*now, *users, MANIFEST}  # what it no longer writes is gone; the user's files stay
+    assert all((out / name).read_bytes() == data for name, data in users.items())
+    other = "explore" if command != "explore" else "overlay"  # another command's folder is not its own
+    refused = run_in_process(*command_args(other, captions, out))
+    one_line_error(refused, "did not write", "--overwrite")
+
+
+def test_make_scenes_rerun_with_fewer_scenes_is_never_a_mix(captions, tmp_path) -> None:
+    root = tmp_path / "scenes"
+    assert run_in_process(*command_args("make-scenes", captions, root)).returncode == 0
+    before = snapshot(root)
+    again = run_in_process(*command_args("make-scenes", captions, root, smaller=True))
+    one_line_error(again, str(root), "already holds", "--overwrite")  # even its own dataset, without --overwrite
+    assert snapshot(root) == before
+    users = add_users_files(root)
+    replaced = run_in_process(*command_args("make-scenes", captions, root, smaller=True), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    listed = json.loads((root / "annotations" / "captions_train.json").read_text())["images"]
+    assert sorted(p.name for p in (root / "images" / "train").iterdir()) == [image["file_name"] for image in listed]
+    assert files_in(root) == {*manifest_files(root), *users, MANIFEST}
+    # a dataset written before make-scenes kept a manifest: --overwrite removes its numbered PNGs and annotations
+    (root / MANIFEST).unlink()
+    shutil.copy(root / "images" / "train" / "1.png", root / "images" / "train" / "7.png")  # an old, larger run's
+    legacy = run_in_process(*command_args("make-scenes", captions, root, smaller=True), "--overwrite")
+    assert legacy.returncode == 0, legacy.stderr[-2000:]
+    assert sorted(p.name for p in (root / "images" / "train").iterdir()) == ["1.png"]
+    assert all((root / name).read_bytes() == data for name, data in users.items())
+
+
+@pytest.mark.parametrize("command", ("explore", "export-samples"))
+def test_a_symlinked_out_writes_into_its_target(command, captions, tmp_path) -> None:
+    target, link = tmp_path / "real", tmp_path / "link"
+    assert run_in_process(*command_args(command, captions, target)).returncode == 0
+    link.symlink_to(target, target_is_directory=True)
+    again = run_in_process(*command_args(command, captions, link, smaller=True))  # replaced through the link
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert link.is_symlink() and files_in(target) == {*manifest_files(target), MANIFEST}
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "to_a_file").symlink_to(tmp_path / "file.txt")
+    refused = run_in_process(*command_args(command, captions, tmp_path / "to_a_file"))
+    one_line_error(refused, "to_a_file", "not a folder")
+    assert (tmp_path / "file.txt").read_text() == "x"
+
+
+def test_a_failure_midway_leaves_the_earlier_output_and_no_staging(captions, tmp_path) -> None:
+    out = tmp_path / "out"
+    assert run_in_process(*command_args("overlay", captions, out)).returncode == 0
+    before = snapshot(out)
+    records = json.loads(captions["all"].read_text())
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not the rest of a PNG")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([records[0], {**records[1], "file_name": str(broken)}]))
+    failed = run_in_process("overlay", str(bad), "--panel-size", "32", "--out", str(out))
+    one_line_error(failed, "broken.png")  # after drawing the first overlay
+    assert snapshot(out) == before and not list(out.glob(f"{STAGING_PREFIX}*"))
+    fresh = tmp_path / "fresh" / "deeper"
+    failed = run_in_process("overlay", str(bad), "--panel-size", "32", "--out", str(fresh))
+    one_line_error(failed, "broken.png")
+    assert not (tmp_path / "fresh").exists()  # the folders made for it are gone too
+
+
+def without_write_permission() -> list[str] | None:
+    """The command prefix that makes a folder's permissions count: none for a user; as root, setpriv dropping the
+    capabilities that ignore them. None when root has no setpriv."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if setpriv else None
+
+
+RUN_EACH = """import contextlib, io, json, sys
+from vision_attn.cli import main
+outcomes = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code
+    outcomes.append([code, err.getvalue()])
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_read_only_folder_is_one_line_before_any_work(captions, trained_captioner, tmp_path) -> None:
+    prefix = without_write_permission()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: a read-only folder would still be writable")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "site").mkdir()  # an existing folder inside, and folders still to be made
+    runs = {"explore": command_args("explore", captions, locked / "site"),
+            "overlay": command_args("overlay", captions, locked / "overlays"),
+            "export-samples": command_args("export-samples", captions, locked / "samples"),
+            "make-scenes": command_args("make-scenes", captions, locked / "scenes"),
+            "cache-features": ["cache-features", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
+                               str(trained_captioner["scenes"]), "--model.init_args.encoder.trainable_stages", "0",
+                               "--data.init_args.feature_cache.folder", str(locked / "cache")]}
+    locked.chmod(0o555)
+    (locked / "site").chmod(0o555)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", RUN_EACH, json.dumps(list(runs.values()))],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        (locked / "site").chmod(0o755)
+        locked.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for command, (code, err) in zip(runs, json.loads(done.stdout.strip().splitlines()[-1]), strict=True):
+        result = subprocess.CompletedProcess(runs[command], code, "", err)
+        one_line_error(result, "cannot write there", str(locked))
+    assert sorted(p.relative_to(locked).as_posix() for p in locked.rglob("*")) == ["site"]

@@ -1,0 +1,224 @@
+"""Every JSON file the tools read, read one way (``read_json``), and a validator for each of the formats
+documented in ``docs/formats/``: COCO captions, COCO instances, and the Fashion scenes' attributes (the results
+format's own checks are ``vision_attn.results``).
+
+``read_json`` checks the file (not a folder, a pipe or a device), bounds its size (``MAX_JSON_BYTES``), measures
+how deeply it nests without recursing (Python's decoder would raise RecursionError on 100,000 ``[``), and refuses
+one nested deeper than ``MAX_JSON_DEPTH``, all before decoding it. Every refusal is a one-line ValueError (a
+missing file: FileNotFoundError) naming the file; a validator's also names the list, the entry's index and id,
+and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vision_attn.io import input_file
+
+MAX_JSON_BYTES = 1 << 30  # 1 GiB: MS COCO's largest annotation file (instances_train2017.json) is 448 MB
+MAX_JSON_DEPTH = 64  # every format we read nests at most 7 levels (a results record's beams' head_alphas)
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string literal, escapes included
+_NOT_BRACKET = bytes(code for code in range(256) if code not in b"[]{}")
+_CHUNK = 1 << 22
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest (0 for a bare number or string), counted without
+    recursion: the brackets outside string literals, as running sums in chunks (memory bounded by the chunk)."""
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    depth = deepest = 0
+    for start in range(0, len(brackets), _CHUNK):
+        codes = np.frombuffer(brackets, dtype=np.uint8, count=min(_CHUNK, len(brackets) - start), offset=start)
+        steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
+        running = np.cumsum(steps) + depth
+        deepest, depth = max(deepest, int(running.max())), int(running[-1])
+    return deepest
+
+
+def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The decoded content of the JSON file ``path``; ``what`` names what it should be in the errors ("a COCO
+    captions JSON"). Refused in one line naming the file: a missing file, a folder, a pipe or a device
+    (``input_file``), a file over ``max_bytes``, text that is not UTF-8, nesting deeper than ``max_depth``, and
+    anything Python's decoder refuses. ``NaN`` and ``Infinity`` are read as Python's ``json`` reads them; the
+    validators refuse them where a finite number is needed."""
+    path = input_file(path, what)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} bytes a JSON file may have here "
+                         f"(it should be {what})")
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a readable JSON file (not UTF-8 text: byte {error.start}); expected "
+                         f"{what}") from None
+    depth = nesting_depth(data)
+    if depth > max_depth:
+        raise ValueError(f"{path}: JSON nested {depth} levels deep, more than the {max_depth} allowed; expected "
+                         f"{what}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, or an integer of over 4300 digits
+        raise ValueError(f"{path}: not a readable JSON file ({' '.join(str(error).split())}); expected "
+                         f"{what}") from None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_id(value) and value > 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _where(key: str, index: int, entry: Any) -> str:
+    """``images[3] (id 7)``: an entry of a list, by index and, where it has one, id."""
+    ident = entry.get("id") if isinstance(entry, dict) else None
+    return f"{key}[{index}]" + (f" (id {_short(ident)})" if ident is not None else "")
+
+
+class _Refusal:
+    """Builds the one-line error of a file that is not the format it should be."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = path, what
+
+    def __call__(self, message: str) -> ValueError:
+        """The error, ``<file>: not a <what> file: <message>``."""
+        return ValueError(f"{self.path}: not a {self.what} file: {message}")
+
+    def entries(self, data: Any, key: str, *, required: bool = True) -> list[dict[str, Any]]:
+        """``data[key]``: a list of objects (an absent optional list is empty)."""
+        if not isinstance(data, dict):
+            raise self(f"expected a JSON object with {key!r}, got a {type(data).__name__}")
+        if key not in data and not required:
+            return []
+        entries = data.get(key)
+        if not isinstance(entries, list):
+            raise self(f"no {key!r} list" if key not in data else f"{key!r} must be a list, got {_short(entries)}")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise self(f"{key}[{index}] is a {type(entry).__name__}, not an object")
+        return entries
+
+    def ids(self, entries: list[dict[str, Any]], key: str) -> dict[int, int]:
+        """Each entry's whole-number ``id`` -> its index, refusing a missing, non-integer or repeated id."""
+        seen: dict[int, int] = {}
+        for index, entry in enumerate(entries):
+            ident = entry.get("id")
+            if not _is_id(ident):
+                raise self(f"{_where(key, index, entry)}: 'id' must be a whole number, got {_short(ident)}")
+            if ident in seen:
+                one = {"categories": "category"}.get(key, key.removesuffix("s"))
+                raise ValueError(f"{self.path}: {one} id {ident!r} appears twice in {key!r} ({key}[{seen[ident]}] "
+                                 f"and {key}[{index}]); ids must be unique")
+            seen[ident] = index
+        return seen
+
+
+def _check_images(refuse: _Refusal, data: Any, *, file_names: bool) -> dict[int, int]:
+    """The ``images`` list of a COCO file: whole-number unique ids, a ``file_name`` string (required with
+    ``file_names``, else where present), positive whole ``width`` and ``height`` where present."""
+    images = refuse.entries(data, "images")
+    ids = refuse.ids(images, "images")
+    for index, image in enumerate(images):
+        where = _where("images", index, image)
+        name = image.get("file_name")
+        if (file_names or "file_name" in image) and not (isinstance(name, str) and name):
+            raise refuse(f"{where}: 'file_name' must be a non-empty string, got {_short(name)}")
+        for key in ("width", "height"):
+            if key in image and not _is_count(image[key]):
+                raise refuse(f"{where}: {key!r} must be a positive whole number, got {_short(image[key])}")
+    return ids
+
+
+def check_coco_captions(data: Any, path: Path) -> dict[str, Any]:
+    """A COCO captions file's content, checked (``docs/formats/scenes.md``): ``images`` (see ``_check_images``;
+    ``file_name`` required) and ``annotations``, each with a whole-number ``id``, an ``image_id`` of
+    ``images`` and a ``caption`` string. Returned as it is, without ``categories`` (pycocotools' index would
+    want each caption to have a category)."""
+    refuse = _Refusal(path, "COCO captions")
+    images = _check_images(refuse, data, file_names=True)
+    for index, annotation in enumerate(refuse.entries(data, "annotations")):
+        where = _where("annotations", index, annotation)
+        if not _is_id(annotation.get("id")):
+            raise refuse(f"{where}: 'id' must be a whole number, got {_short(annotation.get('id'))}")
+        if not _is_id(annotation.get("image_id")) or annotation["image_id"] not in images:
+            raise refuse(f"{where}: image_id {_short(annotation.get('image_id'))} is not an image of 'images'")
+        if not isinstance(annotation.get("caption"), str):
+            hint = " (an instances file? give the captions file)" if "bbox" in annotation else ""
+            raise refuse(f"{where}: 'caption' must be a string, got {_short(annotation.get('caption'))}{hint}")
+    return {key: value for key, value in data.items() if key != "categories"}
+
+
+def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
+    """A COCO instances file's content, checked (``docs/formats/scenes.md``): ``images`` (see
+    ``_check_images``), ``categories`` with unique whole-number ids and non-empty names, and ``annotations``
+    with unique whole-number ids, an ``image_id`` of ``images``, a ``category_id`` of ``categories`` and a
+    ``bbox`` of four finite numbers [x, y, w, h] with w, h >= 0. Returned as it is."""
+    refuse = _Refusal(path, "COCO instances")
+    images = _check_images(refuse, data, file_names=False)
+    categories = refuse.entries(data, "categories")
+    category_ids = refuse.ids(categories, "categories")
+    for index, category in enumerate(categories):
+        if not (isinstance(category.get("name"), str) and category["name"]):
+            raise refuse(f"{_where('categories', index, category)}: 'name' must be a non-empty string, got "
+                         f"{_short(category.get('name'))}")
+    annotations = refuse.entries(data, "annotations")
+    refuse.ids(annotations, "annotations")
+    for index, annotation in enumerate(annotations):
+        where = _where("annotations", index, annotation)
+        if not _is_id(annotation.get("image_id")) or annotation["image_id"] not in images:
+            raise refuse(f"{where}: image_id {_short(annotation.get('image_id'))} is not an image of 'images'")
+        if not _is_id(annotation.get("category_id")) or annotation["category_id"] not in category_ids:
+            raise refuse(f"{where}: category_id {_short(annotation.get('category_id'))} is not one of "
+                         "'categories'")
+        box = annotation.get("bbox")
+        if not (isinstance(box, list) and len(box) == 4 and all(map(_is_number, box)) and box[2] >= 0
+                and box[3] >= 0):
+            raise refuse(f"{where}: 'bbox' must be four finite numbers [x, y, w, h] with w, h >= 0, got "
+                         f"{_short(box)}")
+    return data
+
+
+def check_attributes(data: Any, path: Path, annotation_ids: set[int] | None = None) -> dict[str, Any]:
+    """A Fashion scenes attributes file's content, checked (``docs/formats/scenes.md``): ``instances``, each
+    with a whole-number ``id`` (one of ``annotation_ids``, the instances file's, when given) and a ``colour``
+    string or null; ``colours``, where present, a list of strings holding every instance's colour. Returned
+    as it is."""
+    refuse = _Refusal(path, "scenes attributes")
+    instances = refuse.entries(data, "instances")
+    refuse.ids(instances, "instances")
+    colours = data.get("colours")
+    if colours is not None and not (isinstance(colours, list) and all(isinstance(c, str) for c in colours)):
+        raise refuse(f"'colours' must be a list of colour words, got {_short(colours)}")
+    for index, entry in enumerate(instances):
+        where, colour = _where("instances", index, entry), entry.get("colour")
+        if colour is not None and not isinstance(colour, str):
+            raise refuse(f"{where}: 'colour' must be a colour word or null, got {_short(colour)}")
+        if colours is not None and colour is not None and colour not in colours:
+            raise refuse(f"{where}: colour {colour!r} is not one of 'colours' {colours}")
+        if annotation_ids is not None and entry["id"] not in annotation_ids:
+            raise refuse(f"{where}: no annotation of the instances file has this id (the attributes of "
+                         "another split?)")
+    return data

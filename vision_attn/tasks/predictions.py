@@ -1,0 +1,140 @@
+"""``vision-attn predict``: the tasks' ``predict_step`` over the DataModule's predict set (its test split), and the
+JSON a run writes in its log dir, ``predictions.json``, in the format of the tool that makes the same predictions
+from image files: the captioner's results records as ``caption`` (and ``test``'s ``results_test.json``) write
+them, the classifiers' entries as ``classify`` writes them. Under DDP every rank predicts its share; the records
+are gathered (a collective) and rank 0 alone writes the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import Tensor
+
+from vision_attn.api import ClassificationResult
+from vision_attn.captioning.evaluation import caption_batch, gather_records
+from vision_attn.data.caption_datasets import EvalCaptionBatch
+from vision_attn.io import write_json_atomically
+from vision_attn.results import write_results
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS_FILE = "predictions.json"
+TOP_K = 5  # the classes each classifier entry lists, as `vision-attn classify` does by default
+
+
+def run_folder(trainer: L.Trainer) -> Path:
+    """Where a run writes its results: the first logger's log dir, else the trainer's ``default_root_dir``
+    (a collective under DDP: every rank must ask)."""
+    return Path(trainer.log_dir or trainer.default_root_dir)
+
+
+def write_run_results(trainer: L.Trainer, records: list[dict[str, Any]], name: str) -> Path | None:
+    """Rank 0 writes the captioner's gathered ``records`` as a results JSON called ``name`` in the run's folder
+    (every rank calls it; nothing is written without records). Returns the file on rank 0."""
+    path = run_folder(trainer) / name
+    if not trainer.is_global_zero or not records:
+        return None
+    log.info("wrote %d results to %s", len(records), write_results(path, records))
+    return path
+
+
+def all_ranks(records: list[Any]) -> list[Any]:
+    """Every rank's ``records`` in rank order (a collective under DDP; this rank's alone otherwise)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[Any] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, records)
+        return [record for part in gathered for record in (part or [])]
+    return list(records)
+
+
+class PredictionsWriter(BasePredictionWriter):
+    """At the end of ``vision-attn predict``, every rank's predictions are gathered and rank 0 writes them to
+    ``<log dir>/predictions.json`` with the task's ``save_predictions``, and prints where."""
+
+    def __init__(self) -> None:
+        super().__init__(write_interval="epoch")
+
+    def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any,
+                           batch_indices: Any) -> None:
+        """Gather the records of every batch (of the one predict loader) of every rank; rank 0 writes them (a
+        collective)."""
+        records = pl_module.gather_predictions([record for batch in predictions for record in (batch or [])])
+        path = run_folder(trainer) / PREDICTIONS_FILE
+        if trainer.is_global_zero:
+            written = pl_module.save_predictions(path, records)
+            print(f"wrote {len(records)} predictions to {os.path.abspath(written)}", flush=True)
+
+
+class Predicting:
+    """What ``vision-attn predict`` needs of a task (a mixin before ``BaseTask``): its ``predict_step`` returns
+    a list of records per batch, ``gather_predictions`` puts every rank's in order, ``save_predictions`` writes
+    them; the task brings the ``PredictionsWriter``."""
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The task's other callbacks and the ``PredictionsWriter``."""
+        return [*super().configure_callbacks(), PredictionsWriter()]  # type: ignore[misc]
+
+    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank's records, in the predict set's order (a collective under DDP)."""
+        raise NotImplementedError
+
+    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
+        """Write the gathered records to ``path`` atomically; returns it."""
+        raise NotImplementedError
+
+
+class CaptionPredictions(Predicting):
+    """The captioner's predictions: a results record per image (``caption_batch``, as ``test`` and ``caption``
+    make them), by image id, written as ``caption`` writes them."""
+
+    def predict_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
+        """The beam-searched results records of the batch's images (none for a batch of skipped images)."""
+        if batch is None:
+            return []
+        return caption_batch(self.model, batch.images, batch.image_ids,  # type: ignore[attr-defined]
+                             file_names=list(batch.file_names) or None, features=batch.features)
+
+    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank's records, one per image id, sorted by it (``gather_records``, as ``test`` gathers them)."""
+        return gather_records(records)
+
+    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
+        """The results JSON (``write_results``)."""
+        return write_results(path, records)
+
+
+class ClassPredictions(Predicting):
+    """The classifiers' predictions: ``classify``'s entry per image, ``{"file_name", "label", "probability",
+    "top_k"}`` with the 5 most probable classes. The predict loader gives each image's place in the predict set
+    (its index, and its file, or ``test/<index>`` for images held in memory) as the batch's last element."""
+
+    def predict_step(self, batch: tuple[Any, ...] | None, batch_idx: int) -> list[dict[str, Any]]:
+        """The batch's entries, each with its index in the predict set (``index``, for the order)."""
+        if batch is None:
+            return []
+        images, (indices, names) = batch[0], batch[-1]
+        logits: Tensor = self.model(images).float().cpu()  # type: ignore[attr-defined]
+        classes = self.class_names or [str(i) for i in range(logits.shape[-1])]  # type: ignore[attr-defined]
+        records = []
+        for index, name, row in zip(torch.as_tensor(indices).tolist(), names, logits, strict=True):
+            values, best = row.softmax(dim=-1).topk(min(TOP_K, len(classes)))
+            top_k = tuple((classes[i], p) for p, i in zip(values.tolist(), best.tolist(), strict=True))
+            records.append({"index": index, **ClassificationResult(str(name), top_k).to_record()})
+        return records
+
+    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank's entries in the predict set's order, each once, without their ``index``."""
+        ordered = {record["index"]: record for record in all_ranks(records)}
+        return [{k: v for k, v in ordered[index].items() if k != "index"} for index in sorted(ordered)]
+
+    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
+        """``classify``'s JSON: the list of entries."""
+        return write_json_atomically(path, records)
