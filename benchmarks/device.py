@@ -348,8 +348,23 @@ def progress(section: str, figures: dict[str, Any]) -> None:
     print(f"{section}: {json.dumps(figures, default=str)}", flush=True)
 
 
+def cpu_description() -> str:
+    """The CPU as ``lscpu`` names it, with its family and model and the vector flags that change our figures
+    (AVX2, AVX-512, bf16, AMX); the architecture alone where /proc/cpuinfo is not there."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+             if flag in fields.get("flags", "").split()]
+    return (f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}; {' '.join(flags) or 'no AVX2'})")
+
+
 def machine(device: torch.device) -> dict[str, Any]:
-    found = {"device": str(device), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+    """The device, torch, the CPU (``cpu_description``), the date, and for CUDA the card."""
+    found = {"device": str(device), "torch": torch.__version__, "cpu": cpu_description(),
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)

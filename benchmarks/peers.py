@@ -17,7 +17,6 @@ import ast
 import importlib
 import importlib.util
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.device import cpu_description
 from benchmarks.run import decoder_train_step, markdown_table, paired_median_seconds, random_captions
 from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                               repeats=options.repeats, compiled=not options.skip_compile)
         finally:
             torch.set_num_threads(threads)  # as it was: a caller in the same process keeps its own
-        results["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": options.threads,
+        results["machine"] = {"cpu": cpu_description(), "threads": options.threads,
                               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
         print(results["table"])
         write_json_atomically(out, results)

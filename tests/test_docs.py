@@ -72,3 +72,16 @@ def test_the_readme_links_only_files_that_exist() -> None:
     local = [link for link in links if not link.startswith(("http://", "https://"))]
     assert local and all((REPO / link).exists() for link in local), [link for link in local
                                                                       if not (REPO / link).exists()]
+
+
+def test_every_test_the_robustness_page_names_exists() -> None:
+    """The guarantees page cites the tests that hold each promise: every ``test_x.py`` and ``test_x.py::name``
+    it names is a file of the suite holding that test (a ``test_*`` prefix: some test starting so)."""
+    page = (REPO / "docs" / "robustness.md").read_text(encoding="utf-8")
+    cited = re.findall(r"(test_\w+\.py)(?:::(test_\w+\*?))?", page)
+    assert len(cited) >= 20
+    for file, name in cited:
+        source = (REPO / "tests" / file).read_text(encoding="utf-8")
+        if name:
+            end = "" if name.endswith("*") else r"\b"
+            assert re.search(rf"def {name.rstrip('*')}" + end, source), (file, name)
