@@ -75,7 +75,7 @@ def test_peer_benchmark_runs_our_side_without_the_snapshot(tmp_path, capsys) -> 
 
     out = tmp_path / "peers.json"
     threads = torch.get_num_threads()
-    peers_main(["--tiny", "--skip-compile", "--repeats", "1", "--threads", "1", "--out", str(out)])
+    peers_main(["--tiny", "--repeats", "1", "--threads", "1", "--out", str(out)])
     assert torch.get_num_threads() == threads  # restored for the rest of the process
     printed = capsys.readouterr().out
     assert printed.startswith("| what | figure | goal |") and "not measured: give --ruotianluo PATH" in printed
@@ -97,7 +97,7 @@ def test_peer_benchmark_refuses_a_bad_snapshot_in_one_line(kind, tmp_path, capsy
         snapshot.mkdir()
     out = tmp_path / "peers.json"
     with pytest.raises(SystemExit) as exit_info:
-        peers_main(["--tiny", "--skip-compile", "--ruotianluo", str(snapshot), "--out", str(out)])
+        peers_main(["--tiny", "--ruotianluo", str(snapshot), "--out", str(out)])
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and error.startswith(f"error: --ruotianluo {snapshot}")
     assert error.count("\n") == 1 and "Traceback" not in error and not out.exists()

@@ -14,6 +14,9 @@ the deep output and the vocabulary projection run once over all steps after the 
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -256,5 +259,28 @@ def compile_decoder(decoder: AttentionDecoder, mode: str | None = None, *, backe
     the loop fused into fewer kernels (and, in reduce-overhead, replayed as CUDA graphs). ``backend`` is
     torch.compile's (another than inductor checks the graph capture alone, as the tests do)."""
     options = {"mode": mode} if backend == "inductor" else {}
-    decoder.compile(backend=backend, **options)
-    decoder.step = torch.compile(decoder.step, backend=backend, **options)  # the method, compiled, on the instance
+    for name in ("forward", "step"):  # the methods, compiled, on the instance
+        eager = getattr(decoder, name)
+        compiled = torch.compile(eager, backend=backend, **options)
+        setattr(decoder, name, _eager_on_cpu(eager, compiled) if backend == "inductor" else compiled)
+
+
+def _eager_on_cpu(eager: Callable, compiled: Callable) -> Callable:
+    """``compiled`` on an accelerator, ``eager`` on CPU tensors: inductor's C++ code for this decoder gave NaN,
+    wrong beams and heap corruption on CPUs (torch 2.14.1; scripts/compiled_decoder_check.py shows it), while its
+    GPU code equals eager (checked on an H100). Said once per process."""
+    @functools.wraps(eager)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        first = next((value for value in args if isinstance(value, Tensor)), None)
+        if first is not None and first.device.type == "cpu":
+            _say_eager_on_cpu()
+            return eager(*args, **kwargs)
+        return compiled(*args, **kwargs)
+    return call
+
+
+@functools.cache
+def _say_eager_on_cpu() -> None:
+    logging.getLogger(__name__).warning(
+        "decoder.compile: the decoder runs eager on the CPU (inductor's CPU code for it computes wrong numbers in "
+        "this torch); it is compiled on GPUs")

@@ -102,7 +102,8 @@ class DecoderOptions(OptionGroup):
     """hard attention: the share of training batches that use the expected context instead of a sample"""
     compile: str | None = None
     """fit, validate and test run the teacher-forced loop and the beam-search step through torch.compile in this
-    mode: default, reduce-overhead (CUDA graphs), max-autotune (null: eager; the same numbers either way)"""
+    mode on GPUs: default, reduce-overhead (CUDA graphs), max-autotune (null: eager; the same numbers either way;
+    CPUs run eager)"""
 
     def check(self) -> None:
         """Refuse widths below 1, a dropout or β outside its range, an unknown attention mode, score or compile
