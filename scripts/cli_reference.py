@@ -26,7 +26,7 @@ END = "<!-- tools: end -->"
 
 def tool_help(name: str) -> str:
     """What ``vision-attn NAME --help`` prints, at a fixed width so the page does not depend on the terminal."""
-    from vision_attn.commands import TOOLS, data, inference  # noqa: F401 - importing them registers their tools
+    from vision_attn.commands import TOOLS, data, inference, interventions  # noqa: F401 - importing them registers their tools
 
     os.environ["COLUMNS"] = "100"
     out = io.StringIO()
@@ -37,7 +37,7 @@ def tool_help(name: str) -> str:
 
 def section() -> str:
     """The generated section: one heading per tool, its summary, and its ``--help`` as a code block."""
-    from vision_attn.commands import TOOLS, data, inference  # noqa: F401
+    from vision_attn.commands import TOOLS, data, inference, interventions  # noqa: F401
 
     lines = [START, ""]
     for name, (_, summary) in TOOLS.items():

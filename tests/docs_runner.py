@@ -42,7 +42,7 @@ TINY_FOR = {
     "configs/vit/imagefolder.yaml": "imagefolder.yaml",
 }
 COUNT_CAPS = {"make-scenes": {"--train": 12, "--val": 4, "--test": 4}, "rollout-mass": {"--count": 16},
-              "export-samples": {"--count": 4}}
+              "export-samples": {"--count": 4}, "erasure": {"--count": 4}, "deletion": {"--count": 16}}
 # Send this shell's folder, its log and its arguments to the server; the server answers with the exit status.
 CALL = r"""exec 3<>"/dev/tcp/127.0.0.1/$DOCS_RUNNER_PORT"
 printf '%s\0' "$#" "$PWD" "$DOCS_RUNNER_LOG" "$@" >&3

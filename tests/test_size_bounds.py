@@ -52,6 +52,13 @@ BOUNDED = [
     (["make-scenes", "--root", "o"], "--grid-size", 8),
     (["rollout-mass", "--ckpt", "c.ckpt"], "--canvas-size", 1024),
     (["rollout-mass", "--ckpt", "c.ckpt"], "--count", 10000),
+    (["erasure", "--ckpt", "c.ckpt", "--root", "s"], "--count", 100_000),
+    (["erasure", "--ckpt", "c.ckpt", "--root", "s"], "--batch-size", 256),
+    (["erasure", "--ckpt", "c.ckpt", "--root", "s"], "--beam", 50),
+    (["deletion", "--ckpt", "c.ckpt"], "--canvas-size", 1024),
+    (["deletion", "--ckpt", "c.ckpt"], "--count", 10000),
+    (["deletion", "--ckpt", "c.ckpt"], "--steps", 256),
+    (["deletion", "--ckpt", "c.ckpt"], "--batch-size", 1024),
     (["benchmark", "--out", "o.json"], "--threads", 1024),
 ]
 

@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from vision_attn.commands import TOOLS, data, inference  # noqa: F401 - importing them registers their tools
+from vision_attn.commands import TOOLS, data, inference, interventions  # noqa: F401 - importing them registers their tools
 from vision_attn.errors import exit_on_user_error
 
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",

@@ -48,7 +48,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser.add_argument("--canvas-size", type=bounded_int(1, 1024, "the 28-pixel items are specks on a larger "
                                                                    "canvas, which only costs memory and disk"),
                         default=96, help="canvas side in pixels, up to 1024 (default 96)")
-    parser.add_argument("--grid-size", type=bounded_int(1, 8, "a scene holds at most 3 items; more cells only "
+    parser.add_argument("--grid-size", type=bounded_int(1, 8, "a scene holds at most 5 items; more cells only "
                                                               "spread them thinner"),
                         default=3, help="grid cells per side, up to 8 (default 3)")
     parser.add_argument("--layout", choices=["grid", "free", "mixed"], default="grid",
@@ -63,6 +63,27 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                              "maker's (CSS, matplotlib's tab10, darker, paler)")
     parser.add_argument("--scale-jitter", type=number_in(0, 0.5), default=0.0,
                         help="resize each item by a factor in [1 - j, 1 + j] (default 0)")
+    parser.add_argument("--scale", type=number_in(0, 2), nargs=2, default=[1.0, 1.0], metavar=("MIN", "MAX"),
+                        help="resize each item by a factor from MIN to MAX instead (items of 10 to 56 pixels: MIN "
+                             "at least 0.34, MAX at most 2; default 1 1)")
+    parser.add_argument("--objects", type=bounded_int(1, 5, "more items crowd a 96-pixel canvas"), nargs=2,
+                        default=[2, 3], metavar=("MIN", "MAX"), help="items per scene, 1 to 5 (default 2 3)")
+    parser.add_argument("--overlap", type=number_in(0, 0.5), default=0.0,
+                        help="free and mixed layouts: items may overlap, each later one on top with a black outline, "
+                             "hiding at most this share of an item's pixels (0 to 0.5; default 0: never)")
+    parser.add_argument("--background", choices=["black", "noise", "texture", "distractors", "mixed"],
+                        default="black", help="what lies under the items: black (the default scenes), noise, "
+                                              "texture (photographs shipped with --texture-source), distractors "
+                                              "(strokes, arcs, blobs, item fragments) or mixed (one per scene); a "
+                                              "scene's background is also written alone, under backgrounds/<split>/")
+    parser.add_argument("--background-level", type=number_in(0, 1), default=0.5,
+                        help="the brightest a background is drawn, 0 to 1 of white (default 0.5)")
+    parser.add_argument("--background-weights", type=number_in(0, 1000), nargs=4, default=None,
+                        metavar=("BLACK", "NOISE", "TEXTURE", "DISTRACTORS"),
+                        help="--background mixed: the odds of each kind (default: equal)")
+    parser.add_argument("--texture-source", choices=["skimage", "matplotlib"], default="skimage",
+                        help="the photographs of texture backgrounds: scikit-image's or matplotlib's sample images "
+                             "(default skimage)")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
                         help="where to look for Fashion-MNIST after the system location")
     parser.add_argument("--overwrite", action="store_true",
@@ -76,7 +97,11 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                           seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
                           style={"layout": options.layout, "shade_jitter": options.shade_jitter,
                                  "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter,
-                                 "palette": options.palette},
+                                 "palette": options.palette, "scale": tuple(options.scale),
+                                 "objects": tuple(options.objects), "overlap": options.overlap,
+                                 "background": options.background, "background_level": options.background_level,
+                                 "background_weights": options.background_weights,
+                                 "texture_source": options.texture_source},
                           fashion_mnist_root=options.fashion_mnist_root, overwrite=options.overwrite)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "

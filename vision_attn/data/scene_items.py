@@ -2,11 +2,11 @@
 captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
 
 Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
-resized by up to the style's ``scale_jitter``, and put at a random place on a black ``canvas_size`` square
-(the default 32 is one cell of a 96-pixel scene's 3×3 grid). The drawing is ``scenes.draw_item`` itself, so
-the encoder learns on exactly the pixels a scene holds (training batches are drawn all at once, ``__getitems__``,
-with torch's antialiased bilinear resize in place of PIL's: the same pixels within a grey level, at a tenth of
-the cost). Layout options of the style do not apply to one item.
+resized by up to the style's ``scale_jitter`` (or within its ``scale``), and put at a random place on a black
+``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid). The drawing is
+``scenes.draw_item`` itself, so the encoder learns on exactly the pixels a scene holds (training batches are
+drawn all at once, ``__getitems__``, with torch's antialiased bilinear resize in place of PIL's: the same pixels
+within a grey level, at a tenth of the cost). Layout options of the style do not apply to one item.
 Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
 object, as Anderson et al. (2018) pretrain on object classes and attributes.
 """
@@ -28,6 +28,8 @@ from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
 def check_item_style(style: SceneStyle, canvas_size: int) -> None:
     """Refuse, in one line, a style out of range or a canvas too small for the largest item it draws."""
     style.check(canvas_size=2**20, grid_size=1)  # the value ranges only: one item needs no grid or free room
+    if style.background != "black":
+        raise ValueError(f"scene items are drawn on black: background {style.background!r} does not apply to them")
     largest = style.item_sizes()[1]
     if canvas_size < largest:
         raise ValueError(f"canvas_size {canvas_size} is smaller than the largest item ({largest} px at "
@@ -107,7 +109,7 @@ class SceneItemDataset(Dataset):
         greys, labels = gather(self.source, indices)
         greys = greys.reshape(-1, 1, ITEM_SIZE, ITEM_SIZE)  # (B, 1, 28, 28) uint8
         count = len(greys)
-        sizes = rng.integers(self.smallest, self.largest + 1, size=count) if self.style.scale_jitter \
+        sizes = rng.integers(self.smallest, self.largest + 1, size=count) if self.style.scaled \
             else np.full(count, ITEM_SIZE)
         colours = rng.integers(len(self.colours), size=count)
         tints = torch.from_numpy(self.style.tints(rng, [self.colours[c] for c in colours]).astype(np.int32))
@@ -134,7 +136,7 @@ class SceneItemDataset(Dataset):
     def _draw(self, index: int) -> tuple[Tensor, Tensor]:
         image, label = self.source[index]
         rng = self._rng(index)
-        size = int(rng.integers(self.smallest, self.largest + 1)) if self.style.scale_jitter else ITEM_SIZE
+        size = int(rng.integers(self.smallest, self.largest + 1)) if self.style.scaled else ITEM_SIZE
         colour = int(rng.integers(len(self.colours)))
         tint = self.style.tint(rng, self.colours[colour])
         item = draw_item(image.reshape(ITEM_SIZE, ITEM_SIZE).numpy(), tint, size)

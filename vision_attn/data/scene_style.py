@@ -19,15 +19,28 @@ A ``SceneStyle`` says how a split is drawn (``docs/formats/scenes.md``; the defa
   another maker's: ``css`` (CSS's named colours: green is (0, 128, 0)), ``tab10`` (matplotlib's tab:red,
   tab:green, tab:blue, gold and a light grey), ``dark`` (each pure colour at 63%), ``pale`` (pastels). Scenes that
   check colour naming on tints the training never drew; the jitters apply to ``exact`` only.
+- ``background``: what lies under the items (``backgrounds.py``): ``black`` (the default scenes), ``noise``,
+  ``texture`` (crops of photographs shipped with ``texture_source``: ``skimage`` or ``matplotlib``),
+  ``distractors`` (strokes, arcs, blobs and scrambled item fragments), or ``mixed`` (one of the four per scene,
+  with ``background_weights``: black, noise, texture, distractors; equal when null). ``background_level``
+  (0 to 1 of white) is the brightest it is drawn. Items are pasted over it with their own pixels as alpha.
+- ``objects``: [min, max] items per scene, within 1 to 5 (default [2, 3]).
+- ``scale``: [min, max] factors an item's side is drawn from (bilinear), instead of ``scale_jitter``: items are
+  at least 10 pixels (min ≥ 0.34) and at most 56 (max ≤ 2).
+- ``overlap`` (0 to 0.5; free and mixed layouts): items may overlap, each later one on top with a 1-pixel black
+  outline where it lies over an earlier one, hiding at most this share of any item's pixels.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 from PIL import Image
+
+from vision_attn.data.backgrounds import Background
 
 ITEM_SIZE = 28  # a Fashion-MNIST item's side, in pixels
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0),
@@ -50,6 +63,12 @@ SHADE_DEPTH, SHADE_SPREAD, SHADE_FLOOR = 80, 20, 45  # at shade_jitter 1: how fa
 HUE_FAMILIES = {"red": (0.0, 18.0, 0.5, 0.6), "yellow": (58.0, 10.0, 0.5, 0.75), "green": (120.0, 25.0, 0.5, 0.5),
                 "blue": (225.0, 25.0, 0.5, 0.6), "white": (0.0, 180.0, 0.1, 0.75)}
 MAX_SCALE_JITTER = 0.5
+MAX_OBJECTS_PER_SCENE = 5  # more items crowd a 96-pixel canvas, and their captions outgrow a sentence
+MIN_ITEM_SIDE, MAX_SCALE = 10, 2.0  # a smaller garment is a few pixels of noise; a larger one fills the canvas
+MAX_OVERLAP = 0.5  # an item hidden more than half is hardly one a caption can name
+# The fields a style had before backgrounds, object counts, scale ranges and overlap: a split's info records
+# the others only when they are not at their defaults, so earlier styles keep their bytes.
+FIRST_FIELDS = ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette")
 
 
 @dataclass(frozen=True)
@@ -61,17 +80,47 @@ class SceneStyle:
     scale_jitter: float = 0.0
     hue_jitter: float = 0.0
     palette: str = "exact"
+    background: str = "black"
+    background_level: float = 0.5
+    background_weights: tuple[float, ...] | None = None
+    texture_source: str = "skimage"
+    objects: tuple[int, int] = (2, 3)
+    scale: tuple[float, float] = (1.0, 1.0)
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Pairs and weights as tuples, as a config file's or a split info's lists come."""
+        for key in ("background_weights", "objects", "scale"):
+            value = getattr(self, key)
+            if isinstance(value, list):
+                object.__setattr__(self, key, tuple(value))
 
     @classmethod
     def of(cls, options: SceneStyle | Mapping | None) -> SceneStyle:
         """A style from a style, a mapping of its fields (as in a config file), or None (the default)."""
         if options is None or isinstance(options, SceneStyle):
             return options or cls()
-        unknown = set(options) - {"layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette"}
+        known = [field.name for field in fields(cls)]
+        unknown = set(options) - set(known)
         if unknown:
-            raise ValueError(f"unknown scene style option(s) {sorted(unknown)}: use layout, shade_jitter, "
-                             "hue_jitter, scale_jitter, palette")
+            raise ValueError(f"unknown scene style option(s) {sorted(unknown)}: use {', '.join(known)}")
         return cls(**options)
+
+    def recorded(self) -> dict:
+        """The style as a split's info records it: the first five fields, and the others that are not at their
+        defaults (so that styles without them keep their bytes)."""
+        default = SceneStyle()
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()
+                if key in FIRST_FIELDS or value != getattr(default, key)}
+
+    def background_spec(self) -> Background:
+        """The style's background (``backgrounds.Background``)."""
+        return Background(self.background, self.background_level, self.texture_source, self.background_weights)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether items are drawn at sizes other than 28 (``scale_jitter`` or ``scale``)."""
+        return bool(self.scale_jitter) or tuple(self.scale) != (1.0, 1.0)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
         """Refuse, in one line, an unknown layout or palette, a jitter out of range or that does not fit the
@@ -91,6 +140,7 @@ class SceneStyle:
                              "of each named colour, shade_jitter shades of its exact RGB value")
         if not 0 <= self.scale_jitter <= MAX_SCALE_JITTER:
             raise ValueError(f"scale_jitter must be between 0 and {MAX_SCALE_JITTER}, got {self.scale_jitter}")
+        self.check_clutter(canvas_size)
         largest = self.item_sizes()[1]
         if self.layout != "free" and canvas_size // grid_size < largest:
             raise ValueError(f"canvas_size // grid_size must be at least {largest} (the largest item size), got "
@@ -100,8 +150,36 @@ class SceneStyle:
             raise ValueError(f"a free layout needs canvas_size of at least {2 * largest} (two of the largest "
                              f"items side by side), got {canvas_size}")
 
+    def check_clutter(self, canvas_size: int) -> None:
+        """Refuse, in one line, a background, object count, scale range or overlap out of range, and free
+        layouts too crowded to place their items."""
+        self.background_spec().check("background")
+        low, high = _pair(self.objects, "objects")
+        if not (float(low).is_integer() and float(high).is_integer() and 1 <= low <= high <= MAX_OBJECTS_PER_SCENE):
+            raise ValueError(f"objects must be [min, max] whole numbers with 1 <= min <= max <= "
+                             f"{MAX_OBJECTS_PER_SCENE}, got {list(self.objects)}")
+        low, high = _pair(self.scale, "scale")
+        if not (round(ITEM_SIZE * low) >= MIN_ITEM_SIDE and low <= high <= MAX_SCALE):
+            raise ValueError(f"scale must be [min, max] factors with min <= max, items at least {MIN_ITEM_SIDE} "
+                             f"pixels (min >= {MIN_ITEM_SIDE / ITEM_SIZE:.2f}) and max <= {MAX_SCALE}, got "
+                             f"{list(self.scale)}")
+        if self.scale_jitter and tuple(self.scale) != (1.0, 1.0):
+            raise ValueError("a style sets scale_jitter or scale, not both: both give the range of item sizes")
+        if not (isinstance(self.overlap, int | float) and 0 <= self.overlap <= MAX_OVERLAP):
+            raise ValueError(f"overlap must be a share from 0 to {MAX_OVERLAP} of an item's pixels, got "
+                             f"{self.overlap!r}")
+        if self.overlap and self.layout == "grid":
+            raise ValueError("overlap needs layout free or mixed: on the grid each item has its own cell")
+        largest, most = self.item_sizes()[1], int(self.objects[1])
+        if self.layout != "grid" and most > 3 and not self.overlap and most * largest**2 > canvas_size**2 / 2:
+            raise ValueError(f"a free layout of up to {most} items of up to {largest} pixels needs canvas_size of at "
+                             f"least {math.ceil(largest * math.sqrt(2 * most))} (their squares on half the canvas), "
+                             f"got {canvas_size}; use a larger canvas_size, fewer objects, smaller items or overlap")
+
     def item_sizes(self) -> tuple[int, int]:
         """The smallest and largest side an item may be drawn at, in pixels."""
+        if tuple(self.scale) != (1.0, 1.0):
+            return round(ITEM_SIZE * self.scale[0]), round(ITEM_SIZE * self.scale[1])
         return round(ITEM_SIZE * (1 - self.scale_jitter)), round(ITEM_SIZE * (1 + self.scale_jitter))
 
     def tint(self, rng: np.random.Generator, colour: str) -> np.ndarray:
@@ -120,6 +198,14 @@ class SceneStyle:
         spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=(len(exact), 3))
         floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=(len(exact), 3))
         return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
+
+
+def _pair(value: object, name: str) -> tuple[float, float]:
+    """``value`` as two numbers, or a one-line refusal naming the option ``name``."""
+    if not (isinstance(value, tuple | list) and len(value) == 2
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+        raise ValueError(f"{name} must be two numbers [min, max], got {value!r}")
+    return float(value[0]), float(value[1])
 
 
 def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:

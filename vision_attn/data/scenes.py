@@ -1,22 +1,25 @@
 """Fashion scenes: the embedded captioning dataset, generated from Fashion-MNIST and written in COCO format.
 
-Each scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, tinted with
+A default scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, tinted with
 one colour each. Five captions per scene name every item with its colour, and relation phrases ("to the left
 of", "above", ...) are true of the items' bounding boxes. Layout is decided per split from ``(seed, split)``;
 the same arguments always write the same bytes.
 
-A ``SceneStyle`` (``scene_style.py``) says how a split is drawn: its layout, tints and item sizes.
+A ``SceneStyle`` (``scene_style.py``) says how a split is drawn: its layout, tints, item sizes and counts, its
+background (``backgrounds.py``) and overlap (``scene_clutter.py`` paints the items and captions 1, 4 or 5).
 
 Files under ``<root>/`` (``docs/formats/scenes.md``):
 
 - ``images/<split>/<id>.png``
 - ``annotations/captions_<split>.json``: COCO captions.
 - ``annotations/instances_<split>.json``: COCO instances; ``bbox`` is the tight box of the item's
-  non-zero pixels, ``area`` their count, ``category_id`` the Fashion-MNIST label + 1 (COCO ids start at 1).
+  drawn pixels, ``area`` the count of its visible ones (their RLE ``segmentation`` too, on a background or with
+  overlap), ``category_id`` the Fashion-MNIST label + 1 (COCO ids start at 1).
 - ``annotations/attributes_<split>.json``: per instance its ``colour``, the ``rgb`` it was tinted with, its
   grid ``cell`` [row, col] (null in free layouts) and source Fashion-MNIST image; per caption the relation
   phrases it states, as (subject instance id, relation, object instance id), so each phrase can be checked
   against the boxes.
+- ``backgrounds/<split>/<id>.png``: a scene's background alone, when it is not black.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+from vision_attn.data.scene_clutter import compose, distinguish, mask_rle, more_caption, place_free
 from vision_attn.data.scene_style import COLOURS, ITEM_SIZE, LAYOUTS, PALETTES, SceneStyle, draw_item
 from vision_attn.io import OwnedFolder
 
@@ -51,7 +54,7 @@ MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far
 PLACEMENT_TRIES = 1000
 PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is ~6× smaller than raw and as fast
 # The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
-# times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 3 items.
+# times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 5 items.
 MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
 
 
@@ -102,6 +105,8 @@ class _Captioner:
     def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
         """Caption ``form`` (0..4) naming the objects in ``order``; ``flags`` choose the axis of diagonal pairs."""
         n, rel = self.names, self.rel
+        if len(order) not in (2, 3):  # one, four or five objects
+            return more_caption(self, form, order, flags)
         if len(order) == 2:
             a, b = order
             if form in (0, 1):
@@ -158,6 +163,9 @@ def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int
                          f"{canvas_size} and {grid_size}")
     if grid_size < 2:
         raise ValueError(f"grid_size must be at least 2 (3 items need 3 cells), got {grid_size}")
+    most = max((int(style.objects[1]) for style in styles.values() if style.layout != "free"), default=0)
+    if grid_size * grid_size < most:
+        raise ValueError(f"a grid of {grid_size}x{grid_size} cells cannot hold {most} objects; use a larger grid_size")
     if canvas_size // grid_size < ITEM_SIZE:
         raise ValueError(f"canvas_size // grid_size must be at least {ITEM_SIZE} (the item size), got "
                          f"{canvas_size} // {grid_size} = {canvas_size // grid_size}; use a larger canvas_size")
@@ -166,20 +174,22 @@ def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int
 
 
 def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, grid_size: int,
-                    max_offset: int) -> dict[str, np.ndarray]:
-    """Random layouts of ``count`` scenes, all in arrays with one row per scene and a column per object slot."""
-    n_objects = rng.integers(2, MAX_OBJECTS + 1, size=count)  # (N,)
-    classes = rng.random((count, len(CLASS_WORDS))).argsort(axis=1)[:, :MAX_OBJECTS]  # (N, 3) distinct
-    cells = rng.random((count, grid_size * grid_size)).argsort(axis=1)[:, :MAX_OBJECTS]  # (N, 3) distinct
-    colours = rng.integers(0, len(COLOURS), size=(count, MAX_OBJECTS))
-    offsets = rng.integers(0, max_offset + 1, size=(count, MAX_OBJECTS, 2))  # (dy, dx)
+                    max_offset: int, objects: tuple[int, int] = (2, MAX_OBJECTS)) -> dict[str, np.ndarray]:
+    """Random layouts of ``count`` scenes, all in arrays with one row per scene and a column per object slot
+    (three, or ``objects``' most when more: the default scenes' draws stay as they were)."""
+    slots = max(MAX_OBJECTS, int(objects[1]))
+    n_objects = rng.integers(int(objects[0]), int(objects[1]) + 1, size=count)  # (N,)
+    classes = rng.random((count, len(CLASS_WORDS))).argsort(axis=1)[:, :slots]  # (N, 3) distinct
+    cells = rng.random((count, grid_size * grid_size)).argsort(axis=1)[:, :slots]  # (N, 3) distinct
+    colours = rng.integers(0, len(COLOURS), size=(count, slots))
+    offsets = rng.integers(0, max_offset + 1, size=(count, slots, 2))  # (dy, dx)
     # An item of the chosen class: a uniform pick among the split's images of that class.
     by_class = np.argsort(labels, kind="stable")
     class_start = np.searchsorted(labels[by_class], np.arange(len(CLASS_WORDS)))
     class_count = np.bincount(labels, minlength=len(CLASS_WORDS))
-    pick = (rng.random((count, MAX_OBJECTS)) * class_count[classes]).astype(np.int64)
+    pick = (rng.random((count, slots)) * class_count[classes]).astype(np.int64)
     sources = by_class[class_start[classes] + pick]  # (N, 3) indices into the split's images
-    orders = rng.random((count, CAPTIONS_PER_IMAGE, MAX_OBJECTS)).argsort(axis=2)  # per caption, naming order
+    orders = rng.random((count, CAPTIONS_PER_IMAGE, slots)).argsort(axis=2)  # per caption, naming order
     flags = rng.random((count, CAPTIONS_PER_IMAGE, 2)) < 0.5  # per caption, the axis used for diagonal pairs
     return {"n_objects": n_objects, "classes": classes, "cells": cells, "colours": colours, "offsets": offsets,
             "sources": sources, "orders": orders, "flags": flags}
@@ -219,7 +229,9 @@ def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style
     info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
             "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
     if style != SceneStyle():  # the default style is left out, so default scenes keep their bytes
-        info["style"] = asdict(style)
+        info["style"] = style.recorded()
+    if style.background != "black":  # its scenes' backgrounds are written alone too (backgrounds/<split>/)
+        info["backgrounds"] = True
     return info
 
 
@@ -228,23 +240,29 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     """Draw and write one split's scenes from its pool of Fashion-MNIST ``images`` (M, 28, 28) and ``labels``."""
     cell_size = canvas_size // grid_size
     rng = np.random.default_rng([seed, SPLIT_CODES[split]])
-    layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE)
+    layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE, style.objects)
     style_rng = np.random.default_rng([seed, SPLIT_CODES[split], 1])  # the style's own draws, after the layout's
+    background_rng = np.random.default_rng([seed, SPLIT_CODES[split], 2])  # the backgrounds' draws
+    background = style.background_spec()
+    clutter = style.background != "black" or bool(style.overlap)  # instances then carry their visible masks
     smallest, largest = style.item_sizes()
     colour_names = list(COLOURS)
     source_split, source_slice = SOURCES[split]
     image_dir = root / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
+    if style.background != "black":
+        (root / "backgrounds" / split).mkdir(parents=True, exist_ok=True)
     info = split_info(split, seed=seed, canvas_size=canvas_size, grid_size=grid_size, style=style)
     image_entries, captions, instances, attributes, relations = [], [], [], [], []
     for index in range(count):
         image_id = index + 1
-        canvas = np.zeros((canvas_size, canvas_size, 3), dtype=np.uint8)
+        under, kind = background.draw(background_rng, canvas_size, fragments=images) if clutter else \
+            (np.zeros((canvas_size, canvas_size, 3), dtype=np.uint8), "black")
         n_objects = int(layout["n_objects"][index])
         free = style.layout == "free" or (style.layout == "mixed" and style_rng.random() < 0.5)
         items, sizes, tints, tight = [], [], [], []
         for slot in range(n_objects):
-            size = int(style_rng.integers(smallest, largest + 1)) if style.scale_jitter else ITEM_SIZE
+            size = int(style_rng.integers(smallest, largest + 1)) if style.scaled else ITEM_SIZE
             tint = style.tint(style_rng, colour_names[int(layout["colours"][index, slot])])
             tinted = draw_item(images[int(layout["sources"][index, slot])], tint, size)
             items.append(tinted)
@@ -252,7 +270,10 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
             tints.append(tint)
             tight.append(_tight_box(tinted.any(axis=2)))
         cells: list[tuple[int, int] | None] = []
-        if free:
+        if free and (style.overlap or int(style.objects[1]) > MAX_OBJECTS):
+            corners = place_free(style_rng, items, tight, canvas_size, style.overlap)
+            cells = [None] * n_objects
+        elif free:
             corners = _free_positions(style_rng, sizes, tight, canvas_size)
             cells = [None] * n_objects
         else:
@@ -265,17 +286,18 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
                     dy, dx = (int(v) for v in style_rng.integers(0, cell_size - size + 1, size=2))
                 corners.append((row * cell_size + dy, col * cell_size + dx))
                 cells.append((row, col))
+        canvas, visible = compose(under, items, corners, outline=bool(style.overlap))
         names, boxes, instance_ids = [], [], []
         for slot in range(n_objects):
             label, colour = int(layout["classes"][index, slot]), int(layout["colours"][index, slot])
             source = int(layout["sources"][index, slot])
-            (y0, x0), size, tinted = corners[slot], sizes[slot], items[slot]
-            canvas[y0 : y0 + size, x0 : x0 + size] = tinted
-            top, left, bottom, right = tight[slot]
+            (y0, x0), (top, left, bottom, right) = corners[slot], tight[slot]
             box = [x0 + left, y0 + top, right - left, bottom - top]
             instance_id = len(instances) + 1
             instances.append({"id": instance_id, "image_id": image_id, "category_id": category_id(label),
-                              "bbox": box, "area": int(np.count_nonzero(tinted.any(axis=2))), "iscrowd": 0})
+                              "bbox": box, "area": int(visible[slot].sum()), "iscrowd": 0})
+            if clutter:  # the visible pixels: under a background or a later item, no longer the non-zero ones
+                instances[-1]["segmentation"] = mask_rle(visible[slot])
             cell = cells[slot]
             attributes.append({"id": instance_id, "image_id": image_id, "colour": colour_names[colour],
                                "rgb": [int(v) for v in tints[slot]], "cell": list(cell) if cell else None,
@@ -300,6 +322,9 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
         # A new file rather than an overwrite: ext4 flushes truncated files on close, ~10x slower here.
         (image_dir / file_name).unlink(missing_ok=True)
         Image.fromarray(canvas).save(image_dir / file_name, compress_level=PNG_COMPRESS_LEVEL)
+        if kind != "black":  # the background alone, each item's pixels distinct from what lies under them
+            Image.fromarray(distinguish(under, canvas, visible)).save(root / "backgrounds" / split / file_name,
+                                                                      compress_level=PNG_COMPRESS_LEVEL)
         image_entries.append({"id": image_id, "file_name": file_name, "width": canvas_size, "height": canvas_size})
     annotations = root / "annotations"
     annotations.mkdir(parents=True, exist_ok=True)

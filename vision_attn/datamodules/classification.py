@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.data import cifar10, fashion_mnist, scenes
+from vision_attn.data.backgrounds import fill_canvases
 from vision_attn.data.classification import (
     ImageFileDataset,
     PlacedItems,
@@ -181,10 +182,11 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     window of a 56-pixel canvas costs about half a step, the rest of the canvas being black.
     ``canvas.background_noise`` fills every pixel of a training canvas but its item's with uniform grey noise up to
     a level drawn per image from 0 to it, so that the model learns the item, not "whatever is not black";
-    evaluation canvases stay black. Validation and test items get a fixed place from ``canvas.seed``, and their
-    batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's pixels > 0), so the ViT logs rollout
-    mass and the pointing game as it validates and tests. Normalised by the canvases' own mean and std. The other
-    options are those of ``FashionMNISTDataModule``.
+    ``canvas.background`` draws one of the scenes' backgrounds there instead (``data.backgrounds``: noise, textures,
+    distractors or mixed). Evaluation canvases stay black. Validation and test items get a fixed place from
+    ``canvas.seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's pixels >
+    0), so the ViT logs rollout mass and the pointing game as it validates and tests. Normalised by the canvases'
+    own mean and std. The other options are those of ``FashionMNISTDataModule``.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
@@ -196,6 +198,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         self.canvas_size, self.train_window, self.window_step = (self.canvas.size, self.canvas.train_window,
                                                                  self.canvas.window_step)
         self.background_noise, self.seed = self.canvas.background_noise, self.canvas.seed
+        self.background = self.canvas.background_spec()
         self.image_size = self.canvas.size
         mean, std = fashion_mnist.canvas_mean_std(self.canvas.size)
         self.mean, self.std = [mean], [std]
@@ -230,11 +233,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             size = self.train_window or self.canvas_size
             places = fashion_mnist.random_places(len(images), size, device=images.device)
             canvases = fashion_mnist.place_on_canvas(items, places, size)
-            if self.background_noise:  # grey noise on every pixel but the item's, up to a level drawn per image
-                around = canvases == 0
-                levels = torch.randint(0, self.background_noise + 1, (len(items), 1, 1, 1), device=items.device)
-                grey = (torch.rand(canvases.shape, device=items.device) * (levels + 1)).to(torch.uint8)
-                canvases = torch.where(around, grey, canvases)
+            canvases = fill_canvases(canvases, items, noise=self.background_noise, background=self.background)
             if self.augmentation.erase_prob:
                 canvases = random_erase(canvases, self.augmentation.erase_prob)
             boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vision_attn.data.backgrounds import Background
 from vision_attn.option_groups import OptionGroup, at_most, finite, require
 
 KARPATHY_SPLITS = ("train", "val", "test")  # restval is always part of train
@@ -169,13 +170,24 @@ class Canvas(OptionGroup):
     """windows start at multiples of this (set it to the ViT's patch size)"""
     background_noise: int = 0
     """training canvases get grey noise up to a level drawn per image from 0 to this (0..255) around the item"""
+    background: str = "black"
+    """training canvases' background around the item: black, noise, texture, distractors or mixed (the scenes')"""
+    background_level: float = 0.5
+    """the brightest the background is drawn, 0 to 1 of white"""
+    background_weights: list[float] | None = None
+    """background mixed: the odds of black, noise, texture and distractors (null: equal)"""
+    texture_source: str = "skimage"
+    """background texture: the photographs shipped with skimage (scikit-image) or matplotlib"""
 
     def check(self) -> None:
-        """Refuse a noise level outside 0..255, a canvas smaller than an item, or a window that cannot reach every
-        place on the canvas in whole steps."""
+        """Refuse a noise level outside 0..255, a background out of range or with noise, a canvas smaller than an
+        item, or a window that cannot reach every place on the canvas in whole steps."""
         item = 28
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")
+        require(not (self.background_noise and self.background != "black"), self.name,
+                "background_noise is grey noise on black: set it or background, not both")
+        self.background_spec().check(f"{self.name}.background")
         require(self.size >= item, self.name, f"size must be at least {item} (an item's side), got {self.size}")
         at_most(self.name, "size", self.size, 1024, "a 28-pixel item is a speck on a larger canvas, which only "
                                                     "costs memory")
@@ -185,3 +197,8 @@ class Canvas(OptionGroup):
                 f"train_window must be from {item} + window_step - 1 to size, and size minus it a multiple of "
                 f"window_step, so that windows reach every place: got train_window {window}, window_step {step}, "
                 f"size {self.size}")
+
+    def background_spec(self) -> Background:
+        """The training canvases' background (``data.backgrounds``)."""
+        weights = None if self.background_weights is None else tuple(self.background_weights)
+        return Background(self.background, self.background_level, self.texture_source, weights)

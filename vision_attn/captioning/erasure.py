@@ -1,0 +1,295 @@
+"""Does the captioner's α point at what makes it say the word? An erasure test (``docs/formats/metrics.md``).
+
+Pointing only asks whether α's argmax cell falls on an object. Here each class word a caption emits is tested
+by intervention: the object whose box holds α's argmax cell at that word (the attended object) is erased (its box
+filled with the scene's background), and so, in a second image, is another object of the scene. The same caption
+is re-scored by teacher forcing on both, and the word's log-probability read at its position. If attention shows
+what the word rests on, erasing the attended object lowers it more than erasing the other one.
+
+``erase_and_score`` does one batch against any ``Scorer`` (the tests hand-write one); ``erasure_test`` runs a
+checkpoint over a split of the Fashion scenes, all erasures of a batch of images in one encoder pass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from vision_attn.captioning.captioner import Captioner
+from vision_attn.data.coco import load_caption_image, load_coco, resolve_inside
+from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, readable_batches
+from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
+from vision_attn.errors import DatasetNotFoundError
+from vision_attn.io import write_json_atomically
+
+# (uint8 images (N, 3, S, S), captions (N, T+1) = <start> w_1 .. <end> <pad>..) -> log p(captions[:, 1:]) (N, T)
+Scorer = Callable[[Tensor, Tensor], Tensor]
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in the network input's pixels
+SKIPS = ("single_object", "no_attended_object")  # why a class word was not scored
+
+
+class WordErasure(NamedTuple):
+    """One scored class word: where it is, the attended object and the other one erased, and the word's
+    log-probability on the image as it is and with each object erased."""
+
+    image_id: Any
+    position: int
+    word: str
+    attended: str
+    other: str
+    log_prob: float
+    log_prob_attended_erased: float
+    log_prob_other_erased: float
+
+    @property
+    def drop_attended(self) -> float:
+        """How much erasing the attended object lowers the word's log-probability."""
+        return self.log_prob - self.log_prob_attended_erased
+
+    @property
+    def drop_other(self) -> float:
+        """How much erasing the other object lowers the word's log-probability."""
+        return self.log_prob - self.log_prob_other_erased
+
+
+def attended_object(alpha: Tensor, grid: tuple[int, int], image_size: tuple[int, int],
+                    boxes: Sequence[Box]) -> int | None:
+    """The index of the box that holds the centre of α's argmax cell (α (L,) over a Gh×Gw grid laid over an
+    image of (H, W) pixels), as pointing counts it: each box grown by half a cell on every side; of several,
+    the nearest to the centre. None when no box holds it."""
+    grid_h, grid_w = grid
+    cell_h, cell_w = image_size[0] / grid_h, image_size[1] / grid_w
+    row, col = divmod(int(alpha.argmax()), grid_w)
+    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
+    best, nearest = None, math.inf
+    for index, (x0, y0, x1, y1) in enumerate(boxes):
+        if x0 - cell_w / 2 <= x <= x1 + cell_w / 2 and y0 - cell_h / 2 <= y <= y1 + cell_h / 2:
+            distance = math.hypot(max(x0 - x, 0, x - x1), max(y0 - y, 0, y - y1))
+            if distance < nearest:
+                best, nearest = index, distance
+    return best
+
+
+def erase_box(image: Tensor, background: Tensor, box: Box) -> Tensor:
+    """A copy of ``image`` (C, H, W) with the pixels ``box`` touches taken from ``background`` (C, H, W)."""
+    x0, y0, x1, y1 = box
+    left, top = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
+    right, bottom = min(int(math.ceil(x1)), image.shape[-1]), min(int(math.ceil(y1)), image.shape[-2])
+    erased = image.clone()
+    erased[..., top:bottom, left:right] = background[..., top:bottom, left:right]
+    return erased
+
+
+class Planned(NamedTuple):
+    """A class word to score: its image (index in the batch), position, word, and the two objects to erase."""
+
+    image: int
+    position: int
+    word: str
+    attended: int
+    other: int
+
+
+def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
+                  objects: Sequence[Sequence[tuple[str, Box]]], *, grid: tuple[int, int],
+                  image_size: tuple[int, int], class_words: set[str],
+                  image_ids: Sequence[Any], seed: int = 0) -> tuple[list[Planned], Counter]:
+    """The class words of a batch's captions to score, and the count of those skipped (``SKIPS``): a word whose α
+    points at no object, or whose scene has no other object. The other object is drawn uniformly among the rest,
+    seeded by ``seed``, the image id and the position (so it does not depend on the batch)."""
+    planned, skipped = [], Counter({reason: 0 for reason in SKIPS})
+    for index, (caption, alpha_rows, scene) in enumerate(zip(words, alphas, objects, strict=True)):
+        boxes = [box for _, box in scene]
+        for position, word in enumerate(caption):
+            if word not in class_words:
+                continue
+            attended = attended_object(alpha_rows[position], grid, image_size, boxes)
+            if attended is None:
+                skipped["no_attended_object"] += 1
+                continue
+            others = [i for i in range(len(scene)) if i != attended]
+            if not others:
+                skipped["single_object"] += 1
+                continue
+            other = random.Random(f"{seed}/{image_ids[index]}/{position}").choice(others)
+            planned.append(Planned(index, position, word, attended, other))
+    return planned, skipped
+
+
+def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions: Tensor, planned: Sequence[Planned],
+                    objects: Sequence[Sequence[tuple[str, Box]]], image_ids: Sequence[Any]) -> list[WordErasure]:
+    """Score ``planned`` words in one call of ``score``: each image (B, 3, S, S) as it is with its caption
+    (``captions`` (B, T+1)), then for each word its image with the attended object erased and with the other one
+    erased (from ``backgrounds`` (B, 3, S, S)), each with the same caption; the word's log-probability is read at
+    its position."""
+    if not planned:
+        return []
+    erased = [erase_box(pixels[p.image], backgrounds[p.image], objects[p.image][which][1])
+              for p in planned for which in (p.attended, p.other)]
+    images = torch.cat([pixels, torch.stack(erased)])
+    rows = torch.tensor([p.image for p in planned for _ in range(2)])
+    captions = captions[:, : max(p.position for p in planned) + 2]  # the words after the last one scored: unread
+    log_probs = score(images, torch.cat([captions, captions[rows]])).float().cpu()  # (B + 2K, T)
+    found = []
+    for index, p in enumerate(planned):
+        base, erased_rows = log_probs[p.image, p.position], log_probs[len(pixels) + 2 * index:, p.position]
+        found.append(WordErasure(image_ids[p.image], p.position, p.word, objects[p.image][p.attended][0],
+                                 objects[p.image][p.other][0], float(base), float(erased_rows[0]),
+                                 float(erased_rows[1])))
+    return found
+
+
+def summarise(words: Sequence[WordErasure], *, images: int, skipped: Mapping[str, int]) -> dict[str, Any]:
+    """The measures (``docs/formats/metrics.md``): the share of scored words whose log-probability erasing the
+    attended object lowers more than erasing the other one (a tie is not lower), the mean drops, the share whose
+    attended object is the one the word names, and the counts."""
+    count, nan = len(words), float("nan")
+    mean = (lambda values: sum(values) / count) if count else (lambda values: nan)
+    return {"images": images, "words": count, "skipped": {reason: int(skipped.get(reason, 0)) for reason in SKIPS},
+            "attended_drop_larger": mean([float(w.drop_attended > w.drop_other) for w in words]),
+            "mean_drop_attended": mean([w.drop_attended for w in words]),
+            "mean_drop_other": mean([w.drop_other for w in words]),
+            "attended_is_named": mean([float(w.attended == w.word) for w in words])}
+
+
+def captioner_scorer(captioner: Captioner) -> Scorer:
+    """The ``Scorer`` of a captioner: its teacher-forced log-probability of each caption token."""
+    @torch.inference_mode()
+    def score(pixels: Tensor, captions: Tensor) -> Tensor:
+        images = normalize(pixels.to(captioner.device), captioner.mean, captioner.std)
+        captions = captions.to(captioner.device)
+        logits = captioner(images, captions).logits.float()  # (N, T, V), one encoder pass for all N
+        return logits.gather(2, captions[:, 1:, None]).squeeze(2) - logits.logsumexp(-1)  # no second (N, T, V)
+    return score
+
+
+def background_file(root: Path, split: str, file_name: str, *, source: Path) -> Path | None:
+    """A scene's background, ``backgrounds/<split>/<file name>`` under the scenes root, where that file exists
+    (scenes drawn on a background keep it there); None for the plain black canvas."""
+    path = resolve_inside(root / "backgrounds" / split, file_name, source=source)
+    return path if path.is_file() else None
+
+
+class Scene(NamedTuple):
+    """An image of the scenes to test: its id, file, background file (None: black) and objects (name, box in
+    the image file's pixels as x0, y0, x1, y1)."""
+
+    image_id: Any
+    path: Path
+    background: Path | None
+    objects: list[tuple[str, Box]]
+    size: tuple[int, int]  # (width, height)
+
+
+def read_scenes(root: str | os.PathLike, split: str, count: int | None = None) -> tuple[list[Scene], set[str]]:
+    """The first ``count`` images (all when None) of a Fashion scenes split, and the class words (the instances
+    file's category names), read and checked before any work."""
+    root = Path(root)
+    instances = root / "annotations" / f"instances_{split}.json"
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"{root}: no such folder (a Fashion scenes root, as `vision-attn make-scenes` "
+                                   "writes)")
+    if not instances.is_file():
+        raise DatasetNotFoundError(f"{instances}: not found; is {root} a Fashion scenes root with a {split} split?")
+    coco = load_coco(instances, "instances")
+    names = {category["id"]: category["name"] for category in coco.cats.values()}
+    scenes = []
+    for image_id, image in list(coco.imgs.items())[:count]:
+        if "width" not in image or "height" not in image:
+            raise ValueError(f"{instances}: image {image_id!r} has no width and height, which placing its boxes "
+                             "on the network input needs")
+        boxes = [(names[a["category_id"]], (a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2],
+                                            a["bbox"][1] + a["bbox"][3])) for a in coco.imgToAnns.get(image_id, [])]
+        path = resolve_inside(root / "images" / split, image.get("file_name"), source=instances)
+        scenes.append(Scene(image_id, path, background_file(root, split, image["file_name"], source=instances),
+                            boxes, (image["width"], image["height"])))
+    if not scenes:
+        raise ValueError(f"{instances}: holds no images")
+    return scenes, set(names.values())
+
+
+def scene_pixels(scene: Scene, size: int) -> Tensor:
+    """The image and its background as the captioner sees them: uint8 (2, 3, size, size); black without one."""
+    image = load_caption_image(scene.path, size)
+    background = torch.zeros_like(image) if scene.background is None else load_caption_image(scene.background, size)
+    return torch.stack([image, background])
+
+
+def input_boxes(scene: Scene, size: int) -> list[tuple[str, Box]]:
+    """The scene's objects with their boxes in the pixels of the network input (the image squashed to size²)."""
+    sx, sy = size / scene.size[0], size / scene.size[1]
+    return [(name, (x0 * sx, y0 * sy, x1 * sx, y1 * sy)) for name, (x0, y0, x1, y1) in scene.objects]
+
+
+def caption_ids(tokens: Sequence[Sequence[int]]) -> Tensor:
+    """Captions as padded ids (B, T+1): <start> w_1 .. w_n <end> <pad>.."""
+    width = max(len(ids) for ids in tokens) + 2
+    return torch.tensor([[START_ID, *ids, END_ID] + [PAD_ID] * (width - len(ids) - 2) for ids in tokens])
+
+
+class ErasureReport(NamedTuple):
+    """What ``erasure_test`` found: the measures (``summarise``) and every scored word."""
+
+    summary: dict[str, Any]
+    words: list[WordErasure]
+
+
+def iter_erasures(captioner: Captioner, scenes: Sequence[Scene], class_words: set[str], *, beam_size: int | None = None,
+                  batch_size: int = 16, seed: int = 0, on_bad_image: OnBadImage = "error",
+                  bad_images: BadImageCounter | None = None) -> Iterator[tuple[int, list[WordErasure], Counter]]:
+    """Per batch of readable scenes: (its number of images, its scored words, its skips). Each batch is
+    captioned by beam search, then scored once, its images and all their erasures together."""
+    size, score = captioner.image_size, captioner_scorer(captioner)
+    for chunk, loaded in readable_batches(scenes, lambda scene: scene_pixels(scene, size), batch_size=batch_size,
+                                          on_bad_image=on_bad_image, bad_images=bad_images):
+        pixels, backgrounds = loaded[:, 0], loaded[:, 1]
+        with torch.inference_mode():
+            decoded = captioner.decode(normalize(pixels.to(captioner.device), captioner.mean, captioner.std),
+                                       beam_size=beam_size)
+        hypotheses, ids = decoded.hypotheses, [scene.image_id for scene in chunk]
+        objects = [input_boxes(scene, size) for scene in chunk]
+        planned, skipped = plan_erasures([captioner.words(h) for h in hypotheses], [h.alphas for h in hypotheses],
+                                         objects, grid=decoded.grid, image_size=(size, size), class_words=class_words,
+                                         image_ids=ids, seed=seed)
+        captions = caption_ids([h.tokens for h in hypotheses])
+        yield len(chunk), erase_and_score(score, pixels, backgrounds, captions, planned, objects, ids), skipped
+
+
+def erasure_test(checkpoint: str | os.PathLike, root: str | os.PathLike, *, split: str = "test",
+                 count: int | None = None, beam_size: int | None = None, batch_size: int = 16, seed: int = 0,
+                 device: str = "cpu", on_bad_image: OnBadImage = "error",
+                 on_batch: Callable[[int, int], None] | None = None) -> ErasureReport:
+    """The erasure test of a captioner checkpoint on the first ``count`` scenes of a split (all when None);
+    ``on_batch`` sees how many images each batch held and how many there are in all (the CLI's progress bar)."""
+    scenes, class_words = read_scenes(root, split, count)
+    captioner = Captioner.from_checkpoint(checkpoint, device=device)
+    words, skipped, images = [], Counter(), 0
+    for done, found, skips in iter_erasures(captioner, scenes, class_words, beam_size=beam_size,
+                                            batch_size=batch_size, seed=seed, on_bad_image=on_bad_image):
+        images += done
+        words += found
+        skipped.update(skips)
+        if on_batch is not None:
+            on_batch(done, len(scenes))
+    summary = summarise(words, images=images, skipped=skipped)
+    summary.update(split=split, backgrounds=sum(scene.background is not None for scene in scenes),
+                   beam_size=beam_size or captioner.decoding.beam_size)
+    return ErasureReport(summary, words)
+
+
+def write_erasure(out: str | os.PathLike, report: ErasureReport) -> Path:
+    """The report as JSON: the summary's fields, then ``records``, one per scored word (its drops rounded)."""
+    records = [{"image_id": w.image_id, "position": w.position, "word": w.word, "attended": w.attended,
+                "other": w.other, "log_prob": round(w.log_prob, 6), "drop_attended": round(w.drop_attended, 6),
+                "drop_other": round(w.drop_other, 6)} for w in report.words]
+    clean = {key: (None if isinstance(value, float) and math.isnan(value) else value)
+             for key, value in report.summary.items()}
+    return write_json_atomically(out, {**clean, "records": records})

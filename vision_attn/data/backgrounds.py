@@ -1,0 +1,230 @@
+"""What lies under the items: the background families of the Fashion scenes and of the ViT's Fashion-MNIST canvas.
+
+A model that only ever saw items on black learns "an object is whatever is not black". A ``Background`` draws
+something else under them, from a random generator, one image at a time (``docs/formats/scenes.md``):
+
+- ``black``: zeros (the default scenes and canvases; draws nothing from the generator).
+- ``noise``: grey or coloured (even odds) uniform noise at a level drawn from 0 to ``level`` (a share of white),
+  with a grain drawn from 1 to ``MAX_GRAIN`` pixels: noise drawn on a canvas that many times smaller, then
+  resized up (bilinear, so a coarse grain is also a blur).
+- ``texture``: a crop of a real photograph shipped inside an installed package (``TEXTURE_SOURCES``; read from
+  the package's own folder, never fetched): a random square crop of a random image, resized to the canvas,
+  mirrored left-right and up-down with even odds each, and dimmed to a level drawn from 0 to ``level``.
+- ``distractors``: clutter that is none of the ten classes, on black: 3 to 10 random strokes, arcs, blobs and
+  fragments of items (a crop of 8 to 16 pixels of a random item, cut in four tiles that are shuffled, then
+  turned by a multiple of 90 degrees: never a whole garment), each in a random colour at a level drawn from 0
+  to ``level``.
+- ``mixed``: each image draws one of the four above, with ``weights`` (black, noise, texture, distractors;
+  equal by default).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:
+    import torch
+
+BACKGROUNDS = ("black", "noise", "texture", "distractors", "mixed")
+DRAWN = ("black", "noise", "texture", "distractors")  # what ``mixed`` draws from, in the order of its weights
+# The photographs each texture source offers: (package, folder inside it, files). All ship in the packages' wheels
+# (scikit-image's are the images ``skimage.data`` reads without downloading them), so nothing is fetched.
+TEXTURE_SOURCES = {
+    "skimage": ("skimage", "data", ("astronaut.png", "brick.png", "camera.png", "cell.png", "chelsea.png",
+                                    "clock_motion.png", "coffee.png", "coins.png", "grass.png", "gravel.png",
+                                    "hubble_deep_field.jpg", "ihc.png", "moon.png", "motorcycle_left.png", "page.png",
+                                    "retina.jpg", "rocket.jpg", "text.png")),
+    "matplotlib": ("matplotlib", "mpl-data/sample_data", ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")),
+}
+TEXTURE_PACKAGES = {"skimage": "scikit-image", "matplotlib": "matplotlib"}  # what to install for each source
+MAX_GRAIN = 8  # noise: the coarsest grain, in pixels
+DISTRACTORS = (3, 10)  # how many a distractors background holds, at least and at most
+FRAGMENT_SIDES = (8, 16)  # the side of an item's crop that a fragment is cut from, in pixels
+
+
+def texture_files(source: str) -> list[Path]:
+    """The photographs of texture source ``source``, in the installed package's folder; refuses, in one line, an
+    unknown source, a package that is not installed or a file it lacks."""
+    if source not in TEXTURE_SOURCES:
+        raise ValueError(f"texture_source must be one of {list(TEXTURE_SOURCES)}, got {source!r}")
+    package, folder, names = TEXTURE_SOURCES[source]
+    spec = importlib.util.find_spec(package)  # where it is installed, without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"texture_source {source!r} reads the images shipped with {TEXTURE_PACKAGES[source]}"
+                                  f", which is not installed: pip install {TEXTURE_PACKAGES[source]}")
+    files = [Path(spec.submodule_search_locations[0], folder, name) for name in names]
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]}: not found; texture_source {source!r} needs the images that ship with "
+                                f"{TEXTURE_PACKAGES[source]} (reinstall it)")
+    return files
+
+
+@functools.lru_cache(maxsize=32)
+def read_texture(path: Path) -> np.ndarray:
+    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process."""
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+@dataclass(frozen=True)
+class Background:
+    """A background family (the module's docstring): ``kind``, the brightest ``level`` (0..1 of white) it draws
+    at, the ``texture_source`` of ``texture``, and the ``weights`` of ``mixed`` (black, noise, texture,
+    distractors; None: equal)."""
+
+    kind: str = "black"
+    level: float = 0.5
+    texture_source: str = "skimage"
+    weights: tuple[float, ...] | None = None
+
+    def check(self, owner: str = "background") -> None:
+        """Refuse, in one line naming ``owner``'s option, an unknown kind or source, a level outside 0..1, weights
+        that are not four non-negative numbers with a positive sum or that a kind other than ``mixed`` is given,
+        or a texture source whose package or files are missing."""
+        if self.kind not in BACKGROUNDS:
+            raise ValueError(f"{owner} must be one of {list(BACKGROUNDS)}, got {self.kind!r}")
+        if not (isinstance(self.level, int | float) and 0 <= self.level <= 1):
+            raise ValueError(f"{owner}_level must be a number from 0 to 1 (a share of white), got {self.level!r}")
+        if self.weights is not None:
+            weights = list(self.weights)
+            if self.kind != "mixed":
+                raise ValueError(f"{owner}_weights are the odds of a mixed {owner}; {owner} is {self.kind!r}")
+            if (len(weights) != len(DRAWN) or not all(isinstance(w, int | float) and math.isfinite(w) and w >= 0
+                                                      for w in weights) or not sum(weights) > 0):
+                raise ValueError(f"{owner}_weights must be {len(DRAWN)} numbers of 0 or more ({', '.join(DRAWN)}) "
+                                 f"with a positive sum, got {self.weights!r}")
+        if self.texture_source not in TEXTURE_SOURCES:
+            raise ValueError(f"{owner.removesuffix('background')}texture_source must be one of "
+                             f"{list(TEXTURE_SOURCES)}, got {self.texture_source!r}")
+        if self.draws("texture"):
+            texture_files(self.texture_source)
+
+    def draws(self, kind: str) -> bool:
+        """Whether this background ever draws ``kind`` (itself, or one of a mixed background's with a weight)."""
+        if self.kind != "mixed":
+            return self.kind == kind
+        return self.weights is None or self.weights[DRAWN.index(kind)] > 0
+
+    def draw(self, rng: np.random.Generator, size: int, *, channels: int = 3,
+             fragments: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+        """One size×size background, uint8 (size, size, ``channels``) (3: RGB, 1: grey), and the kind it is.
+        ``fragments`` (M, 28, 28) uint8 are the grey items a distractors background cuts its fragments from
+        (none: no fragments)."""
+        kind = self.kind
+        if kind == "mixed":
+            weights = np.ones(len(DRAWN)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
+            kind = DRAWN[int(rng.choice(len(DRAWN), p=weights / weights.sum()))]
+        if kind == "black":
+            rgb = np.zeros((size, size, 3), dtype=np.uint8)
+        elif kind == "noise":
+            rgb = _noise(rng, size, self.level)
+        elif kind == "texture":
+            rgb = _texture(rng, size, self.level, texture_files(self.texture_source))
+        else:
+            rgb = _distractors(rng, size, self.level, fragments)
+        if channels == 1:
+            rgb = np.asarray(Image.fromarray(rgb).convert("L"))[:, :, None]
+        return rgb, kind
+
+
+def _noise(rng: np.random.Generator, size: int, level: float) -> np.ndarray:
+    """Grey or coloured noise with a random grain, at a random level up to ``level``."""
+    grain = int(rng.integers(1, MAX_GRAIN + 1))
+    coloured = bool(rng.random() < 0.5)
+    small = math.ceil(size / grain)
+    drawn = rng.integers(0, 256, size=(small, small, 3 if coloured else 1), dtype=np.uint8)
+    image = Image.fromarray(drawn if coloured else drawn[:, :, 0])
+    if small != size:
+        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    noise = np.asarray(image.convert("RGB"), dtype=np.float64)
+    return np.rint(noise * rng.uniform(0, level)).astype(np.uint8)
+
+
+def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path]) -> np.ndarray:
+    """A random crop of a random photograph of ``files``, resized, mirrored and dimmed."""
+    photo = read_texture(files[int(rng.integers(len(files)))])
+    height, width = photo.shape[:2]
+    side = int(rng.integers(max(8, min(height, width) // 8), min(height, width) + 1))
+    top, left = int(rng.integers(0, height - side + 1)), int(rng.integers(0, width - side + 1))
+    crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size),
+                                                                               Image.Resampling.BILINEAR)
+    texture = np.asarray(crop, dtype=np.float64)
+    if rng.random() < 0.5:
+        texture = texture[:, ::-1]
+    if rng.random() < 0.5:
+        texture = texture[::-1]
+    return np.rint(texture * rng.uniform(0, level)).astype(np.uint8)
+
+
+def _colour(rng: np.random.Generator, level: float) -> tuple[int, int, int]:
+    """A random RGB colour at a random level up to ``level``."""
+    return tuple(int(v) for v in np.rint(rng.integers(0, 256, size=3) * rng.uniform(0, level)))  # type: ignore
+
+
+def _fragment(rng: np.random.Generator, fragments: np.ndarray) -> np.ndarray:
+    """A piece of a random item that is no garment: a crop cut in four tiles, shuffled and turned (grey, uint8)."""
+    item = fragments[int(rng.integers(len(fragments)))]
+    half = int(rng.integers(FRAGMENT_SIDES[0] // 2, FRAGMENT_SIDES[1] // 2 + 1))
+    top, left = (int(v) for v in rng.integers(0, item.shape[0] - 2 * half + 1, size=2))
+    crop = item[top : top + 2 * half, left : left + 2 * half]
+    tiles = [crop[:half, :half], crop[:half, half:], crop[half:, :half], crop[half:, half:]]
+    order = rng.permutation(4)
+    shuffled = np.block([[tiles[order[0]], tiles[order[1]]], [tiles[order[2]], tiles[order[3]]]])
+    return np.rot90(shuffled, int(rng.integers(4))).copy()
+
+
+def _distractors(rng: np.random.Generator, size: int, level: float, fragments: np.ndarray | None) -> np.ndarray:
+    """Random strokes, arcs, blobs and item fragments on black."""
+    image = Image.new("RGB", (size, size))
+    draw = ImageDraw.Draw(image)
+    kinds = 4 if fragments is not None and len(fragments) else 3
+    for _ in range(int(rng.integers(DISTRACTORS[0], DISTRACTORS[1] + 1))):
+        kind, colour = int(rng.integers(kinds)), _colour(rng, level)
+        width = int(rng.integers(1, 4))
+        if kind == 0:  # a stroke through 2 to 4 points
+            points = [tuple(int(v) for v in rng.integers(0, size, size=2)) for _ in range(int(rng.integers(2, 5)))]
+            draw.line(points, fill=colour, width=width)
+        elif kind in (1, 2):  # an arc, or a filled blob
+            x0, y0 = (int(v) for v in rng.integers(-size // 8, size, size=2))
+            x1, y1 = x0 + int(rng.integers(3, max(4, size // 3))), y0 + int(rng.integers(3, max(4, size // 3)))
+            if kind == 1:
+                start = int(rng.integers(0, 360))
+                draw.arc([x0, y0, x1, y1], start, start + int(rng.integers(60, 300)), fill=colour, width=width)
+            else:
+                draw.ellipse([x0, y0, x1, y1], fill=colour)
+        else:  # a fragment of an item, tinted
+            piece = _fragment(rng, fragments)  # type: ignore[arg-type]
+            side = piece.shape[0]
+            tinted = Image.fromarray((piece[:, :, None].astype(np.uint16) * np.array(colour) // 255).astype(np.uint8))
+            top, left = (int(v) for v in rng.integers(0, max(1, size - side + 1), size=2))
+            image.paste(tinted, (left, top), Image.fromarray(np.where(piece > 0, 255, 0).astype(np.uint8)))
+    return np.asarray(image).copy()
+
+
+def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background) -> torch.Tensor:
+    """Training canvases (B, C, S, S) uint8 with every pixel but their items' (the zeros) filled: with grey noise up
+    to a level drawn per image from 0 to ``noise`` (0..255; torch's generator), else with ``background``, one drawn
+    per image (from a numpy generator seeded from torch's, so ``seed_everything`` fixes it too), whose fragments
+    are cut from the batch's ``items`` (B, C, 28, 28). A black background and no noise leave them as they are."""
+    import torch  # here: the scenes draw backgrounds without torch
+    around = canvases == 0
+    if noise:
+        levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
+        grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
+        return torch.where(around, grey, canvases)
+    if background.kind == "black":
+        return canvases
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+    count, channels, size = canvases.shape[0], canvases.shape[1], canvases.shape[-1]
+    pool = items.amax(dim=1).cpu().numpy()
+    drawn = np.stack([background.draw(rng, size, channels=channels, fragments=pool)[0] for _ in range(count)])
+    return torch.where(around, torch.from_numpy(drawn).permute(0, 3, 1, 2).to(canvases.device), canvases)

@@ -1,0 +1,183 @@
+"""Cluttered Fashion scenes: items painted over a background, in order, each later one on top; free layouts of up
+to five items, or of items that overlap; the captions of one, four and five items; the visible masks.
+
+``scenes.py`` draws the default scenes through the same painting: on black, items whose squares never overlap
+come out as they always did. With a background (``backgrounds.py``), an item is pasted with its own pixels as
+alpha (the pixels its tint leaves non-zero), so its pixels are exact and its box true. With ``overlap``, each
+later item is outlined where it lies over an earlier one: a 1-pixel black ring (8-connected) round its pixels.
+An item's mask is its visible pixels: its own, less those a later item or outline hides.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+FREE, OUTLINE = -1, -2  # who owns a pixel: nobody (the background), a later item's outline, or item k >= 0
+PLACEMENT_TRIES, PLACEMENT_RESTARTS = 1000, 100  # per item, and per scene when an item finds no place
+MIN_SEPARATION = 6  # as scenes.py's: two box centres are at least this far apart on some axis (pixels)
+ONE_ITEM_FORMS = ("a {}", "there is a {}", "a single {}", "a {} on its own", "just a {}")
+
+
+class Captioner(Protocol):
+    """What the extra caption forms need of ``scenes._Captioner``: the objects' names, and its two- and
+    three-object forms (whose relation phrases it records)."""
+
+    names: list[str]
+
+    def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
+        """Caption ``form`` of the objects in ``order``."""
+
+
+class Layers:
+    """Items painted in order on a ``size``×``size`` canvas, each later one on top: who owns each pixel, and how
+    many of each item's pixels are hidden. With ``outline``, each item is ringed in black where it lies over an
+    earlier one. Pixel arrays are padded by one pixel all round, so rings need no clipping."""
+
+    def __init__(self, size: int, *, outline: bool) -> None:
+        self.owner = np.full((size + 2, size + 2), FREE, dtype=np.int16)
+        self.outline = outline
+        self.areas: list[int] = []
+        self.hidden: list[int] = []
+
+    def footprint(self, alpha: np.ndarray, top: int, left: int) -> tuple[tuple[slice, slice], np.ndarray, np.ndarray]:
+        """Where an item of ``alpha`` (s, s) bool at (top, left) lands: the padded window (s + 2 square), its pixels
+        there, and its outline there (over earlier items' pixels only)."""
+        side = alpha.shape[0]
+        window = (slice(top, top + side + 2), slice(left, left + side + 2))
+        own = np.pad(alpha, 1)
+        if not self.outline:
+            return window, own, np.zeros_like(own)
+        grown = own.copy()
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                grown |= np.roll(np.roll(own, dy, axis=0), dx, axis=1)  # the pad keeps the rolls from wrapping
+        return window, own, grown & ~own & (self.owner[window] >= 0)
+
+    def lost(self, alpha: np.ndarray, top: int, left: int) -> np.ndarray:
+        """How many pixels each earlier item would lose to an item of ``alpha`` at (top, left)."""
+        window, own, ring = self.footprint(alpha, top, left)
+        under = self.owner[window][own | ring]
+        return np.bincount(under[under >= 0], minlength=len(self.areas))
+
+    def add(self, alpha: np.ndarray, top: int, left: int) -> tuple[np.ndarray, np.ndarray]:
+        """Paint the next item; returns its pixels and outline as (size, size) bool masks."""
+        window, own, ring = self.footprint(alpha, top, left)
+        lost = self.lost(alpha, top, left)
+        self.hidden = [hidden + int(count) for hidden, count in zip(self.hidden, lost, strict=True)]
+        owner = self.owner[window]
+        owner[own] = len(self.areas)
+        owner[ring] = OUTLINE
+        self.areas.append(int(alpha.sum()))
+        self.hidden.append(0)
+        drawn, outline = np.zeros(self.owner.shape, dtype=bool), np.zeros(self.owner.shape, dtype=bool)
+        drawn[window] = own
+        outline[window] = ring
+        return drawn[1:-1, 1:-1], outline[1:-1, 1:-1]
+
+    def visible(self, item: int) -> np.ndarray:
+        """Item ``item``'s visible pixels, (size, size) bool."""
+        return self.owner[1:-1, 1:-1] == item
+
+
+def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple[int, int]], *,
+            outline: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The scene: tinted ``items`` (s, s, 3) painted in order over ``background`` (S, S, 3) at ``corners``
+    (top, left), each with its non-zero pixels as alpha (and a black outline over earlier items when ``outline``);
+    returns the image and each item's visible pixels (S, S) bool."""
+    image = background.copy()
+    if not outline:  # no rings: each item's pixels over the earlier ones, and who owns each pixel
+        owner = np.full(background.shape[:2], FREE, dtype=np.int8)
+        for k, (item, (top, left)) in enumerate(zip(items, corners, strict=True)):
+            side = item.shape[0]
+            alpha = item.any(axis=2)
+            image[top : top + side, left : left + side][alpha] = item[alpha]
+            owner[top : top + side, left : left + side][alpha] = k
+        return image, [owner == k for k in range(len(items))]
+    layers = Layers(background.shape[0], outline=outline)
+    for item, (top, left) in zip(items, corners, strict=True):
+        side = item.shape[0]
+        drawn, ring = layers.add(item.any(axis=2), top, left)
+        square = image[top : top + side, left : left + side]
+        alpha = drawn[top : top + side, left : left + side]
+        square[alpha] = item[alpha]
+        image[ring] = 0
+    return image, [layers.visible(k) for k in range(len(items))]
+
+
+def distinguish(background: np.ndarray, image: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
+    """``background`` with each hidden pixel that equals the item's pixel over it changed by one level (in red),
+    so that an item's mask is exactly where the image differs from its background; nothing visible changes."""
+    same = np.any(masks, axis=0) & (background == image).all(axis=2)
+    adjusted = background.copy()
+    adjusted[same, 0] ^= 1
+    return adjusted
+
+
+def place_free(rng: np.random.Generator, items: list[np.ndarray], tight: list[tuple[int, int, int, int]],
+               canvas_size: int, overlap: float) -> list[tuple[int, int]]:
+    """Top-left corners (top, left) for ``items`` (s, s, 3) anywhere on the canvas, one item at a time (rejection
+    sampling, up to 1000 tries an item and 100 fresh starts): every two box centres at least MIN_SEPARATION apart
+    on some axis, and the items' boxes a pixel apart or more (``overlap`` 0) or each item hiding at most
+    ``overlap`` of every earlier item's pixels, outlines included."""
+    alphas = [item.any(axis=2) for item in items]
+    for _ in range(PLACEMENT_RESTARTS):
+        layers = Layers(canvas_size, outline=overlap > 0)
+        corners: list[tuple[int, int]] = []
+        for alpha, (top, left, bottom, right) in zip(alphas, tight, strict=True):
+            side = alpha.shape[0]
+            for _ in range(PLACEMENT_TRIES):
+                y, x = (int(v) for v in rng.integers(0, canvas_size - side + 1, size=2))
+                centre = (y + (top + bottom) / 2, x + (left + right) / 2)
+                if any(max(abs(centre[0] - (cy + (t + b) / 2)), abs(centre[1] - (cx + (lf + r) / 2)))
+                       < MIN_SEPARATION for (cy, cx), (t, lf, b, r) in zip(corners, tight, strict=False)):
+                    continue
+                if not overlap:  # the items' boxes apart, by a pixel at least
+                    if any(y + top <= cy + b and cy + t <= y + bottom and x + left <= cx + r and cx + lf <= x + right
+                           for (cy, cx), (t, lf, b, r) in zip(corners, tight, strict=False)):
+                        continue
+                else:
+                    lost = layers.lost(alpha, y, x)
+                    if any(hidden + count > overlap * area
+                           for hidden, count, area in zip(layers.hidden, lost, layers.areas, strict=True)):
+                        continue
+                layers.add(alpha, y, x)
+                corners.append((y, x))
+                break
+            else:
+                break
+        if len(corners) == len(items):
+            return corners
+    raise ValueError(f"could not place items of sizes {[a.shape[0] for a in alphas]} on a {canvas_size}-pixel canvas "
+                     f"in {PLACEMENT_RESTARTS} starts; use a larger canvas_size, fewer objects or smaller items")
+
+
+def listing(captioner: Captioner, order: list[int]) -> str:
+    """"a A, a B and a C": the objects of ``order`` named in a list."""
+    named = [f"a {captioner.names[slot]}" for slot in order]
+    return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+
+
+def more_caption(captioner: Captioner, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
+    """Caption ``form`` (0..4) of a scene of one, four or five objects, in ``order``.
+
+    One object: "a A", "there is a A", "a single A", "a A on its own", "just a A". Four or five: forms 0, 2 and
+    4 state the three-object form's relations of the first three and add ", with" and the rest; form 1 is
+    "there is" and all of them; form 3 "a A next to" and the rest.
+    """
+    if len(order) == 1:
+        return ONE_ITEM_FORMS[form].format(captioner.names[order[0]])
+    if form == 1:
+        return f"there is {listing(captioner, order)}"
+    if form == 3:
+        return f"a {captioner.names[order[0]]} next to {listing(captioner, order[1:])}"
+    return f"{captioner.caption(form, order[:3], flags)}, with {listing(captioner, order[3:])}"
+
+
+def mask_rle(mask: np.ndarray) -> dict:
+    """A (H, W) bool mask as COCO's compressed RLE: {"size": [H, W], "counts": str}."""
+    from pycocotools import mask as coco_mask
+
+    encoded = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(v) for v in encoded["size"]], "counts": encoded["counts"].decode("ascii")}

@@ -1,0 +1,152 @@
+"""Deletion curves (``docs/formats/metrics.md``): does a ViT's map point at the patches its decision rests on?
+
+A map orders the patches, most weight first. The top k patches are erased (filled with the canvas's background)
+for k = 0 .. N in even steps, and the model's probability of the class it predicted on the untouched image is
+read each time. The area under that curve, over the fraction of patches erased, is lower for a map that points at
+what matters: its first patches take the evidence away. A random order is the baseline.
+
+``deletion_curves`` does it for any probability function and maps (the tests hand-write both);
+``fashion_mnist_deletion`` runs a checkpoint on Fashion-MNIST items pasted on larger canvases, as ``rollout-mass``
+draws them, for rollout, gradient rollout, the last layer's attention and a random map.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from vision_attn.data.classification import eval_transform
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
+from vision_attn.data.images import normalize
+from vision_attn.vit.inference import CANVAS_PIXELS_PER_BATCH, Classifier
+from vision_attn.vit.rollout import HeadFusion, explain
+
+# images (B, C, H, W) as the model takes them -> class probabilities (B, classes)
+Probabilities = Callable[[Tensor], Tensor]
+DELETION_MAPS = ("rollout", "gradient rollout", "last layer", "random")
+
+
+def erase_steps(patches: int, steps: int) -> list[int]:
+    """The patch counts erased, k_j = round(j·N / S) for j = 0 .. S, with S = min(``steps``, N)."""
+    if patches < 1 or steps < 1:
+        raise ValueError(f"a deletion curve needs at least one patch and one step, got {patches} and {steps}")
+    steps = min(steps, patches)
+    return [round(j * patches / steps) for j in range(steps + 1)]
+
+
+def patch_masks(order: Tensor, erased: int, grid: tuple[int, int], size: tuple[int, int]) -> Tensor:
+    """(B, 1, H, W) booleans: the pixels of the first ``erased`` patches of each image's ``order`` (B, N), the
+    patches of a Gh×Gw grid over H×W pixels."""
+    batch, patches = order.shape
+    chosen = torch.zeros(batch, patches, dtype=torch.bool, device=order.device)
+    chosen.scatter_(1, order[:, :erased], True)
+    cells = chosen.view(batch, 1, *grid)
+    return cells.repeat_interleave(size[0] // grid[0], 2).repeat_interleave(size[1] // grid[1], 3)
+
+
+def deletion_curves(probabilities: Probabilities, images: Tensor, backgrounds: Tensor, maps: Mapping[str, Tensor], *,
+                    steps: int) -> tuple[list[int], dict[str, Tensor]]:
+    """The erased patch counts (``erase_steps``) and, per map (B, Gh, Gw), the deletion curve of each image (B,
+    S + 1): the probability of the class predicted on the untouched image, with its map's top k patches taken
+    from ``backgrounds`` (as ``images``, (B, C, H, W); H and W multiples of the grid). Ties in a map keep the
+    patches' order."""
+    grid = next(iter(maps.values())).shape[-2:]
+    if images.shape[-2] % grid[0] or images.shape[-1] % grid[1]:
+        raise ValueError(f"{tuple(images.shape[-2:])} images do not tile a {tuple(grid)} patch grid")
+    counts = erase_steps(grid[0] * grid[1], steps)
+    with torch.no_grad():
+        first = probabilities(images)
+        predicted = first.argmax(dim=-1, keepdim=True)  # (B, 1)
+        orders = {name: found.flatten(1).argsort(dim=1, descending=True, stable=True) for name, found in maps.items()}
+        curves: dict[str, list[Tensor]] = {name: [first.gather(1, predicted)[:, 0]] for name in maps}
+        for erased in counts[1:]:  # one batch per map and step: no more memory than one forward pass of B
+            for name, order in orders.items():
+                masks = patch_masks(order, erased, tuple(grid), images.shape[-2:])
+                curves[name].append(probabilities(torch.where(masks, backgrounds, images)).gather(1, predicted)[:, 0])
+    return counts, {name: torch.stack(rows, dim=1) for name, rows in curves.items()}
+
+
+def curve_area(counts: list[int], curves: Tensor) -> Tensor:
+    """The area under each curve (B, S + 1) over the fraction erased, k / N from 0 to 1 (trapezoids): (B,)."""
+    fractions = torch.tensor(counts, dtype=curves.dtype, device=curves.device) / counts[-1]
+    return torch.trapezoid(curves, fractions, dim=1)
+
+
+class DeletionScores(NamedTuple):
+    """``canvas_deletion``'s measures: images used, the model's accuracy, the patch counts erased, and per map
+    (``DELETION_MAPS``) its mean area under the deletion curve and its mean curve."""
+
+    images: int
+    accuracy: float
+    counts: list[int]
+    area: dict[str, float]
+    curves: dict[str, list[float]]
+
+
+def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, steps: int = 16,
+                    seed: int = 0, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
+                    background_noise: int = 0, batch_size: int = 64,
+                    on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
+    """Deletion curves of Fashion-MNIST items (N, 28, 28) pasted on canvases as ``rollout_on_canvas`` draws them
+    (the same places for the same ``seed``), erased patches filled with the canvas the item was pasted on (black,
+    or its grey noise). ``on_batch`` sees how many images each batch held and how many
+    there are in all."""
+    if classifier.in_chans != 1:
+        raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
+    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
+    noise, shuffle = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
+    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))
+    resize = eval_transform(classifier.image_size)
+    device = classifier.device
+
+    def probabilities(inputs: Tensor) -> Tensor:
+        return classifier.model(inputs).float().softmax(dim=-1)
+
+    correct, areas, means, counts = 0, {name: [] for name in DELETION_MAPS}, {}, []
+    for start in range(0, len(images), batch_size):
+        canvases = place_on_canvas(images[start : start + batch_size, None], places[start : start + batch_size],
+                                   canvas_size)
+        background = torch.zeros_like(canvases)
+        if background_noise:
+            background = torch.randint(0, background_noise + 1, canvases.shape, generator=noise, dtype=torch.uint8)
+            canvases = torch.where(canvases == 0, background, canvases)
+        inputs = normalize(resize(canvases), classifier.mean, classifier.std).to(device)
+        backgrounds = normalize(resize(background), classifier.mean, classifier.std).to(device)
+        found = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                        gradient_class="predicted")
+        correct += int((found.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        maps = {"rollout": found.rollout, "gradient rollout": found.gradient_rollout,
+                "last layer": found.heads.mean(dim=1),
+                "random": torch.rand(found.rollout.shape, generator=shuffle).to(device)}
+        counts, curves = deletion_curves(probabilities, inputs, backgrounds, maps, steps=steps)
+        for name, curve in curves.items():
+            areas[name].append(curve_area(counts, curve).cpu())
+            means[name] = means.get(name, 0) + curve.sum(dim=0).cpu()
+        if on_batch is not None:
+            on_batch(len(canvases), len(images))
+    return DeletionScores(len(images), correct / len(images), counts,
+                          {name: float(torch.cat(found).mean()) for name, found in areas.items()},
+                          {name: (total / len(images)).tolist() for name, total in means.items()})
+
+
+def fashion_mnist_deletion(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
+                           count: int = 1000, canvas_size: int = 56, steps: int = 16, seed: int = 0,
+                           head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
+                           batch_size: int = 64, device: str = "cpu",
+                           on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
+    """``canvas_deletion`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
+    if canvas_size < 28:
+        raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
+    if not 0 <= background_noise <= 255:
+        raise ValueError(f"background noise is a grey level from 0 to 255, got {background_noise}")
+    classifier = Classifier.from_checkpoint(checkpoint, device=device)
+    images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
+    if not 1 <= count <= len(images):
+        raise ValueError(f"count must be from 1 to the {len(images)} Fashion-MNIST test items, got {count}")
+    return canvas_deletion(classifier, images[:count], labels[:count], canvas_size=canvas_size, steps=steps,
+                           seed=seed, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                           background_noise=background_noise, batch_size=batch_size, on_batch=on_batch)
