@@ -5,10 +5,12 @@
 #     scripts/gpu_check.sh [OUT]          (on the GPU machine; OUT: where figures and logs go, default gpu_check/)
 #
 # The GPU machine needs PyTorch with CUDA, Lightning, timm, torchvision, pytest and pytest-xdist; the project's
-# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In at most 9 minutes
-# on an H100 or H200 it runs, each part with a time limit:
+# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 6 minutes
+# on an H100 or H200 (its parts' time limits add up to under 11) it runs:
 #   1. the machine: nvidia-smi, the versions of torch, CUDA and Lightning, whether Java is there (METEOR);
-#   2. `vision-attn benchmark --device cuda --compile`: the paper-shape captioner's train step (eager, and compiled
+#   2. decoder.compile against eager on the GPU (scripts/compiled_decoder_check.py: the same beams and logits at
+#      four batch sizes, default and reduce-overhead; OUT/compiled_equals_eager.log), then
+#      `vision-attn benchmark --device cuda --compile`: the paper-shape captioner's train step (eager, and compiled
 #      in bf16) and beam search, ViT-B/16 against timm, the feature cache's fill rate, in fp32, bf16-mixed and
 #      16-mixed, against the GPU's own matmul rate, and a projected COCO epoch (OUT/benchmark.json, .md);
 #   3. the COCO rehearsal on the GPU (tests/test_coco_rehearsal.py with VISION_ATTN_TEST_DEVICE=cuda): both COCO
@@ -46,6 +48,7 @@ echo "| part | status | time |" > "$PARTS"
 echo "| --- | --- | --- |" >> "$PARTS"
 
 part machine 30 bash -c 'nvidia-smi; python3 -c "import torch, lightning, timm, torchvision, jsonargparse; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\", lightning.__version__, \"timm\", timm.__version__, \"torchvision\", torchvision.__version__, \"jsonargparse\", jsonargparse.__version__); print(torch.cuda.get_device_name(0))"; java -version 2>&1 || echo "no Java: METEOR and the PTB tokenizer are skipped"; nproc; free -g'
+part compiled_equals_eager 90 python3 scripts/compiled_decoder_check.py --device cuda --modes default reduce-overhead
 part benchmark 240 vision-attn benchmark --device cuda --compile --out "$OUT/benchmark.json"
 export VISION_ATTN_TEST_DEVICE=cuda
 part rehearsal 140 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=0 \
@@ -66,6 +69,8 @@ part vit_test 45 vision-attn test $VIT --ckpt_path "$RUN/checkpoints/best.ckpt" 
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"; echo
     grep -m1 -E "H100|H200|A100|L4|NVIDIA" "$OUT/machine.log" | sed 's/^/    /'; echo
     cat "$PARTS"; echo
+    echo "## Compiled decoder against eager"; echo
+    grep -E "ok|WRONG|equals|differs" "$OUT/compiled_equals_eager.log" | sed 's/^/    /'; echo
     echo "## Benchmark"; echo
     sed -n '/^| what/,/^$/p' "$OUT/benchmark.log"; echo
     echo "## COCO rehearsal on the GPU"; echo
