@@ -61,15 +61,9 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 if the section is not current; write nothing")
     check = parser.parse_args().check
     sys.argv = sys.argv[:1]  # the tools read their own arguments; LightningCLI warns when sys.argv holds ours too
-    page = TARGET.read_text(encoding="utf-8")
-    text = written(page)
-    if check:
-        if text != page:
-            print(f"{TARGET.relative_to(ROOT)} is not current: run python scripts/cli_reference.py", file=sys.stderr)
-            sys.exit(1)
-        return
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+    from generated_page import write_or_check  # beside this script; imported here, as the tests load the rest
+
+    write_or_check(TARGET, written(TARGET.read_text(encoding="utf-8")), check=check)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ one-line doc that ``vision-attn fit --help`` shows: read through jsonargparse, a
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import jsonargparse
@@ -82,15 +81,9 @@ def reference() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is not current; write nothing")
-    text = reference()
-    if parser.parse_args().check:
-        if not TARGET.is_file() or TARGET.read_text(encoding="utf-8") != text:
-            print(f"{TARGET.relative_to(ROOT)} is not current: run python scripts/configuration_reference.py",
-                  file=sys.stderr)
-            sys.exit(1)
-        return
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+    from generated_page import write_or_check  # beside this script; imported here, as the tests load the rest
+
+    write_or_check(TARGET, reference(), check=parser.parse_args().check)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,39 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
         except SystemExit as exit_info:
             code = exit_info.code if isinstance(exit_info.code, int) else 1
     return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
+
+
+# Runs in a fresh interpreter: `vision-attn ARGS` for each list of arguments in sys.argv[1] (JSON), printing each
+# one's exit code and stderr as the last line, in JSON.
+RUN_EACH = """
+import contextlib, io, json, sys
+from vision_attn.cli import main
+commands, sys.argv = json.loads(sys.argv[1]), sys.argv[:1]  # the arguments are main's, not the interpreter's
+outcomes = []
+for args in commands:
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code
+    outcomes.append([code, stderr.getvalue()])
+print(json.dumps(outcomes))
+"""
+
+
+def run_each_in_a_fresh_process(commands: list[list[str]], *, env: dict[str, str] | None = None,
+                                prefix: list[str] = ()) -> list[subprocess.CompletedProcess]:
+    """``vision-attn ARGS`` for each of ``commands``, one after another in one new interpreter (with ``env``, and
+    started through ``prefix``, e.g. setpriv): what a process-wide setting such as HF_HOME or a dropped capability
+    does to them, without paying the interpreter's start-up per command."""
+    done = subprocess.run([*prefix, sys.executable, "-c", RUN_EACH, json.dumps(commands)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    return [subprocess.CompletedProcess(args, code, "", err) for args, (code, err) in zip(commands, outcomes,
+                                                                                         strict=True)]
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from pycocotools import mask as coco_mask
 
 from tests.conftest import run_in_process
 from tests.test_output_folders import manifest_files, one_line_error
+from tests.test_vit_canvas import assert_test_canvases_are_black_round_their_items, training_canvases
 from vision_attn.data import backgrounds
 from vision_attn.data.backgrounds import TEXTURE_SOURCES, Background, fill_canvases, read_texture, texture_files
 from vision_attn.data.scene_style import SceneStyle
@@ -301,25 +302,11 @@ def test_the_canvas_group_takes_a_background_and_refuses_bad_ones_in_one_line() 
 def test_the_canvas_datamodule_trains_on_a_background_and_evaluates_on_black() -> None:
     """canvas.background texture: each training canvas holds its item's pixels as they were and a photograph
     around them; evaluation canvases stay black round the item."""
-    import lightning as L
-
-    from vision_attn.datamodules import FashionMNISTCanvasDataModule
-
-    data = FashionMNISTCanvasDataModule(canvas={"size": 56, "background": "texture", "background_level": 1.0},
-                                        val_size=500, loader={"batch_size": 32})
-    data.setup("fit")
-    data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
-    data.trainer.training = True
-    items, labels = next(iter(data.train_dataloader()))
-    inputs, _, boxes = data.on_after_batch_transfer((items, labels), 0)
-    pixels = ((inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0]
+    data, items, pixels, boxes = training_canvases({"size": 56, "background": "texture", "background_level": 1.0}, 32)
     lit = 0
     for canvas, item, (x, y, _, _) in zip(pixels, items[:, 0].float(), boxes.tolist(), strict=True):
         inside = canvas[y : y + 28, x : x + 28]
         torch.testing.assert_close(inside[item > 0], item[item > 0])
         lit += int(canvas[:y].gt(0).sum() + canvas[y + 28 :].gt(0).sum()) > 0
     assert lit > 24  # a photograph round nearly every item (a few are dimmed to black)
-    data.trainer.training = False
-    data.setup("test")
-    test_inputs, _, masks = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
-    assert torch.equal(((test_inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0] > 0.5, masks)
+    assert_test_canvases_are_black_round_their_items(data)

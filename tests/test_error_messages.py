@@ -19,8 +19,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, run_in_process, tiny
-from tests.test_pretrained_weights import fill_hub_cache, fresh_environment, run_python
+from tests.conftest import REPO, run_each_in_a_fresh_process, run_in_process, tiny
+from tests.test_pretrained_weights import fill_hub_cache, fresh_environment
 from vision_attn.datamodules import CocoCaptionsDataModule
 
 CAPTIONER = tiny("captioner_tiny.yaml")
@@ -198,26 +198,6 @@ def test_torchvision_weights_of_another_architecture_name_the_file_and_the_first
     assert expected in line, line
 
 
-# Runs in a fresh interpreter (huggingface_hub reads HF_HOME when imported): `vision-attn ARGS` for each list of
-# arguments, with its exit code and stderr.
-RUN_COMMANDS = """
-import contextlib, io, json, sys
-from vision_attn.cli import main
-commands, sys.argv = json.loads(sys.argv[1]), sys.argv[:1]  # the arguments are main's, not the interpreter's
-outcomes = []
-for args in commands:
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exit_info:
-            code = exit_info.code
-    outcomes.append({"code": code, "stderr": stderr.getvalue()})
-print(json.dumps(outcomes))
-"""
-
-
 def test_damaged_or_foreign_timm_weights_in_the_hugging_face_cache_name_the_file(scenes, tmp_path) -> None:
     hub = tmp_path / "hf" / "hub"
     resnet = fill_hub_cache(hub, "timm/resnet18.a1_in1k", {"unused": torch.zeros(1)})
@@ -228,12 +208,13 @@ def test_damaged_or_foreign_timm_weights_in_the_hugging_face_cache_name_the_file
                  "--trainer.default_root_dir", str(tmp_path / "run1")],
                 ["fit", *tiny("vit_tiny.yaml"), "--model.init_args.pretrained", "timm:vit_tiny_patch16_224",
                  "--trainer.default_root_dir", str(tmp_path / "run2")]]
-    outcomes = run_python(RUN_COMMANDS, fresh_environment(tmp_path, offline=True), json.dumps(commands))
+    # one fresh interpreter: huggingface_hub reads HF_HOME when it is imported
+    outcomes = run_each_in_a_fresh_process(commands, env=fresh_environment(tmp_path, offline=True))
     for outcome in outcomes:
-        errors = [line for line in outcome["stderr"].splitlines() if not line.startswith("INFO")]
-        assert outcome["code"] == 2 and len(errors) == 1, outcome["stderr"][-3000:]
-        assert "Traceback" not in outcome["stderr"] and "weights_only" not in outcome["stderr"]
-    damaged, foreign = (outcome["stderr"].strip().splitlines()[-1] for outcome in outcomes)
+        errors = [line for line in outcome.stderr.splitlines() if not line.startswith("INFO")]
+        assert outcome.returncode == 2 and len(errors) == 1, outcome.stderr[-3000:]
+        assert "Traceback" not in outcome.stderr and "weights_only" not in outcome.stderr
+    damaged, foreign = (outcome.stderr.strip().splitlines()[-1] for outcome in outcomes)
     assert damaged.startswith(f"error: {resnet}: not a readable safetensors file, truncated or damaged ("), damaged
     assert foreign.startswith(f"error: {vit}: not timm vit_tiny_patch16_224.augreg_in21k_ft_in1k: weights for another "
                               "architecture, cls_token is (1, 1, 8) in the file but (1, 1, 192) in the model"), foreign

@@ -9,12 +9,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_in_process, tiny
+from tests.conftest import run_each_in_a_fresh_process, run_in_process, tiny
 from tests.test_bad_paths import snapshot
 from vision_attn.io import MANIFEST, STAGING_PREFIX
 
@@ -180,22 +179,6 @@ def without_write_permission() -> list[str] | None:
     return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if setpriv else None
 
 
-RUN_EACH = """import contextlib, io, json, sys
-from vision_attn.cli import main
-outcomes = []
-for args in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exit_info:
-            code = exit_info.code
-    outcomes.append([code, err.getvalue()])
-print(json.dumps(outcomes))
-"""
-
-
 def test_a_read_only_folder_is_one_line_before_any_work(captions, trained_captioner, tmp_path) -> None:
     prefix = without_write_permission()
     if prefix is None:
@@ -213,13 +196,10 @@ def test_a_read_only_folder_is_one_line_before_any_work(captions, trained_captio
     locked.chmod(0o555)
     (locked / "site").chmod(0o555)
     try:
-        done = subprocess.run([*prefix, sys.executable, "-c", RUN_EACH, json.dumps(list(runs.values()))],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        results = run_each_in_a_fresh_process(list(runs.values()), prefix=prefix)
     finally:
         (locked / "site").chmod(0o755)
         locked.chmod(0o755)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for command, (code, err) in zip(runs, json.loads(done.stdout.strip().splitlines()[-1]), strict=True):
-        result = subprocess.CompletedProcess(runs[command], code, "", err)
+    for result in results:
         one_line_error(result, "cannot write there", str(locked))
     assert sorted(p.relative_to(locked).as_posix() for p in locked.rglob("*")) == ["site"]

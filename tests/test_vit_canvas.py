@@ -155,21 +155,34 @@ def test_canvas_training_batches_carry_each_items_box() -> None:
     assert len({tuple(box) for box in boxes.tolist()}) > 40  # places differ
 
 
-def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
-    """background_noise 64: around each training item (its zero pixels included) grey noise up to a level drawn per
-    image, at most 64; the item's own pixels are as they were; evaluation canvases stay black."""
+def training_canvases(canvas: dict, batch_size: int) -> tuple:
+    """The canvas DataModule on ``canvas``, and one training batch of it: the items, their canvases' pixels
+    (0..255, one channel) and the items' boxes."""
     import lightning as L
 
     from vision_attn.datamodules import FashionMNISTCanvasDataModule
 
-    data = FashionMNISTCanvasDataModule(canvas={"size": 56, "background_noise": 64}, val_size=500,
-                                        loader={"batch_size": 128})
+    data = FashionMNISTCanvasDataModule(canvas=canvas, val_size=500, loader={"batch_size": batch_size})
     data.setup("fit")
     data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     data.trainer.training = True
     items, labels = next(iter(data.train_dataloader()))
     inputs, _, boxes = data.on_after_batch_transfer((items, labels), 0)
-    pixels = ((inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0]
+    return data, items, ((inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0], boxes
+
+
+def assert_test_canvases_are_black_round_their_items(data) -> None:
+    """The test split of ``data`` (a canvas DataModule): nothing lit but the items' masks."""
+    data.trainer.training = False
+    data.setup("test")
+    test_inputs, _, masks = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
+    assert torch.equal(((test_inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0] > 0.5, masks)
+
+
+def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
+    """background_noise 64: around each training item (its zero pixels included) grey noise up to a level drawn per
+    image, at most 64; the item's own pixels are as they were; evaluation canvases stay black."""
+    data, items, pixels, boxes = training_canvases({"size": 56, "background_noise": 64}, 128)
     levels = []
     for canvas, item, (x, y, _, _) in zip(pixels, items[:, 0].float(), boxes.tolist(), strict=True):
         inside = canvas[y : y + 28, x : x + 28]
@@ -178,10 +191,9 @@ def test_background_noise_fills_every_pixel_but_the_items_in_training() -> None:
         assert float(background.min()) >= 0 and float(background.max()) <= 64
         levels.append(float(background.max()))
     assert min(levels) < 20 and max(levels) > 50  # a noise level of its own per image
-    data.trainer.training = False
-    data.setup("test")
-    test_inputs, _, masks = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
-    assert torch.equal(((test_inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0] > 0.5, masks)
+    assert_test_canvases_are_black_round_their_items(data)
+    from vision_attn.datamodules import FashionMNISTCanvasDataModule
+
     with pytest.raises(ValueError, match="background_noise"):
         FashionMNISTCanvasDataModule(canvas={"background_noise": 300})
 

@@ -23,7 +23,7 @@ images, mixed freely. Nothing here imports Lightning::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -177,6 +177,15 @@ def _check_device(device: str | torch.device | None, model_device: torch.device)
         raise ValueError(f"the model is on {model_device}, not {device}: load it there (device=...) instead")
 
 
+def _loaded(model: Any, kind: type, load: Callable[..., Any], device: str | torch.device | None) -> Any:
+    """``model`` if it is already a loaded ``kind`` (on ``device``, when one is asked), else the checkpoint it
+    names, loaded by ``load`` on ``device`` (default cpu)."""
+    if isinstance(model, kind):
+        _check_device(device, model.device)
+        return model
+    return load(model, device=device or "cpu")
+
+
 def _positive(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and value < 1:
@@ -222,10 +231,7 @@ def iter_captions(captioner: Captioner | str | os.PathLike, images: Images, *, b
     """``caption``, one result at a time as each batch is decoded (the inputs are checked before it returns)."""
     _positive(beam_size=beam_size, batch_size=batch_size)
     items = _inputs(images)
-    if isinstance(captioner, Captioner):
-        _check_device(device, captioner.device)
-    else:
-        captioner = load_captioner(captioner, device=device or "cpu")
+    captioner = _loaded(captioner, Captioner, load_captioner, device)
     return _captions(captioner, items, beam_size, batch_size, on_bad_image)
 
 
@@ -247,10 +253,7 @@ def iter_classifications(classifier: Classifier | str | os.PathLike, images: Ima
     """``classify``, one result at a time as each batch is classified (the inputs are checked before it returns)."""
     _positive(top_k=top_k, batch_size=batch_size)
     items = _inputs(images)
-    if isinstance(classifier, Classifier):
-        _check_device(device, classifier.device)
-    else:
-        classifier = load_classifier(classifier, device=device or "cpu")
+    classifier = _loaded(classifier, Classifier, load_classifier, device)
     return (ClassificationResult(item.source, tuple(ranked(classifier, row, top_k)),
                                  row.numpy().copy() if logits else None)
             for item, row in classify_batches(classifier, items, opener=_open_item, batch_size=batch_size,
