@@ -250,6 +250,17 @@ def test_the_deletion_command_writes_each_maps_area_and_curve(vit_checkpoint, tm
     for entry in found["maps"].values():
         assert 0 <= entry["auc"] <= 1
     assert "random (baseline)" in result.stdout and f"wrote {out}" in result.stdout
+    # on distractor clutter: erased patches are filled with each canvas's own background, so erasing them all
+    # leaves the same canvases for every map again, and the clutter changes what the model sees
+    cluttered = tmp_path / "cluttered.json"
+    again = run_in_process("deletion", "--ckpt", str(vit_checkpoint), "--count", "12", "--steps", "4",
+                           "--batch-size", "8", "--background", "distractors", "--background-level", "1",
+                           "--out", str(cluttered))
+    assert again.returncode == 0, again.stderr[-2000:]
+    other = json.loads(cluttered.read_text())
+    assert other["background"] == "distractors" and other["background_level"] == 1
+    assert len({round(entry["curve"][-1], 6) for entry in other["maps"].values()}) == 1
+    assert other["maps"]["random"]["curve"][0] != found["maps"]["random"]["curve"][0]
 
 
 def test_the_deletion_command_refuses_bad_input_in_one_line_before_any_work(trained_captioner, vit_checkpoint,

@@ -25,6 +25,8 @@ def test_fast_dev_run_through_the_console_script(tmp_path) -> None:
 SHIPPED = {  # each experiment with the bases it is run on, as its header says
     "captioner/fashion_scene_items.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml"),
     "captioner/fashion_scenes.yaml": ("trainer/cpu.yaml", "tasks/captioner.yaml"),
+    "captioner/fashion_scenes_paper.yaml": ("trainer/cpu.yaml", "tasks/captioner.yaml",
+                                            "captioner/fashion_scenes.yaml"),
     "captioner/coco_vgg19.yaml": ("trainer/gpu.yaml", "tasks/captioner.yaml", "data/coco.yaml"),
     "captioner/coco_resnet101.yaml": ("trainer/gpu.yaml", "tasks/captioner.yaml", "data/coco.yaml"),
     "vit/fashion_mnist.yaml": ("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml"),

@@ -233,10 +233,37 @@ def test_style_mappings_are_checked_in_one_line() -> None:
                            ({"background_level": float("nan")}, "background_level must be a number from 0 to 1")):
         with pytest.raises(ValueError, match=f"^{message}".replace("[", r"\[").replace("]", r"\]")):
             SceneStyle.of(style).check(96, 3)
-    with pytest.raises(ValueError, match="does not apply to them"):
-        from vision_attn.data.scene_items import check_item_style
 
-        check_item_style(SceneStyle(background="noise"), 32)
+
+def test_pretraining_items_are_pasted_over_the_styles_background_with_their_own_pixels_as_alpha() -> None:
+    """The encoder's pretraining items (training batches and fixed validation items) lie over a background of the
+    style, drawn per item; every pixel the tinted item covers is the item's, and black styles are untouched."""
+    import torch
+
+    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.scene_items import SceneItemDataset
+
+    greys = torch.zeros(16, 1, 28, 28, dtype=torch.uint8)
+    greys[:, :, 6:22, 8:20] = 200  # a 16x12 block: where the item is, whatever its scale
+    source = TensorImageDataset(greys, torch.arange(16) % 10)
+    def drawn_pairs(style: SceneStyle) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(styled, black) images of the same draws: the fixed items, then a training batch from one seed."""
+        fixed = SceneItemDataset(source, style=style, canvas_size=32, seed=1)
+        black = SceneItemDataset(source, style=SceneStyle(), canvas_size=32, seed=1)
+        pairs = [(fixed[i][0], black[i][0]) for i in range(16)]
+        for batch_style in (style, SceneStyle()):
+            torch.manual_seed(0)
+            pairs.append(SceneItemDataset(source, style=batch_style, canvas_size=32).__getitems__(list(range(16))))
+        return pairs[:16] + [(a[0], b[0]) for a, b in zip(pairs[16], pairs[17], strict=True)]
+
+    for background in ("noise", "texture", "distractors"):
+        pairs = drawn_pairs(SceneStyle(background=background, background_level=1.0))
+        lit = 0  # items with something drawn round them (a dim level or a dark photo may draw next to nothing)
+        for drawn, plain in pairs:
+            item = plain.amax(dim=0) > 0  # the same draws place the same item; only the background differs
+            assert torch.equal(drawn[:, item], plain[:, item])
+            lit += bool(drawn[:, ~item].float().mean() > 2)
+        assert lit >= 24, background
 
 
 def test_captions_of_one_four_and_five_objects_read_well_and_state_true_relations() -> None:

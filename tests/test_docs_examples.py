@@ -25,7 +25,8 @@ from vision_attn.cli import main
 from vision_attn.data.scenes import make_scenes
 
 RUN_PAGES = [page for page in PAGES if any(not e.twin for e in examples(page))]
-TRAIN_STYLE = {"train": {"layout": "mixed", "shade_jitter": 1.0, "scale_jitter": 0.1}}  # fashion_scenes.yaml's
+TRAIN_STYLE = {"train": {"layout": "mixed", "shade_jitter": 1.0, "scale": [0.7, 1.07], "objects": [1, 5],
+                         "background": "mixed", "background_weights": [0.4, 0.2, 0.2, 0.2]}}  # fashion_scenes.yaml's
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,7 @@ def seed(tmp_path_factory, vit_checkpoint) -> Path:
     docs name, in a Hugging Face cache."""
     root = tmp_path_factory.mktemp("docs_seed")
     counts = {"train": 12, "val": 4, "test": 4}
-    make_scenes(root / "data" / "fashion_scenes_varied", counts=counts, seed=0, styles=TRAIN_STYLE)
+    make_scenes(root / "data" / "fashion_scenes_clutter", counts=counts, seed=0, styles=TRAIN_STYLE)
     make_scenes(root / "data" / "fashion_scenes", counts=counts, seed=0)
     (root / "configs").symlink_to(REPO / "configs")
     cpu = ["--config", "configs/trainer/cpu.yaml"]
@@ -169,7 +170,7 @@ def test_make_demo_and_demo_vit_run_end_to_end_on_tiny_overrides(seed: Path, ser
     assert status == 0, log.read_text()[-6000:]
     text = log.read_text()
     run = work / "runs" / "captioner_fashion_scenes"
-    assert (run / "results_test.json").is_file() and (run / "scores_free_test.json").is_file()
+    assert (run / "results_test.json").is_file() and (run / "scores_held_out_test.json").is_file()
     assert len(list((run / "overlays").glob("*.png"))) == 6 and (run / "explorer" / "index.html").is_file()
     assert len(list((work / "runs" / "vit_fashion_mnist" / "overlays").glob("*.png"))) == 8
     assert text.count("$ vision-attn fit") == 3 and "wrote the attention explorer" in text

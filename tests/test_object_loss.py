@@ -217,6 +217,25 @@ def test_grounding_targets_point_each_naming_word_at_its_objects_box():
     assert without_colours[0].tolist() == [False, False, True, False, False, False, False, True]
 
 
+def test_the_inside_grounding_target_asks_little_of_the_cells_a_box_only_grazes() -> None:
+    """A box over columns 0.25..0.75 and rows 0..0.5 of a 4×2 grid (cells 0.25 wide, 0.5 high) fills cells 1 and
+    2 and covers nothing else: both targets split it evenly. A box from x 0.2 to 0.5 has 1/6 of its area in cell
+    0, which it fills a fifth of, and 5/6 in cell 1, which it fills whole: "box" asks for 1/6 and 5/6, "inside"
+    for (1/6 · 1/5) : (5/6 · 1) = 1 : 25."""
+    words = ["<pad>", "a", "bag"]
+    tokens = torch.tensor([[1, 2]])
+    for box, expected_box, expected_inside in (
+            ([0.25, 0.0, 0.75, 0.5], [0, 0.5, 0.5, 0, 0, 0, 0, 0], [0, 0.5, 0.5, 0, 0, 0, 0, 0]),
+            ([0.2, 0.0, 0.5, 0.5], [1 / 6, 5 / 6, 0, 0, 0, 0, 0, 0], [1 / 26, 25 / 26, 0, 0, 0, 0, 0, 0])):
+        objects = torch.tensor([[[0, 0, *box]]])
+        class_word_ids = torch.tensor([words.index("bag")])
+        plain, mask = grounding_targets(tokens, objects, (2, 4), class_word_ids)
+        inside, same_mask = grounding_targets(tokens, objects, (2, 4), class_word_ids, inside=True)
+        assert mask.tolist() == same_mask.tolist() == [[False, True]]
+        torch.testing.assert_close(plain[0, 1], torch.tensor(expected_box))
+        torch.testing.assert_close(inside[0, 1], torch.tensor(expected_inside))
+
+
 def _scenes_captioner(pretrained: str | None = None, classes: list[str] = CLASS_WORDS, **aids):
     from vision_attn.tasks import CaptionerTask
 

@@ -123,6 +123,18 @@ def test_canvas_config_trains_tests_and_scores_its_maps_through_the_cli(tmp_path
     assert "with grey noise up to 64 around the item" in first
     assert first.split("area share ")[1] == lines[0].split("area share ")[1]
     assert noisy.stdout.splitlines()[2:] != lines[2:]
+    # ... and on textures: the same masks again, and a one-line refusal of noise and a background at once
+    textured = run_in_process("rollout-mass", "--ckpt", str(checkpoint), "--count", "64", "--background", "texture",
+                              "--background-level", "0.3", "--texture-source", "matplotlib")
+    assert textured.returncode == 0, textured.stderr[-3000:]
+    first = textured.stdout.strip().splitlines()[0]
+    assert "on texture backgrounds up to 0.3 of white" in first
+    assert first.split("area share ")[1] == lines[0].split("area share ")[1]
+    assert textured.stdout.splitlines()[2:] not in (lines[2:], noisy.stdout.splitlines()[2:])
+    both = run_in_process("rollout-mass", "--ckpt", str(checkpoint), "--background-noise", "9", "--background",
+                          "noise")
+    assert both.returncode == 2 and both.stderr.strip().splitlines() == [
+        "error: background noise is grey noise on black: give it or a background, not both"], both.stderr
 
 
 def test_canvas_training_batches_carry_each_items_box() -> None:

@@ -86,6 +86,16 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # options
     "beam": (("--beam",), {"type": BEAM_SIZE, "help": "captioner beam size, 1 to 50 (default: the checkpoint's)"}),
     "batch_size": (("--batch-size",), {"type": BATCH_SIZE, "default": 32,
                                        "help": "images per batch, 1 to 1024 (default 32)"}),
+    "canvas_background": (("--background",), {
+        "choices": ["black", "noise", "texture", "distractors", "mixed"], "default": "black",
+        "help": "what the canvas under each item is (the scenes' backgrounds, docs/formats/scenes.md): black "
+                "(default), noise, texture, distractors or mixed; the item's mask stays its own pixels"}),
+    "background_level": (("--background-level",), {"type": number_in(0, 1), "default": 0.5,
+                                                   "help": "the brightest a background is drawn, 0 to 1 of white "
+                                                           "(default 0.5)"}),
+    "texture_source": (("--texture-source",), {"choices": ["skimage", "matplotlib"], "default": "skimage",
+                                               "help": "the photographs of texture backgrounds: scikit-image's or "
+                                                       "matplotlib's sample images (default skimage)"}),
     "overwrite": (("--overwrite",), {"action": "store_true",
                                      "help": "write into a folder that holds files this command did not write: "
                                              "files of the names it writes are replaced, every other file is kept "
@@ -105,7 +115,12 @@ class OneLineParser(argparse.ArgumentParser):
 def parser_for(name: str, description: str, *shared: str) -> argparse.ArgumentParser:
     """A ``vision-attn NAME`` parser with the ``SHARED_OPTIONS`` named in ``shared``."""
     parser = OneLineParser(prog=f"vision-attn {name}", description=description)
+    add_shared(parser, *shared)
+    return parser
+
+
+def add_shared(parser: argparse.ArgumentParser, *shared: str) -> None:
+    """Add the ``SHARED_OPTIONS`` named in ``shared`` to ``parser``."""
     for option in shared:
         flags, settings = SHARED_OPTIONS[option]
         parser.add_argument(*flags, **settings)
-    return parser

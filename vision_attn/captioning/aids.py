@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vision_attn.boxes import box_cell_weights
+from vision_attn.boxes import box_cell_coverage, box_cell_weights
 from vision_attn.captioning.options import ObjectNames, TrainingAidsOptions
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
@@ -90,9 +90,11 @@ def object_loss(annotations: Tensor, grid: tuple[int, int], objects: Tensor, cla
 
 
 def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], class_word_ids: Tensor,
-                      colour_word_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Where each word that names an object should look: its object's box as cell weights. A word names object k
-    when it is k's class word, or k's colour word just before that class word ("a *red* *sneaker*").
+                      colour_word_ids: Tensor | None = None, *, inside: bool = False) -> tuple[Tensor, Tensor]:
+    """Where each word that names an object should look: its object's box as cell weights, the share of the box's
+    area in each cell; with ``inside``, each share times the share of the cell the box fills, renormalised, so a
+    cell the box only grazes (mostly background, clutter in a cluttered scene) is asked for little. A word names
+    object k when it is k's class word, or k's colour word just before that class word ("a *red* *sneaker*").
 
     ``tokens`` (N, T) are the words emitted at each step (``captions[:, 1:]`` in teacher forcing); ``objects``
     (N, K, 6) the object rows of each caption's image (``data.coco.ObjectTargets``, class −1 for padding);
@@ -110,6 +112,9 @@ def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], cl
         said = (tokens.unsqueeze(-1) == colour_words.unsqueeze(1)) & (colour_words.unsqueeze(1) >= 0)
         named = named | (before & said)  # ... that says k's colour
     weights = box_cell_weights(objects[..., 2:], grid) * present.unsqueeze(-1)  # (N, K, L)
+    if inside:  # w_ki ∝ (box area in cell i) × (share of cell i the box fills)
+        weights = weights * box_cell_coverage(objects[..., 2:], grid)
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
     target = torch.bmm(named.to(weights.dtype), weights)  # (N, T, L)
     mask = named.any(-1)
     return target / target.sum(-1, keepdim=True).clamp_min(1e-12), mask
@@ -216,6 +221,7 @@ class TrainingAids(nn.Module):
         if not self.options.grounding_weight or objects is None:
             return None
         per_caption = objects if caption_images is None else objects[caption_images]  # (B, K, 6) -> (N, K, 6)
-        target, mask = grounding_targets(tokens, per_caption, grid, self.class_word_ids, self.colour_word_ids)
+        target, mask = grounding_targets(tokens, per_caption, grid, self.class_word_ids, self.colour_word_ids,
+                                         inside=self.options.grounding_target == "inside")
         loss = grounding_loss(alphas, target, mask)
         return AidTerm(self.options.grounding_weight * loss, {"grounding_loss": (loss, len(tokens))})

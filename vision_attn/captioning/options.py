@@ -201,6 +201,9 @@ class TrainingAidsOptions(OptionGroup):
     object_targets)"""
     grounding_weight: float = 0.0
     """α on the box of the object each colour and class word names (Liu et al. 2017; needs object_targets)"""
+    grounding_target: str = "box"
+    """box: α's target is the share of the box's area in each cell; inside: that share times the share of the cell
+    the box fills (cells the box only grazes, mostly background, get little)"""
     object_heads_from_encoder: bool = False
     """start the object heads from the encoder pretraining's class and colour heads (LP-FT; needs object_weight and
     an encoder pretraining checkpoint as encoder.pretrained)"""
@@ -210,6 +213,8 @@ class TrainingAidsOptions(OptionGroup):
         for key in ("concept_weight", "object_weight", "grounding_weight"):
             require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
                     f"{key} must be 0 or more, got {getattr(self, key)}")
+        require(self.grounding_target in ("box", "inside"), self.name,
+                f"grounding_target must be box or inside, got {self.grounding_target!r}")
         require(not self.object_heads_from_encoder or self.object_weight > 0, self.name,
                 "object_heads_from_encoder needs the object loss: set object_weight above 0")
 

@@ -6,7 +6,9 @@ instant."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
+from typing import Any
 
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
 
@@ -14,3 +16,11 @@ TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
 def tool(name: str, summary: str) -> Callable:
     """Register a subcommand: ``summary`` is its line in ``vision-attn --help``."""
     return lambda command: TOOLS.setdefault(name, (command, summary))[0]
+
+
+def canvas_background(options: argparse.Namespace) -> Any:
+    """The ``data.backgrounds.Background`` that a tool's ``canvas_background``, ``background_level`` and
+    ``texture_source`` options (``options.SHARED_OPTIONS``) name."""
+    from vision_attn.data.backgrounds import Background
+
+    return Background(options.background, options.background_level, options.texture_source)

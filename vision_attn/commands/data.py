@@ -6,8 +6,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vision_attn.commands import tool
-from vision_attn.options import at_least, bounded_int, number_in, parser_for
+from vision_attn.commands import canvas_background, tool
+from vision_attn.options import add_shared, at_least, bounded_int, number_in, parser_for
 
 CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 
@@ -76,14 +76,11 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                                               "texture (photographs shipped with --texture-source), distractors "
                                               "(strokes, arcs, blobs, item fragments) or mixed (one per scene); a "
                                               "scene's background is also written alone, under backgrounds/<split>/")
-    parser.add_argument("--background-level", type=number_in(0, 1), default=0.5,
-                        help="the brightest a background is drawn, 0 to 1 of white (default 0.5)")
+    add_shared(parser, "background_level")
     parser.add_argument("--background-weights", type=number_in(0, 1000), nargs=4, default=None,
                         metavar=("BLACK", "NOISE", "TEXTURE", "DISTRACTORS"),
                         help="--background mixed: the odds of each kind (default: equal)")
-    parser.add_argument("--texture-source", choices=["skimage", "matplotlib"], default="skimage",
-                        help="the photographs of texture backgrounds: scikit-image's or matplotlib's sample images "
-                             "(default skimage)")
+    add_shared(parser, "texture_source")
     parser.add_argument("--fashion-mnist-root", default="data/fashion_mnist",
                         help="where to look for Fashion-MNIST after the system location")
     parser.add_argument("--overwrite", action="store_true",
@@ -115,7 +112,7 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
     parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy, and the mass on the item and the "
                         "pointing game of rollout, gradient rollout and the last layer's attention, on Fashion-MNIST "
                         "items pasted at random on a larger canvas (docs/formats/metrics.md).", "device", "head_fusion",
-                        "discard_ratio")
+                        "discard_ratio", "canvas_background", "background_level", "texture_source")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
     parser.add_argument("--canvas-size", type=CANVAS_SIZE, default=56,
                         help="canvas side in pixels, 28 to 1024 (default 56)")
@@ -132,8 +129,11 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
     scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, seed=options.seed,
                                         head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                                        background_noise=options.background_noise, device=options.device)
+                                        background_noise=options.background_noise,
+                                        background=canvas_background(options), device=options.device)
     noise = f" with grey noise up to {options.background_noise} around the item" if options.background_noise else ""
+    if options.background != "black":
+        noise = f" on {options.background} backgrounds up to {options.background_level:g} of white"
     print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases{noise}: "
           f"accuracy {scores.accuracy:.2%}, the items' area share {scores.mask_area_share:.3f} (a blind map's mass)\n"
           f"{'map':<18} {'mass on the item':>16} {'pointing game':>14}")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from vision_attn.commands import tool
+from vision_attn.commands import canvas_background, tool
 from vision_attn.options import at_least, bounded_int, parser_for
 
 
@@ -82,7 +82,8 @@ def deletion_command(argv: Sequence[str]) -> None:
                         "pasted at random on a larger canvas, erase the patches each map ranks first, a few more at "
                         "each step, and follow the probability of the class first predicted; the area under that "
                         "curve is lower for a map that points at what matters, a random map the baseline "
-                        "(docs/formats/metrics.md).", "device", "head_fusion", "discard_ratio", "batch_size")
+                        "(docs/formats/metrics.md).", "device", "head_fusion", "discard_ratio", "batch_size",
+                        "canvas_background", "background_level", "texture_source")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
     parser.add_argument("--canvas-size", type=bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger "
                                                                    "canvas, which only costs memory"),
@@ -107,7 +108,8 @@ def deletion_command(argv: Sequence[str]) -> None:
         scores = fashion_mnist_deletion(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, steps=options.steps, seed=options.seed,
                                         head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                                        background_noise=options.background_noise, batch_size=options.batch_size,
+                                        background_noise=options.background_noise,
+                                        background=canvas_background(options), batch_size=options.batch_size,
                                         device=options.device, on_batch=advance)
     print(f"{scores.images} Fashion-MNIST test items on {options.canvas_size}x{options.canvas_size} canvases: "
           f"accuracy {scores.accuracy:.2%}; {scores.counts[-1]} patches erased in {len(scores.counts) - 1} steps\n"
@@ -116,7 +118,9 @@ def deletion_command(argv: Sequence[str]) -> None:
         print(f"{name + ' (baseline)' * (name == 'random'):<18} {area:>12.3f}")
     written = write_json_atomically(out, {
         "images": scores.images, "accuracy": scores.accuracy, "canvas_size": options.canvas_size,
-        "background_noise": options.background_noise, "patches": scores.counts[-1],
+        "background_noise": options.background_noise, "background": options.background,
+        "background_level": options.background_level, "texture_source": options.texture_source,
+        "patches": scores.counts[-1],
         "fractions": [k / scores.counts[-1] for k in scores.counts],
         "maps": {name: {"auc": scores.area[name], "curve": scores.curves[name]} for name in scores.area}})
     print(f"wrote {written}")

@@ -68,11 +68,20 @@ def texture_files(source: str) -> list[Path]:
     return files
 
 
+_known_texture_files = functools.lru_cache(maxsize=8)(texture_files)  # per draw: once found, the files stay
+
+
 @functools.lru_cache(maxsize=32)
-def read_texture(path: Path) -> np.ndarray:
-    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process."""
+def read_texture(path: Path) -> tuple[np.ndarray, ...]:
+    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process, with its halvings (box filter) down
+    to a side of 16: a small crop's resize then reads a level near its size, at a fraction of the cost."""
     with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+        level = image.convert("RGB")
+    levels = [np.asarray(level)]
+    while min(level.size) >= 32:
+        level = level.reduce(2)
+        levels.append(np.asarray(level))
+    return tuple(levels)
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ class Background:
         elif kind == "noise":
             rgb = _noise(rng, size, self.level)
         elif kind == "texture":
-            rgb = _texture(rng, size, self.level, texture_files(self.texture_source))
+            rgb = _texture(rng, size, self.level, _known_texture_files(self.texture_source))
         else:
             rgb = _distractors(rng, size, self.level, fragments)
         if channels == 1:
@@ -151,12 +160,17 @@ def _noise(rng: np.random.Generator, size: int, level: float) -> np.ndarray:
 
 def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path]) -> np.ndarray:
     """A random crop of a random photograph of ``files``, resized, mirrored and dimmed."""
-    photo = read_texture(files[int(rng.integers(len(files)))])
-    height, width = photo.shape[:2]
+    levels = read_texture(files[int(rng.integers(len(files)))])
+    height, width = levels[0].shape[:2]
     side = int(rng.integers(max(8, min(height, width) // 8), min(height, width) + 1))
     top, left = int(rng.integers(0, height - side + 1)), int(rng.integers(0, width - side + 1))
-    crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size),
-                                                                               Image.Resampling.BILINEAR)
+    halvings = 0  # the smallest level that still holds at least twice the canvas's pixels along a side
+    while halvings + 1 < len(levels) and side >> (halvings + 1) >= 2 * size:
+        halvings += 1
+    top, left, side = top >> halvings, left >> halvings, max(1, side >> halvings)
+    photo = levels[halvings]
+    crop = Image.fromarray(np.ascontiguousarray(photo[top : top + side, left : left + side])).resize(
+        (size, size), Image.Resampling.BILINEAR)
     texture = np.asarray(crop, dtype=np.float64)
     if rng.random() < 0.5:
         texture = texture[:, ::-1]
@@ -210,13 +224,24 @@ def _distractors(rng: np.random.Generator, size: int, level: float, fragments: n
     return np.asarray(image).copy()
 
 
-def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background) -> torch.Tensor:
-    """Training canvases (B, C, S, S) uint8 with every pixel but their items' (the zeros) filled: with grey noise up
-    to a level drawn per image from 0 to ``noise`` (0..255; torch's generator), else with ``background``, one drawn
-    per image (from a numpy generator seeded from torch's, so ``seed_everything`` fixes it too), whose fragments
-    are cut from the batch's ``items`` (B, C, 28, 28). A black background and no noise leave them as they are."""
+def draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
+    """One ``background`` per item of ``items`` (B, C, 28, 28) uint8, (B, C, size, size) uint8, its fragments cut
+    from those items."""
     import torch  # here: the scenes draw backgrounds without torch
-    around = canvases == 0
+
+    pool = items.amax(dim=1).cpu().numpy()
+    drawn = np.stack([background.draw(rng, size, channels=items.shape[1], fragments=pool)[0] for _ in items])
+    return torch.from_numpy(drawn).permute(0, 3, 1, 2)
+
+
+def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background) -> torch.Tensor:
+    """Training canvases (B, C, S, S) uint8 with every pixel but their items' (those zero in every channel) filled:
+    with grey noise up to a level drawn per image from 0 to ``noise`` (0..255; torch's generator), else with
+    ``background``, one drawn per image (from a numpy generator seeded from torch's, so ``seed_everything`` fixes
+    it too), whose fragments are cut from the batch's ``items`` (B, C, 28, 28). A black background and no noise
+    leave them as they are."""
+    import torch  # here: the scenes draw backgrounds without torch
+    around = (canvases == 0).all(dim=1, keepdim=True)
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
         grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
@@ -224,7 +249,43 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     if background.kind == "black":
         return canvases
     rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-    count, channels, size = canvases.shape[0], canvases.shape[1], canvases.shape[-1]
-    pool = items.amax(dim=1).cpu().numpy()
-    drawn = np.stack([background.draw(rng, size, channels=channels, fragments=pool)[0] for _ in range(count)])
-    return torch.where(around, torch.from_numpy(drawn).permute(0, 3, 1, 2).to(canvases.device), canvases)
+    drawn = draw_backgrounds(background, rng, items, canvases.shape[-1])
+    return torch.where(around, drawn.to(canvases.device), canvases)
+
+
+class TestCanvasFill:
+    """What the test canvases' items lie on, drawn the same for the same ``seed``: black, uniform grey noise up to
+    ``noise`` (0..255: the first canvas check's condition, on every pixel), or one ``background`` per canvas
+    (fragments cut from the canvas's own item)."""
+
+    def __init__(self, seed: int, *, noise: int = 0, background: Background | None = None) -> None:
+        import torch  # here: the scenes draw backgrounds without torch
+
+        self.check(noise, background)
+        self.noise, self.background = noise, background or Background()
+        self.generator = torch.Generator().manual_seed(seed + 1)
+        self.rng = np.random.default_rng(seed + 1)
+
+    @staticmethod
+    def check(noise: int, background: Background | None) -> None:
+        """Refuse, in one line, a noise level outside 0..255, noise with a background, or a background out of
+        range (``Background.check``)."""
+        if noise and background is not None and background.kind != "black":
+            raise ValueError("background noise is grey noise on black: give it or a background, not both")
+        if not 0 <= noise <= 255:
+            raise ValueError(f"background noise is a grey level from 0 to 255, got {noise}")
+        if background is not None:
+            background.check("background")
+
+    def fill(self, canvases: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``canvases`` (B, C, S, S) uint8 of ``items`` (B, C, 28, 28) with every pixel but their items' filled,
+        and the backgrounds alone."""
+        import torch  # here: the scenes draw backgrounds without torch
+
+        if self.noise:
+            drawn = torch.randint(0, self.noise + 1, canvases.shape, generator=self.generator, dtype=torch.uint8)
+        elif self.background.kind != "black":
+            drawn = draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
+        else:
+            return canvases, torch.zeros_like(canvases)
+        return torch.where((canvases == 0).all(dim=1, keepdim=True), drawn, canvases), drawn

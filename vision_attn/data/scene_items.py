@@ -2,11 +2,13 @@
 captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
 
 Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
-resized by up to the style's ``scale_jitter`` (or within its ``scale``), and put at a random place on a black
-``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid). The drawing is
-``scenes.draw_item`` itself, so the encoder learns on exactly the pixels a scene holds (training batches are
-drawn all at once, ``__getitems__``, with torch's antialiased bilinear resize in place of PIL's: the same pixels
-within a grey level, at a tenth of the cost). Layout options of the style do not apply to one item.
+resized by up to the style's ``scale_jitter`` (or within its ``scale``), and put at a random place on a
+``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid): black, or the style's
+``background``, one drawn per item, with the item pasted over it with its own pixels as alpha, as scenes paste.
+The drawing is ``scenes.draw_item`` itself, so the encoder learns on exactly the pixels a scene holds (training
+batches are drawn all at once, ``__getitems__``, with torch's antialiased bilinear resize in place of PIL's: the
+same pixels within a grey level, at a tenth of the cost). The style's layout, object count and overlap do not
+apply to one item.
 Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
 object, as Anderson et al. (2018) pretrain on object classes and attributes.
 """
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
+from vision_attn.data.backgrounds import fill_canvases
 from vision_attn.data.classification import TensorImageDataset
 from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
 
@@ -28,8 +31,6 @@ from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
 def check_item_style(style: SceneStyle, canvas_size: int) -> None:
     """Refuse, in one line, a style out of range or a canvas too small for the largest item it draws."""
     style.check(canvas_size=2**20, grid_size=1)  # the value ranges only: one item needs no grid or free room
-    if style.background != "black":
-        raise ValueError(f"scene items are drawn on black: background {style.background!r} does not apply to them")
     largest = style.item_sizes()[1]
     if canvas_size < largest:
         raise ValueError(f"canvas_size {canvas_size} is smaller than the largest item ({largest} px at "
@@ -85,6 +86,7 @@ class SceneItemDataset(Dataset):
         check_item_style(self.style, canvas_size)
         self.smallest, self.largest = self.style.item_sizes()
         self.canvas_size = canvas_size
+        self.background = self.style.background_spec()
         self.seed = seed
         self.colours = list(COLOURS)
         self._stream: tuple[int, np.random.Generator] | None = None  # (process id, training draws)
@@ -123,6 +125,7 @@ class SceneItemDataset(Dataset):
                                       align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)
             tinted = divide_by_255(items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)).to(torch.uint8)  # n,3,s,s
             paste(canvases, rows, corners[rows], tinted)
+        canvases = fill_canvases(canvases, greys, noise=0, background=self.background)
         targets = torch.stack([labels, torch.from_numpy(colours)], dim=1)
         return list(zip(canvases, targets, strict=True))
 
@@ -142,5 +145,10 @@ class SceneItemDataset(Dataset):
         item = draw_item(image.reshape(ITEM_SIZE, ITEM_SIZE).numpy(), tint, size)
         top, left = (int(v) for v in rng.integers(0, self.canvas_size - size + 1, size=2))
         canvas = np.zeros((self.canvas_size, self.canvas_size, 3), dtype=np.uint8)
-        canvas[top : top + size, left : left + size] = item
+        if self.background.kind != "black":  # drawn after the item's draws: black items keep their bytes
+            grey = image.reshape(1, ITEM_SIZE, ITEM_SIZE).numpy()
+            canvas = self.background.draw(rng, self.canvas_size, fragments=grey)[0].copy()
+        square = canvas[top : top + size, left : left + size]
+        opaque = item.any(axis=2)
+        square[opaque] = item[opaque]
         return torch.from_numpy(canvas).permute(2, 0, 1), torch.tensor([int(label), colour])  # stacked by collate

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from vision_attn.data.backgrounds import Background, TestCanvasFill
 from vision_attn.data.classification import eval_transform
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
 from vision_attn.data.images import normalize
@@ -89,16 +90,17 @@ class DeletionScores(NamedTuple):
 
 def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, steps: int = 16,
                     seed: int = 0, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
-                    background_noise: int = 0, batch_size: int = 64,
+                    background_noise: int = 0, background: Background | None = None, batch_size: int = 64,
                     on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
     """Deletion curves of Fashion-MNIST items (N, 28, 28) pasted on canvases as ``rollout_on_canvas`` draws them
-    (the same places for the same ``seed``), erased patches filled with the canvas the item was pasted on (black,
-    or its grey noise). ``on_batch`` sees how many images each batch held and how many
-    there are in all."""
+    (the same places and backgrounds for the same ``seed``), erased patches filled with the canvas the item was
+    pasted on (black, its grey noise or its ``background``). ``on_batch`` sees how many images each batch held and
+    how many there are in all."""
     if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
     places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
-    noise, shuffle = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
+    under, shuffle = TestCanvasFill(seed, noise=background_noise, background=background), \
+        torch.Generator().manual_seed(seed + 2)
     batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))
     resize = eval_transform(classifier.image_size)
     device = classifier.device
@@ -108,14 +110,10 @@ def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, c
 
     correct, areas, means, counts = 0, {name: [] for name in DELETION_MAPS}, {}, []
     for start in range(0, len(images), batch_size):
-        canvases = place_on_canvas(images[start : start + batch_size, None], places[start : start + batch_size],
-                                   canvas_size)
-        background = torch.zeros_like(canvases)
-        if background_noise:
-            background = torch.randint(0, background_noise + 1, canvases.shape, generator=noise, dtype=torch.uint8)
-            canvases = torch.where(canvases == 0, background, canvases)
+        items = images[start : start + batch_size, None]
+        canvases, drawn = under.fill(place_on_canvas(items, places[start : start + batch_size], canvas_size), items)
         inputs = normalize(resize(canvases), classifier.mean, classifier.std).to(device)
-        backgrounds = normalize(resize(background), classifier.mean, classifier.std).to(device)
+        backgrounds = normalize(resize(drawn), classifier.mean, classifier.std).to(device)
         found = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                         gradient_class="predicted")
         correct += int((found.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
@@ -136,17 +134,17 @@ def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, c
 def fashion_mnist_deletion(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
                            count: int = 1000, canvas_size: int = 56, steps: int = 16, seed: int = 0,
                            head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
-                           batch_size: int = 64, device: str = "cpu",
+                           background: Background | None = None, batch_size: int = 64, device: str = "cpu",
                            on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
     """``canvas_deletion`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
     if canvas_size < 28:
         raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
-    if not 0 <= background_noise <= 255:
-        raise ValueError(f"background noise is a grey level from 0 to 255, got {background_noise}")
+    TestCanvasFill.check(background_noise, background)
     classifier = Classifier.from_checkpoint(checkpoint, device=device)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
     if not 1 <= count <= len(images):
         raise ValueError(f"count must be from 1 to the {len(images)} Fashion-MNIST test items, got {count}")
     return canvas_deletion(classifier, images[:count], labels[:count], canvas_size=canvas_size, steps=steps,
                            seed=seed, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                           background_noise=background_noise, batch_size=batch_size, on_batch=on_batch)
+                           background_noise=background_noise, background=background, batch_size=batch_size,
+                           on_batch=on_batch)

@@ -13,6 +13,7 @@ from PIL import Image
 from torch import Tensor
 
 from vision_attn.checkpoint import VIT, read_model_checkpoint
+from vision_attn.data.backgrounds import Background, TestCanvasFill
 from vision_attn.data.classification import eval_transform
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
 from vision_attn.data.images import (
@@ -254,21 +255,19 @@ def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Te
 
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
                       head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
-                      batch_size: int = 256) -> CanvasScores:
+                      background: Background | None = None, batch_size: int = 256) -> CanvasScores:
     """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
     as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
     the last layer's attention the mass on the item (docs/formats/metrics.md, the mask is the item's pixels > 0) and the
     pointing game; and the item's area share (the mass of a map blind to the item).
 
     ``background_noise`` (0..255) fills every pixel but the item's with uniform grey noise up to that level
-    (the mask stays the item's own pixels): a condition no canvas model trains on, where a map that finds
-    "whatever is not black" no longer finds the item."""
+    (the mask stays the item's own pixels), where a map that finds "whatever is not black" no longer finds the
+    item; ``background`` draws one of the scenes' backgrounds under each item instead (``data.backgrounds``)."""
     if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
-    if not 0 <= background_noise <= 255:
-        raise ValueError(f"background noise is a grey level from 0 to 255, got {background_noise}")
     places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
-    noise = torch.Generator().manual_seed(seed + 1)
+    under = TestCanvasFill(seed, noise=background_noise, background=background)
     batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))  # large canvases: fewer at once
     correct, areas = 0, []
     scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
@@ -277,9 +276,9 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
         canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
         pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
         masks = pixels[:, 0] > 0  # the item's pixels in the input
-        if background_noise:  # on every pixel but the item's (its mask)
-            grey = torch.randint(0, background_noise + 1, canvases.shape, generator=noise, dtype=torch.uint8)
-            pixels = eval_transform(classifier.image_size)(torch.where(canvases == 0, grey, canvases))
+        filled, _ = under.fill(canvases, chunk)  # every pixel but the item's (its mask)
+        if filled is not canvases:
+            pixels = eval_transform(classifier.image_size)(filled)
         inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
         maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class="predicted")
@@ -296,15 +295,18 @@ def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *,
 def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
                                count: int = 1000, canvas_size: int = 56, seed: int = 0,
                                head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
-                               background_noise: int = 0, device: str = "cpu") -> CanvasScores:
+                               background_noise: int = 0, background: Background | None = None,
+                               device: str = "cpu") -> CanvasScores:
     """``rollout_on_canvas`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
     if canvas_size < 28:
         raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    TestCanvasFill.check(background_noise, background)
     images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
     if count > len(images):
         raise ValueError(f"count {count} is more than the {len(images)} Fashion-MNIST test items")
     classifier = Classifier.from_checkpoint(checkpoint, device=device)
     return rollout_on_canvas(classifier, images[:count], labels[:count], canvas_size=canvas_size, seed=seed,
-                             head_fusion=head_fusion, discard_ratio=discard_ratio, background_noise=background_noise)
+                             head_fusion=head_fusion, discard_ratio=discard_ratio, background_noise=background_noise,
+                             background=background)
