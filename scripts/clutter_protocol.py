@@ -25,17 +25,16 @@ import sys
 import time
 from pathlib import Path
 
-# name: (group, make-scenes options); the groups are the columns of the goals
+# name: (group, scene style: make-scenes' options as style fields, which the ViT's canvases read too)
 KINDS = {
-    "clean": ("clean", []),
-    "noise": ("trained clutter", ["--background", "noise", "--background-level", "0.25"]),
-    "texture": ("trained clutter", ["--background", "texture", "--texture-source", "skimage",
-                                    "--background-level", "0.25"]),
-    "distractors": ("trained clutter", ["--background", "distractors", "--background-level", "0.25"]),
-    "texture_matplotlib": ("held-out clutter", ["--background", "texture", "--texture-source", "matplotlib",
-                                                "--background-level", "0.25"]),
-    "noise_bright": ("held-out clutter", ["--background", "noise", "--background-level", "0.75"]),
-    "objects_4_5": ("4-5 objects", ["--layout", "free", "--objects", "4", "5"]),
+    "clean": ("clean", {}),
+    "noise": ("trained clutter", {"background": "noise", "background_level": 0.25}),
+    "texture": ("trained clutter", {"background": "texture", "texture_source": "skimage", "background_level": 0.25}),
+    "distractors": ("trained clutter", {"background": "distractors", "background_level": 0.25}),
+    "texture_matplotlib": ("held-out clutter", {"background": "texture", "texture_source": "matplotlib",
+                                                "background_level": 0.25}),
+    "noise_bright": ("held-out clutter", {"background": "noise", "background_level": 0.75}),
+    "objects_4_5": ("4-5 objects", {"layout": "free", "objects": [4, 5]}),
 }
 # drawn by this script, not by the project's generator: clean scenes repainted over patterns no training draws
 FOREIGN = {"gratings": ("held-out clutter", 0.25)}
@@ -92,13 +91,21 @@ def repaint(root: Path, level: float, seed: int) -> None:
         Image.fromarray(under).save(root / "backgrounds" / "test" / path.name)
 
 
+def scene_flags(style: dict) -> list[str]:
+    """make-scenes' options for a style: {"background_level": 0.25} -> ["--background-level", "0.25"]."""
+    flags = []
+    for field, value in style.items():
+        flags += [f"--{field.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+    return flags
+
+
 def captioner_kind(ckpt: str, out: Path, scenes: Path, kind: str, count: int, seed: int) -> dict:
     """Scenes of one kind (in ``scenes``), and the captioner's scores and erasure share on them."""
     root = scenes / f"scenes_{kind}_{count}_{seed}"
     if not (root / "annotations" / "captions_test.json").is_file():
-        options = KINDS[kind][1] if kind in KINDS else []
+        style = KINDS[kind][1] if kind in KINDS else {}
         run(["make-scenes", "--root", str(root), "--train", "0", "--val", "0", "--test", str(count), "--seed",
-             str(seed), *options, "--overwrite"], out / f"make_{kind}.log")
+             str(seed), *scene_flags(style), "--overwrite"], out / f"make_{kind}.log")
         if kind in FOREIGN:
             repaint(root, FOREIGN[kind][1], seed)
     notes = root / "annotations"
@@ -122,9 +129,9 @@ def vit_kind(ckpt: str, kind: str, count: int, seed: int) -> dict:
     from vision_attn.vit.deletion import fashion_mnist_deletion
     from vision_attn.vit.inference import fashion_mnist_rollout_mass
 
-    options = dict(zip(KINDS[kind][1][::2], KINDS[kind][1][1::2], strict=True))
-    background = Background(options.get("--background", "black"), float(options.get("--background-level", 0.5)),
-                            options.get("--texture-source", "skimage"))
+    style = KINDS[kind][1]
+    background = Background(style.get("background", "black"), style.get("background_level", 0.5),
+                            style.get("texture_source", "skimage"))
     found = fashion_mnist_rollout_mass(ckpt, count=count, seed=seed, background=background)
     deleted = fashion_mnist_deletion(ckpt, count=min(count, 500), seed=seed, background=background)
     return {"accuracy": found.accuracy, "rollout_mass": found.maps["rollout"].mass_in_mask,

@@ -41,6 +41,9 @@ def test_painted_patterns_keep_every_item_pixel_and_fill_the_rest(tmp_path: Path
 
 def test_the_tables_hold_every_kind_and_figure() -> None:
     script = protocol()
+    assert script.scene_flags(script.KINDS["texture_matplotlib"][1]) == [
+        "--background", "texture", "--texture-source", "matplotlib", "--background-level", "0.25"]
+    assert script.scene_flags(script.KINDS["objects_4_5"][1]) == ["--layout", "free", "--objects", "4", "5"]
     row = {"group": "clean", **{key: 0.5 for key in script.SCORES}, "repeated_object_rate": 0.01}
     table = script.table({"clean": row}, script.SCORES, script.HEADINGS).splitlines()
     assert table[0].count("|") == len(script.HEADINGS) + 3 and len(table) == 3

@@ -324,6 +324,10 @@ def test_the_canvas_group_takes_a_background_and_refuses_bad_ones_in_one_line() 
         with pytest.raises(ValueError, match=f"^{message}"):
             Canvas.coerce(options)
     assert backgrounds.BACKGROUNDS == ("black", "noise", "texture", "distractors", "mixed")
+    from vision_attn.options import BACKGROUND_KINDS, SHARED_OPTIONS
+
+    assert tuple(BACKGROUND_KINDS) == backgrounds.BACKGROUNDS  # what the tools offer is what the data draws
+    assert tuple(SHARED_OPTIONS["texture_source"][1]["choices"]) == tuple(backgrounds.TEXTURE_SOURCES)
 
 
 def test_the_canvas_datamodule_trains_on_a_background_and_evaluates_on_black() -> None:

@@ -75,6 +75,8 @@ def device(text: str) -> str:
     return text
 
 
+# data.backgrounds.BACKGROUNDS, named here too: the options come before the data layer
+BACKGROUND_KINDS = ["black", "noise", "texture", "distractors", "mixed"]
 SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # options several tools take, by name
     "device": (("--device",), {"type": device, "default": "cpu", "help": "torch device (default cpu)"}),
     "bad_images": (("--on-bad-image",), {"choices": ["error", "skip"], "default": "error",
@@ -87,7 +89,7 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {  # options
     "batch_size": (("--batch-size",), {"type": BATCH_SIZE, "default": 32,
                                        "help": "images per batch, 1 to 1024 (default 32)"}),
     "canvas_background": (("--background",), {
-        "choices": ["black", "noise", "texture", "distractors", "mixed"], "default": "black",
+        "choices": BACKGROUND_KINDS, "default": "black",
         "help": "what the canvas under each item is (the scenes' backgrounds, docs/formats/scenes.md): black "
                 "(default), noise, texture, distractors or mixed; the item's mask stays its own pixels"}),
     "background_level": (("--background-level",), {"type": number_in(0, 1), "default": 0.5,

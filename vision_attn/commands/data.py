@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vision_attn.commands import canvas_background, tool
-from vision_attn.options import add_shared, at_least, bounded_int, number_in, parser_for
+from vision_attn.options import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
 
 CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 
@@ -71,7 +71,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     parser.add_argument("--overlap", type=number_in(0, 0.5), default=0.0,
                         help="free and mixed layouts: items may overlap, each later one on top with a black outline, "
                              "hiding at most this share of an item's pixels (0 to 0.5; default 0: never)")
-    parser.add_argument("--background", choices=["black", "noise", "texture", "distractors", "mixed"],
+    parser.add_argument("--background", choices=BACKGROUND_KINDS,
                         default="black", help="what lies under the items: black (the default scenes), noise, "
                                               "texture (photographs shipped with --texture-source), distractors "
                                               "(strokes, arcs, blobs, item fragments) or mixed (one per scene); a "

@@ -234,6 +234,11 @@ def draw_backgrounds(background: Background, rng: np.random.Generator, items: to
     return torch.from_numpy(drawn).permute(0, 3, 1, 2)
 
 
+def uncovered(canvases: torch.Tensor) -> torch.Tensor:
+    """The pixels of ``canvases`` (B, C, S, S) that no item covers: zero in every channel, (B, 1, S, S) bool."""
+    return (canvases == 0).all(dim=1, keepdim=True)
+
+
 def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background) -> torch.Tensor:
     """Training canvases (B, C, S, S) uint8 with every pixel but their items' (those zero in every channel) filled:
     with grey noise up to a level drawn per image from 0 to ``noise`` (0..255; torch's generator), else with
@@ -241,7 +246,7 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     it too), whose fragments are cut from the batch's ``items`` (B, C, 28, 28). A black background and no noise
     leave them as they are."""
     import torch  # here: the scenes draw backgrounds without torch
-    around = (canvases == 0).all(dim=1, keepdim=True)
+    around = uncovered(canvases)
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
         grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
@@ -256,7 +261,7 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
 class TestCanvasFill:
     """What the test canvases' items lie on, drawn the same for the same ``seed``: black, uniform grey noise up to
     ``noise`` (0..255: the first canvas check's condition, on every pixel), or one ``background`` per canvas
-    (fragments cut from the canvas's own item)."""
+    (fragments cut from the batch's items)."""
 
     def __init__(self, seed: int, *, noise: int = 0, background: Background | None = None) -> None:
         import torch  # here: the scenes draw backgrounds without torch
@@ -288,4 +293,4 @@ class TestCanvasFill:
             drawn = draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
         else:
             return canvases, torch.zeros_like(canvases)
-        return torch.where((canvases == 0).all(dim=1, keepdim=True), drawn, canvases), drawn
+        return torch.where(uncovered(canvases), drawn, canvases), drawn
