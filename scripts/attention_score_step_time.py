@@ -3,7 +3,7 @@
     python -m scripts.attention_score_step_time [SCORE ...]     (from the repository root; default: every score)
 
 The decoder alone, at configs/captioner/fashion_scenes.yaml's sizes (embed 128, hidden 256, attention 128,
-coverage, attend_with_word, word_counts; 6x6 annotation vectors of 192 dims, as its small encoder of width 24
+coverage, attend_with_word, word_counts; 12x12 annotation vectors of 192 dims, as its small encoder of width 24
 gives at 96 px), on random inputs: a teacher-forced forward + backward over 32 images x 5 captions of 14
 tokens (the config's batch), and a beam search of 3 over 100 images (its eval batch), 12 words each. Each
 figure is the median of 10 runs after 2 warm-up runs. Run it on an idle machine.
@@ -20,7 +20,7 @@ from vision_attn.attention import ATTENTION_SCORES
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 
-VOCAB, LOCATIONS, WIDTH = 40, 36, 192
+VOCAB, LOCATIONS, WIDTH = 40, 144, 192
 
 
 def median_ms(run, repeats: int = 10, warmup: int = 2) -> float:

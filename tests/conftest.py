@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,12 @@ def tiny(*names: str | Path) -> list[str]:
 def shipped(*names: str) -> list[str]:
     """The ``--config`` flags of shipped configs (``configs/...``), in order."""
     return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
+
+
+def printed_metrics(stdout: str, stage: str = "test") -> dict[str, str]:
+    """The ``<stage>/...`` rows of Lightning's end-of-run metrics table (plain or rich), as printed: the exact
+    text, no rounding of ours."""
+    return dict(re.findall(rf"^[\s│|]*({stage}/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", stdout, flags=re.MULTILINE))
 
 
 def console_script() -> str:

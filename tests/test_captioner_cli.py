@@ -95,34 +95,6 @@ def test_caption_refuses_a_vit_checkpoint_in_one_line(tmp_path) -> None:
                                      "captioner is needed")
 
 
-def _printed_metrics(stdout: str) -> dict[str, str]:
-    """The ``test/...`` rows of Lightning's results table, as printed (exact text, no rounding of ours)."""
-    import re
-
-    return dict(re.findall(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", stdout, flags=re.MULTILINE))
-
-
-def test_two_ddp_processes_score_exactly_like_one(trained_captioner, tmp_path) -> None:
-    common = ["test", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
-              str(trained_captioner["scenes"]), "--ckpt_path", str(trained_captioner["ckpt"]),
-              "--data.init_args.loader.eval_batch_size", "1"]
-    one = run_in_process(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
-    two = run_script(*common, "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                     "--trainer.default_root_dir", str(tmp_path / "two"))
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert two.returncode == 0, two.stderr[-3000:]
-    one_metrics, two_metrics = _printed_metrics(one.stdout), _printed_metrics(two.stdout)
-    assert set(one_metrics) == set(two_metrics)
-    scored = ["test/BLEU-1", "test/BLEU-2", "test/BLEU-3", "test/BLEU-4", "test/METEOR", "test/ROUGE-L",
-              "test/CIDEr-D", "test/pointing_words", "test/images"]
-    assert {k: one_metrics[k] for k in scored} == {k: two_metrics[k] for k in scored}  # exactly, as printed
-    assert one_metrics["test/images"] == "6.0"  # every test image once: none duplicated, none missing
-    for averaged in ("test/loss", "test/ds_penalty"):  # means of per-rank means: float order differs
-        assert float(one_metrics[averaged]) == pytest.approx(float(two_metrics[averaged]), rel=1e-5)
-    one_results = json.loads((tmp_path / "one" / "results_test.json").read_text())
-    assert one_results == json.loads((tmp_path / "two" / "results_test.json").read_text())
-
-
 def test_self_critical_epochs_train_on_sampled_captions_with_the_cider_reward(trained_captioner, tmp_path) -> None:
     import csv
 
@@ -238,7 +210,7 @@ def test_the_scenes_default_config_runs_on_a_tiny_time_budget(pretrained_encoder
           "--data.init_args.root", str(tmp_path / "scenes"),
           "--data.init_args.scenes.counts", '{"train": 160, "val": 8, "test": 8}',
           "--data.init_args.loader.batch_size", "8", "--model.init_args.encoder.pretrained", str(pretrained_encoder),
-          "--trainer.max_time", "00:00:00:20", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+          "--trainer.max_time", "00:00:00:10", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
           "--trainer.logger.save_dir", str(tmp_path / "run"), "--trainer.log_every_n_steps", "1",
           "--trainer.default_root_dir", str(tmp_path / "run")])
     assert time.monotonic() - started < 120
@@ -268,7 +240,7 @@ def test_two_ddp_processes_switch_to_self_critical_training_by_the_time_budget(t
     result = run_script("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
                         str(trained_captioner["scenes"]), "--data.init_args.group_captions", "true",
                         "--model.init_args.self_critical.from_progress", "0.3",
-                        "--model.init_args.schedule.by_time", "true", "--trainer.max_time", "00:00:00:12",
+                        "--model.init_args.schedule.by_time", "true", "--trainer.max_time", "00:00:00:08",
                         "--trainer.max_epochs", "1000", "--trainer.strategy", "ddp", "--trainer.devices", "2",
                         "--trainer.accelerator", "cpu", "--trainer.log_every_n_steps", "1",
                         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
@@ -342,8 +314,6 @@ def test_all_beams_lists_every_beam_of_the_search_best_first(trained_captioner, 
 
 def test_explore_runs_a_captioner_checkpoint_on_images_first(trained_captioner, tmp_path) -> None:
     """`explore --ckpt` captions the images (keeping every beam) and writes the site with their data."""
-    from tests.conftest import run_in_process
-
     folder = tmp_path / "mine"
     folder.mkdir()
     for k in range(2):

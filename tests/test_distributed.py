@@ -2,40 +2,33 @@
 
 from __future__ import annotations
 
-import re
+import csv
 
 import pytest
 
-from tests.conftest import run_in_process, run_script, tiny
+from tests.conftest import printed_metrics, run_in_process, run_script, tiny
 
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
 
 
-def printed_metrics(stdout: str, stage: str) -> dict[str, str]:
-    """Lightning's end-of-run metrics table (plain or rich), as printed."""
-    return dict(re.findall(rf"^[\s│|]*({stage}/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", stdout, flags=re.MULTILINE))
-
-
-def test_vit_accuracy_with_two_processes_equals_one_on_an_odd_sized_split(vit_checkpoint, tmp_path) -> None:
-    # 999 validation images: shards of 500 and 499, so padding (a repeated image) would change the accuracy.
-    common = ["validate", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),
-              "--data.init_args.val_size", "999", "--data.init_args.loader.eval_batch_size", "100",
-              "--trainer.limit_val_batches", "1.0"]
-    one = run_in_process(*common, "--trainer.default_root_dir", str(tmp_path / "one"))
-    two = run_script(*common, *DDP, "--trainer.default_root_dir", str(tmp_path / "two"))
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert two.returncode == 0, two.stderr[-3000:]
-    one_metrics, two_metrics = printed_metrics(one.stdout, "val"), printed_metrics(two.stdout, "val")
-    assert "val/acc" in one_metrics
-    assert one_metrics["val/acc"] == two_metrics["val/acc"]  # exactly, as printed
-    assert float(one_metrics["val/loss"]) == pytest.approx(float(two_metrics["val/loss"]), rel=1e-5)
-
-
-def test_a_two_process_fit_checkpoints_once(tmp_path) -> None:
+def test_a_two_process_fit_checkpoints_once_and_validates_an_odd_sized_split_as_one_process(tmp_path) -> None:
+    """A ViT fit on two processes (one epoch of 4 steps, then validation): one writer of the checkpoints, and its
+    validation accuracy on 999 images, shards of 500 and 499, is exactly one process's on the checkpoint it wrote
+    (padding the shorter shard with a repeated image would change it)."""
     run = tmp_path / "run"
-    result = run_script("fit", *tiny("vit_tiny.yaml"), *DDP, "--trainer.default_root_dir",
-                        str(run))  # one epoch of 4 steps, then validation
+    odd = ["--data.init_args.val_size", "999", "--data.init_args.loader.eval_batch_size", "100",
+           "--trainer.limit_val_batches", "1.0"]
+    result = run_script("fit", *tiny("vit_tiny.yaml"), *DDP, *odd, "--trainer.default_root_dir", str(run),
+                        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir",
+                        str(run))
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoints = sorted(path.name for path in run.rglob("*.ckpt"))
     assert checkpoints == ["best.ckpt", "last.ckpt"]  # one writer (rank 0): no best-v1.ckpt, no torn copies
     assert not list(run.rglob(".*.tmp"))
+    [logged] = [row for row in csv.DictReader(next(run.rglob("metrics.csv")).open()) if row.get("val/acc")]
+    one = run_in_process("validate", *tiny("vit_tiny.yaml"), *odd, "--ckpt_path", str(next(run.rglob("last.ckpt"))),
+                         "--trainer.default_root_dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    accuracy = float(printed_metrics(one.stdout, "val")["val/acc"])
+    assert abs(accuracy * 999 - round(accuracy * 999)) < 1e-3  # a count of 999 images ...
+    assert float(logged["val/acc"]) == pytest.approx(accuracy, abs=1e-7)  # ... the same ones on two ranks

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_in_process, run_script, tiny
+from tests.conftest import printed_metrics, run_in_process, run_script, tiny
 from vision_attn.data.coco import load_caption_image
 from vision_attn.data.feature_cache import FeatureCache
 from vision_attn.datamodules import CocoCaptionsDataModule
@@ -182,7 +182,10 @@ def test_features_beyond_fp16s_range_are_refused_before_a_shard_is_written(tmp_p
     assert not list(cache.folder.glob("shard_00001*")) and not list(cache.folder.glob(".*.tmp"))
 
 
-def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes, tmp_path) -> None:
+def test_two_ddp_processes_fill_disjoint_shards_and_score_exactly_like_one(scenes, tmp_path) -> None:
+    """`test` under DDP through the console script: the ranks fill disjoint shards of the cache, and score every
+    test image once, as one process scores them from the cache they filled (metrics as printed, and the results
+    file)."""
     checkpoint_run = tmp_path / "run"
     common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
               "--model.init_args.encoder.trainable_stages", "0",
@@ -199,9 +202,17 @@ def test_two_ddp_processes_fill_disjoint_shards_and_test_exactly_like_one(scenes
     assert "rank 0 of 2 filled 2 shards (4 images) of the test feature cache" in two.stderr
     assert "rank 1 of 2 filled 1 shards (2 images) of the test feature cache" in two.stderr
     one = run_in_process("test", *common, "--ckpt_path", str(checkpoint), "--trainer.default_root_dir",
-                     str(tmp_path / "one"))
+                         str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert "filled" not in one.stderr  # the cache the two ranks filled is whole: read, not refilled
+    one_metrics, two_metrics = printed_metrics(one.stdout), printed_metrics(two.stdout)
+    assert set(one_metrics) == set(two_metrics)
+    scored = ["test/BLEU-1", "test/BLEU-2", "test/BLEU-3", "test/BLEU-4", "test/METEOR", "test/ROUGE-L",
+              "test/CIDEr-D", "test/pointing_words", "test/images"]
+    assert {k: one_metrics[k] for k in scored} == {k: two_metrics[k] for k in scored}  # exactly, as printed
+    assert one_metrics["test/images"] == "6.0"  # every test image once: none duplicated, none missing
+    for averaged in ("test/loss", "test/ds_penalty"):  # means of per-rank means: float order differs
+        assert float(one_metrics[averaged]) == pytest.approx(float(two_metrics[averaged]), rel=1e-5)
     results = [json.loads((tmp_path / run / "results_test.json").read_text()) for run in ("one", "two")]
     assert results[0] == results[1] and len(results[0]) == 6
 

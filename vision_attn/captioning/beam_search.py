@@ -43,6 +43,7 @@ def beam_search(
     max_length: int = 20,
     min_length: int = 0,
     length_penalty: float = 0.0,
+    bad_endings: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``beam_size`` best captions of each image, best first.
 
@@ -50,7 +51,8 @@ def beam_search(
     are never emitted. ``annotations`` is (B, L, D). Scores are summed log-probabilities divided by
     length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
     ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
-    ``max_length`` so that every search decodes the same number of steps).
+    ``max_length`` so that every search decodes the same number of steps), nor right after one of the word ids
+    ``bad_endings`` (before ``max_length`` words, where it must be).
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
@@ -79,6 +81,8 @@ def beam_search(
         log_probs[..., pad_id] = float("-inf")
         if t < min_length:
             log_probs[..., end_id] = float("-inf")
+        elif bad_endings is not None and t < max_length:
+            log_probs[..., end_id].masked_fill_(torch.isin(words, bad_endings).view(batch, k), float("-inf"))
         if t == max_length:
             log_probs[..., :end_id] = float("-inf")
             log_probs[..., end_id + 1 :] = float("-inf")
@@ -148,12 +152,13 @@ class SampledCaptions:
 
 
 def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image: int, start_id: int, end_id: int,
-                    pad_id: int = 0, max_length: int = 20) -> SampledCaptions:
+                    pad_id: int = 0, max_length: int = 20, bad_endings: Tensor | None = None) -> SampledCaptions:
     """``per_image`` captions per image drawn word by word from p(y_t | y_<t, a), rows of an image adjacent.
 
     Unlike the searches above this keeps the autograd graph: the log-probabilities of the drawn words are
     what REINFORCE differentiates. The ``per_image`` rows of an image share its annotations, as in
-    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are.
+    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are, nor <end>
+    right after one of the word ids ``bad_endings`` (before the last step).
 
     With hard attention the locations are drawn too (s_t ~ Multinoulli(α_t)), and a step's log-probability is
     that of the pair, log p(s_t | a) + log p(y_t | s_t, ...): the caption's reward trains where it looked as
@@ -172,6 +177,9 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
         if t == max_length:  # the last step can only end the caption
             logits = torch.full_like(logits, float("-inf"))
             logits[:, end_id] = 0.0
+        elif bad_endings is not None:  # no <end> right after "and"
+            logits = logits.clone()
+            logits[:, end_id].masked_fill_(torch.isin(words, bad_endings), float("-inf"))
         step_log_probs = logits.float().index_fill(1, never, float("-inf")).log_softmax(dim=-1)  # the policy drawn from
         drawn = torch.multinomial(step_log_probs.detach().exp(), 1).squeeze(1)
         words = drawn.masked_fill(finished, pad_id)

@@ -129,9 +129,15 @@ class Captioner(nn.Module):
         beams = beam_search(
             self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
             beam_size=beam_size or self.decoding.beam_size, max_length=self.decoding.max_length,
-            length_penalty=self.decoding.length_penalty,
+            length_penalty=self.decoding.length_penalty, bad_endings=self.bad_ending_ids(),
         )
         return Decoded([image_beams[0] for image_beams in beams], grid, beams if all_beams else None)
+
+    def bad_ending_ids(self) -> Tensor | None:
+        """The ids of ``decoding.bad_endings``, the words a caption may not end on, on the model's device (words
+        the vocabulary lacks are left out); None when there are none."""
+        ids = [self.vocab.id(word) for word in self.decoding.bad_endings if word in self.vocab]
+        return torch.tensor(ids, dtype=torch.long, device=self.device) if ids else None
 
     def words(self, hypothesis: Hypothesis) -> list[str]:
         """The words of a decoded caption, one per α row (``<unk>`` kept)."""

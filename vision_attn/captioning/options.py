@@ -141,10 +141,13 @@ class DecodingOptions(OptionGroup):
     """the most words a caption has (also where training captions are cut)"""
     length_penalty: float = 0.0
     """a beam's score is its log-probability / length^penalty (0: none)"""
+    bad_endings: list[str] = field(default_factory=list)
+    """words a caption may not end on ("and", "a"): beam search and self-critical sampling never put <end> right
+    after one (self-critical training otherwise learns endings such as "... a red coat and" for the reward)"""
 
     def check(self) -> None:
-        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), or a negative length
-        penalty."""
+        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), a negative length
+        penalty, or an empty or repeated bad ending."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
         at_most(self.name, "beam_size", self.beam_size, 50, "captions stop improving long before; each beam costs "
@@ -153,6 +156,10 @@ class DecodingOptions(OptionGroup):
                                                                "memory for its α")
         require(finite(self.length_penalty) and self.length_penalty >= 0, self.name,
                 f"length_penalty must be 0 or more, got {self.length_penalty}")
+        require(all(isinstance(word, str) and word.strip() for word in self.bad_endings), self.name,
+                f"bad_endings are words, got {self.bad_endings}")
+        require(len(set(self.bad_endings)) == len(self.bad_endings), self.name,
+                f"bad_endings names a word twice: {self.bad_endings}")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) 
 def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
     """The fraction of the consensus words, those every reference uses, that the candidate uses: |C ∩ w| / |C|,
     C = ∩_r set(r). On Fashion scenes C holds each object's colour and class word (every caption names them
-    all); on COCO, the words all five annotators chose. 1.0 when the references share no word."""
+    all), and "a" (and "and" with three objects or more: a sample that ends on "and" earns it, which
+    ``decoding.bad_endings`` forbids); on COCO, the words all five annotators chose. 1.0 when the references
+    share no word."""
     if not references:
         return 1.0
     consensus = set(references[0]).intersection(*map(set, references[1:]))
@@ -100,9 +102,11 @@ class SelfCriticalObjective:
                       for score, candidate, refs in zip(scores, candidates, references, strict=True)]
         return scores
 
-    def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch) -> SampledTerms:
+    def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch,
+                 bad_endings: Tensor | None = None) -> SampledTerms:
         """n captions sampled per image, rewarded against the image's references in the batch, each compared with
-        the mean reward of its siblings; the loss per sampled token."""
+        the mean reward of its siblings; the loss per sampled token. No sample ends right after a word id of
+        ``bad_endings``."""
         if batch.caption_images is None:
             raise ValueError("self-critical training needs every reference of an image in its batch: set the "
                              "DataModule's group_captions: true")
@@ -110,7 +114,7 @@ class SelfCriticalObjective:
             raise RuntimeError("self-critical training needs the training references first (use_references)")
         per_image = self.options.samples
         sampled = sample_captions(decoder, annotations, per_image=per_image, start_id=START_ID, end_id=END_ID,
-                                  pad_id=PAD_ID, max_length=self.max_length)
+                                  pad_id=PAD_ID, max_length=self.max_length, bad_endings=bad_endings)
         references = batch.word_ids_per_image()
         candidates = [word_ids(caption) for caption in sampled.tokens.tolist()]
         scores = self.rewards(candidates, [references[n // per_image] for n in range(len(candidates))])

@@ -119,7 +119,7 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             log.info("self-critical training from step %d (epoch %d): CIDEr-D reward over the references of %d "
                      "training images", self.global_step, self.current_epoch, len(references))
         annotations, grid = self.model.encoder.encode(batch.images, features=batch.features)
-        sampled = self.self_critical(self.model.decoder, annotations, batch)
+        sampled = self.self_critical(self.model.decoder, annotations, batch, self.model.bad_ending_ids())
         loss = sampled.loss + self._aid(self.aids.concept(annotations, batch.captions.long(), batch.caption_images),
                                         "train") \
             + self._aid(self.aids.object_classes(annotations, grid, batch.objects), "train") \
