@@ -6,17 +6,16 @@ checkpoint copied away from the files its fit started from."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import printed_metrics as printed_rows
 from tests.conftest import run_in_process, shipped, tiny
 from vision_attn.checkpoint import CAPTIONER, KIND_KEY, load_file, upgrade
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
-TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", re.MULTILINE)
 
 
 def same_records(ours: list[dict], theirs: list[dict]) -> None:
@@ -65,7 +64,7 @@ def test_legacy_checkpoints_draw_overlays_and_the_explorer(checkpoint: str, tmp_
 
 
 def printed_metrics(stdout: str) -> dict[str, float]:
-    return {name: float(value) for name, value in TEST_ROW.findall(stdout)}
+    return {name: float(value) for name, value in printed_rows(stdout).items()}
 
 
 # each legacy checkpoint with the config that trained it, and what `test` needs of the data

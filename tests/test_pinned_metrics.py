@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import tiny
+from tests.conftest import printed_metrics, tiny
 from vision_attn.cli import main
 from vision_attn.trainer_cli import cpu_flags
 
 PINNED = Path(__file__).parent / "pinned_metrics.json"
-TEST_ROW = re.compile(r"^[\s│|]*(test/[\w\-]+)[\s│|]+([-\d.e+]+)[\s│|]*$", re.MULTILINE)
 
 
 def machine_kind() -> str:
@@ -52,7 +50,7 @@ def fit_and_test(config: str, tmp_path: Path, capsys: pytest.CaptureFixture, *ex
     capsys.readouterr()
     main(["test", *tiny(config), "--ckpt_path", str(checkpoint),
           "--trainer.default_root_dir", str(tmp_path / "test"), *extra])
-    figures = {name: float(value) for name, value in TEST_ROW.findall(capsys.readouterr().out)}
+    figures = {name: float(value) for name, value in printed_metrics(capsys.readouterr().out).items()}
     assert figures, "the test run printed no test metrics"
     loaded = torch.load(checkpoint, map_location="cpu", weights_only=True)
     best = next(state["best_model_score"] for key, state in loaded["callbacks"].items() if "ModelCheckpoint" in key)
