@@ -168,8 +168,23 @@ def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int
     return {"seconds": seconds, "images_per_s": shape["batch"] / seconds}
 
 
+def median_times(device: torch.device, runs: dict[str, Callable[[], Any]], *, repeats: int,
+                 warmup: int) -> dict[str, float]:
+    """``median_time`` of each of ``runs``, their timed calls taken in turns (a, b, a, b, …), so that neither is
+    always the one measured later, on a warmer or busier device."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(median_time(device, run, repeats=1, warmup=0))
+    return {name: statistics.median(taken) for name, taken in times.items()}
+
+
 def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, repeats: int) -> dict[str, float]:
-    """Train step (AdamW) and inference of our ViT and timm's, the same config and weights, images/s."""
+    """Train step (AdamW) and inference of our ViT and timm's, the same config and weights, images/s; the two
+    models' timed calls alternate (``median_times``)."""
     import timm.models.vision_transformer as timm_vit
 
     from vision_attn.vit.vision_transformer import VisionTransformer
@@ -182,7 +197,7 @@ def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, re
     theirs.load_state_dict(ours.state_dict())
     images = torch.randn(shape["batch"], 3, shape["image"], shape["image"], device=device)
     labels = torch.randint(0, 1000, (shape["batch"],), device=device)
-    measured: dict[str, float] = {}
+    trains, infers = {}, {}
     for name, model in (("ours", ours), ("timm", theirs)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
@@ -204,13 +219,15 @@ def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, re
             with torch.inference_mode(), autocast(device, precision):
                 model.eval()(images)
 
-        train_s = median_time(device, train, repeats=repeats, warmup=2)
-        infer_s = median_time(device, infer, repeats=repeats, warmup=2)
-        measured[f"{name}_train_images_per_s"] = shape["batch"] / train_s
-        measured[f"{name}_inference_images_per_s"] = shape["batch"] / infer_s
-        if name == "ours":
-            measured["train_tflops_per_s"] = counted_flops(train) / train_s / 1e12
-            measured["inference_tflops_per_s"] = counted_flops(infer) / infer_s / 1e12
+        trains[name], infers[name] = train, infer
+    train_s = median_times(device, trains, repeats=repeats, warmup=2)
+    infer_s = median_times(device, infers, repeats=repeats, warmup=2)
+    measured: dict[str, float] = {}
+    for name in ("ours", "timm"):
+        measured[f"{name}_train_images_per_s"] = shape["batch"] / train_s[name]
+        measured[f"{name}_inference_images_per_s"] = shape["batch"] / infer_s[name]
+    measured["train_tflops_per_s"] = counted_flops(trains["ours"]) / train_s["ours"] / 1e12
+    measured["inference_tflops_per_s"] = counted_flops(infers["ours"]) / infer_s["ours"] / 1e12
     measured["train_ratio"] = measured["ours_train_images_per_s"] / measured["timm_train_images_per_s"]
     measured["inference_ratio"] = measured["ours_inference_images_per_s"] / measured["timm_inference_images_per_s"]
     return measured
