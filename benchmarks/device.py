@@ -170,16 +170,12 @@ def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int
 
 def median_times(device: torch.device, runs: dict[str, Callable[[], Any]], *, repeats: int,
                  warmup: int) -> dict[str, float]:
-    """``median_time`` of each of ``runs``, their timed calls taken in turns (a, b, a, b, …), so that neither is
-    always the one measured later, on a warmer or busier device."""
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            times[name].append(median_time(device, run, repeats=1, warmup=0))
-    return {name: statistics.median(taken) for name, taken in times.items()}
+    """``median_time`` of each of ``runs``, their timed calls taken in turns (``paired_median_seconds``), so
+    that neither is always the one measured later."""
+    from benchmarks.run import paired_median_seconds
+
+    return paired_median_seconds(runs, repeats=repeats, warmup=warmup,
+                                 seconds=lambda run: median_time(device, run, repeats=1, warmup=0))
 
 
 def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, repeats: int) -> dict[str, float]:

@@ -43,12 +43,13 @@ def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2)
     return statistics.median(times)
 
 
-def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 5,
-                          warmup: int = 2) -> dict[str, float]:
+def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 5, warmup: int = 2,
+                          seconds: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, float]:
     """Median wall time of each of ``runs``, timed in turns (a, b, a, b, ...) after warm-up.
 
     Taking turns puts both sides of a ratio under the same machine conditions: timed one block after the
-    other, a slow minute of a shared or throttled CPU falls on one side only.
+    other, a slow minute of a shared or throttled CPU (or a warmer GPU) falls on one side only. ``seconds``
+    times one call (default: the wall clock; ``benchmarks.device`` passes CUDA events).
     """
     for run in runs.values():
         for _ in range(warmup):
@@ -56,9 +57,12 @@ def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
+            if seconds is None:
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+            else:
+                times[name].append(seconds(run))
     return {name: statistics.median(values) for name, values in times.items()}
 
 

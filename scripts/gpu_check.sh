@@ -5,8 +5,8 @@
 #     scripts/gpu_check.sh [OUT]          (on the GPU machine; OUT: where figures and logs go, default gpu_check/)
 #
 # The GPU machine needs PyTorch with CUDA, Lightning, timm, torchvision, pytest and pytest-xdist; the project's
-# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 6 minutes
-# on an H100 or H200 (its parts' time limits add up to under 11) it runs:
+# other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 7 minutes
+# on an H100 (7:10 on 2026-11-26; its parts' time limits add up to under 11) it runs:
 #   1. the machine: nvidia-smi, the versions of torch, CUDA and Lightning, whether Java is there (METEOR);
 #   2. decoder.compile against eager on the GPU (scripts/compiled_decoder_check.py: the same beams and logits at
 #      four batch sizes, default and reduce-overhead; OUT/compiled_equals_eager.log), then

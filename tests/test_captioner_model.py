@@ -15,8 +15,15 @@ from vision_attn.captioning.beam_search import beam_search, greedy_decode, sampl
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.likelihood import caption_nll, doubly_stochastic_penalty
+from vision_attn.captioning.options import SelfCriticalOptions
 from vision_attn.captioning.reinforce import reinforce_surrogate
-from vision_attn.captioning.self_critical import consensus_recall, excess_words, self_critical_loss
+from vision_attn.captioning.self_critical import (
+    SelfCriticalObjective,
+    consensus_recall,
+    excess_words,
+    foreign_words,
+    self_critical_loss,
+)
 from vision_attn.metrics import CiderD
 
 PAD, START, END = 0, 1, 2
@@ -552,6 +559,36 @@ def test_excess_words_count_what_no_reference_repeats() -> None:
     assert excess_words([a, coat, next_to, a, bag], references) == 0
     assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references) == 2  # a 3rd "a" and a 2nd "bag"
     assert excess_words([a, coat, next_to, a, bag, and_, a, bag], references + [[a, a, a, bag]]) == 1
+
+
+def test_foreign_words_count_each_word_no_reference_uses() -> None:
+    red, coat, white, bag, blue, top, a, next_to, and_ = range(5, 14)
+    references = [[a, red, coat, next_to, a, white, bag], [a, white, bag, and_, a, red, coat]]
+    assert foreign_words([a, red, coat, and_, a, white, bag], references) == 0  # "and" is in one reference
+    assert foreign_words([a, red, coat, and_, a, blue, top], references) == 2  # an object that is not there
+    assert foreign_words([a, blue, top, and_, a, blue, top], references) == 4  # each occurrence counts
+    assert foreign_words([a, blue, top], []) == 0
+
+
+def test_the_hallucination_penalty_comes_off_the_reward_per_foreign_word() -> None:
+    """rewards() with hallucination_penalty p is CIDEr-D − p × foreign_words, and a caption naming an object that
+    is not there then earns less than one that leaves it out."""
+    red, coat, white, bag, blue, top, a, and_ = range(5, 13)
+    references = [[a, red, coat, and_, a, white, bag]] * 2
+    candidates = [[a, red, coat, and_, a, white, bag], [a, red, coat, and_, a, white, bag, and_, a, blue, top],
+                  [a, red, coat]]
+    scores = {}
+    for penalty in (0.0, 1.5):
+        objective = SelfCriticalObjective(SelfCriticalOptions(hallucination_penalty=penalty), vocab=None,
+                                          max_length=20)
+        objective.reward = CiderD([references, [[a, blue, top]], [[a, white, coat]]])
+        scores[penalty] = objective.rewards(candidates, [references] * 3)
+    assert [plain - penalised for plain, penalised in zip(scores[0.0], scores[1.5], strict=True)] == \
+        pytest.approx([0.0, 3.0, 0.0])
+    assert scores[0.0][1] > scores[0.0][2]  # CIDEr-D alone prefers the extra object to the missing one
+    assert scores[1.5][1] < scores[1.5][2]  # the penalty reverses that
+    with pytest.raises(ValueError, match="hallucination_penalty must be 0 or more"):
+        SelfCriticalOptions(hallucination_penalty=-1.0).check()
 
 
 def test_a_channels_last_encoder_computes_what_the_default_layout_does():

@@ -242,6 +242,8 @@ class SelfCriticalOptions(OptionGroup):
     """captions sampled per image; the baseline of each is the mean reward of the others"""
     repeat_penalty: float = 0.0
     """taken off the reward for every word a sample uses more often than any reference does"""
+    hallucination_penalty: float = 0.0
+    """taken off the reward for every word of a sample that no reference uses (an object that is not there)"""
     recall_reward: float = 0.0
     """added to the reward × the share of the words every reference uses that the sample uses"""
 
@@ -255,7 +257,7 @@ class SelfCriticalOptions(OptionGroup):
                 f"samples must be at least 2 (the baseline is the mean reward of an image's other samples), got "
                 f"{self.samples}")
         at_most(self.name, "samples", self.samples, 64, "each sample is a decoded caption per image per step")
-        for key in ("repeat_penalty", "recall_reward"):
+        for key in ("repeat_penalty", "hallucination_penalty", "recall_reward"):
             require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
                     f"{key} must be 0 or more, got {getattr(self, key)}")
 

@@ -1,7 +1,8 @@
 """Self-critical sequence training (Rennie et al. 2017): REINFORCE on the caption metric. ``samples`` captions are
 drawn per image from the decoder, each is rewarded by its CIDEr-D against the image's references (less
-``repeat_penalty`` per word repeated beyond any reference, plus ``recall_reward`` × the share of the consensus words
-it says), and its baseline is the mean reward of its siblings. ``SelfCriticalOptions`` (``options.py``) sets it.
+``repeat_penalty`` per word repeated beyond any reference and ``hallucination_penalty`` per word no reference uses,
+plus ``recall_reward`` × the share of the consensus words it says), and its baseline is the mean reward of its
+siblings. ``SelfCriticalOptions`` (``options.py``) sets it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) 
         for word, count in Counter(reference).items():
             most[word] = max(most[word], count)
     return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
+
+
+def foreign_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
+    """How many of the candidate's words no reference uses, each occurrence counted: Σ_w c(w) [w ∉ ∪_r r]. On
+    Fashion scenes these are the colour and class words of an object that is not in the image (a hallucination,
+    as CHAIR counts them: Rohrbach et al. 2018) and words of phrasings no annotator chose. "a red coat and a
+    blue bag" against references naming a red coat alone counts 2 ("blue" and "bag"; "and" and "a" may be
+    there). 0 when there are no references."""
+    if not references:
+        return 0
+    used = set().union(*map(set, references))
+    return sum(1 for word in candidate if word not in used)
 
 
 def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
@@ -91,11 +104,15 @@ class SelfCriticalObjective:
         self.reward = reference_reward(references, self.vocab, self.max_length)
 
     def rewards(self, candidates: list[list[int]], references: list[list[list[int]]]) -> list[float]:
-        """r = CIDEr-D − repeat_penalty × the words used more often than any reference does + recall_reward × the
-        share of the words every reference uses that the candidate uses."""
+        """r = CIDEr-D − repeat_penalty × the words used more often than any reference does − hallucination_penalty
+        × the words no reference uses + recall_reward × the share of the words every reference uses that the
+        candidate uses."""
         scores = self.reward(candidates, references)
         if self.options.repeat_penalty:
             scores = [score - self.options.repeat_penalty * excess_words(candidate, refs)
+                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
+        if self.options.hallucination_penalty:
+            scores = [score - self.options.hallucination_penalty * foreign_words(candidate, refs)
                       for score, candidate, refs in zip(scores, candidates, references, strict=True)]
         if self.options.recall_reward:
             scores = [score + self.options.recall_reward * consensus_recall(candidate, refs)
