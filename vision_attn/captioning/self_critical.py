@@ -108,15 +108,12 @@ class SelfCriticalObjective:
         × the words no reference uses + recall_reward × the share of the words every reference uses that the
         candidate uses."""
         scores = self.reward(candidates, references)
-        if self.options.repeat_penalty:
-            scores = [score - self.options.repeat_penalty * excess_words(candidate, refs)
-                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
-        if self.options.hallucination_penalty:
-            scores = [score - self.options.hallucination_penalty * foreign_words(candidate, refs)
-                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
-        if self.options.recall_reward:
-            scores = [score + self.options.recall_reward * consensus_recall(candidate, refs)
-                      for score, candidate, refs in zip(scores, candidates, references, strict=True)]
+        terms = ((-self.options.repeat_penalty, excess_words), (-self.options.hallucination_penalty, foreign_words),
+                 (self.options.recall_reward, consensus_recall))
+        for weight, term in terms:
+            if weight:
+                scores = [score + weight * term(candidate, refs)
+                          for score, candidate, refs in zip(scores, candidates, references, strict=True)]
         return scores
 
     def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch,
