@@ -22,7 +22,14 @@ from tests.conftest import run_in_process
 from tests.test_output_folders import manifest_files, one_line_error
 from tests.test_vit_canvas import assert_test_canvases_are_black_round_their_items, training_canvases
 from vision_attn.data import backgrounds
-from vision_attn.data.backgrounds import TEXTURE_SOURCES, Background, fill_canvases, read_texture, texture_files
+from vision_attn.data.backgrounds import (
+    TEXTURE_SOURCES,
+    Background,
+    BackgroundPool,
+    fill_canvases,
+    read_texture,
+    texture_files,
+)
 from vision_attn.data.scene_style import SceneStyle
 from vision_attn.data.scenes import _Captioner, box_relation, make_scenes
 from vision_attn.datamodules.options import Canvas
@@ -311,6 +318,65 @@ def test_the_vit_canvas_draws_the_same_backgrounds_round_its_items() -> None:
     levels = torch.randint(0, 65, (16, 1, 1, 1))
     grey = (torch.rand(canvases.shape) * (levels + 1)).to(torch.uint8)
     assert torch.equal(noisy, torch.where(canvases == 0, grey, canvases))
+
+
+def _symmetries(image: torch.Tensor) -> list[torch.Tensor]:
+    """The eight turns and mirrors of a (C, S, S) image."""
+    turns = [torch.rot90(image, k, dims=(1, 2)) for k in range(4)]
+    return turns + [turn.flip(2) for turn in turns]
+
+
+def test_a_background_pool_draws_one_new_background_per_reuse_items_and_turns_the_ones_it_gives() -> None:
+    """``BackgroundPool``: filled at its first batch; then each batch of 64 at reuse 8 replaces 8 of its
+    backgrounds, and every background it gives is one of the pool's, turned or mirrored; the items' pixels stay
+    as they were, and the same torch seed draws the same canvases."""
+    torch.manual_seed(0)
+    items = (torch.rand(64, 3, 28, 28) * 255).to(torch.uint8) * (torch.rand(64, 1, 28, 28) < 0.4)
+    background = Background("mixed", level=1.0, weights=(0.0, 1.0, 1.0, 1.0))
+    pool = BackgroundPool(background, reuse=8, capacity=256)
+    rng = np.random.default_rng(0)
+    first = pool.draw(rng, items, 32)
+    assert first.shape == (64, 3, 32, 32) and first.dtype == torch.uint8 and pool.pool.shape == (256, 3, 32, 32)
+    before = pool.pool.clone()
+    given = pool.draw(rng, items, 32)
+    replaced = (pool.pool != before).flatten(1).any(dim=1)
+    assert 0 < int(replaced.sum()) <= 8  # ⌈64 / 8⌉ new ones (a drawn one may equal the old: never all of them)
+    kept = {bytes(image.contiguous().numpy()) for image in pool.pool}
+    assert all(any(bytes(turned.contiguous().numpy()) in kept for turned in _symmetries(image)) for image in given)
+    assert len({bytes(image.numpy()) for image in given}) > 32  # not one background for the batch
+
+    canvases = torch.zeros(64, 3, 32, 32, dtype=torch.uint8)
+    canvases[:, :, 2:30, 2:30] = items
+    filled = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        pooled = BackgroundPool(background, reuse=8, capacity=256)
+        filled.append([fill_canvases(canvases, items, noise=0, background=background, pool=pooled) for _ in range(3)])
+    assert all(torch.equal(a, b) for a, b in zip(*filled, strict=True))  # seeded: the same draws
+    inside = canvases != 0
+    assert all(torch.equal(canvas[inside], canvases[inside]) for canvas in filled[0])
+    for reuse in (0, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="^background_reuse must be a whole number of 1 or more"):
+            BackgroundPool(background, reuse=reuse)  # type: ignore[arg-type]
+
+
+def test_scene_items_reuse_backgrounds_for_training_items_only(tmp_path: Path) -> None:
+    """``background_reuse``: the training items' backgrounds come from a pool, the fixed validation and test items
+    draw their own; a bad value is refused in one line before any data is read."""
+    from vision_attn.datamodules import FashionSceneItemsDataModule
+
+    style = {"background": "mixed", "background_weights": [1, 1, 1, 1], "hue_jitter": 1.0}
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="^background_reuse must be a whole number of 1 or more"):
+            FashionSceneItemsDataModule(str(tmp_path), style=style, background_reuse=bad)
+    data = FashionSceneItemsDataModule(style=style, background_reuse=8)
+    data.setup("fit")
+    assert data.train_set.pool is not None and data.train_set.pool.reuse == 8
+    assert data.val_set.pool is None
+    torch.manual_seed(0)
+    canvases = torch.stack([image for image, _ in data.train_set.__getitems__(list(range(64)))])
+    assert canvases.shape == (64, 3, 32, 32) and int((canvases.flatten(1).amax(1) > 0).sum()) == 64
+    assert FashionSceneItemsDataModule(style=style).background_reuse == 1  # off unless asked for
 
 
 def test_the_canvas_group_takes_a_background_and_refuses_bad_ones_in_one_line() -> None:

@@ -17,7 +17,8 @@ from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
 @dataclass
 class Hypothesis:
     """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word, and
-    each head's α (T, K, L) with a multihead attention score."""
+    each head's α (T, K, L) with a multihead attention score; ``log_prob`` is the model's log-probability of the
+    caption (with <end>), ``score`` what the search ranked it by (length-normalised, less any revisit penalty)."""
 
     tokens: list[int]
     alphas: Tensor
@@ -44,6 +45,8 @@ def beam_search(
     min_length: int = 0,
     length_penalty: float = 0.0,
     bad_endings: Tensor | None = None,
+    revisit_penalty: float = 0.0,
+    object_ids: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``beam_size`` best captions of each image, best first.
 
@@ -53,6 +56,11 @@ def beam_search(
     ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
     ``max_length`` so that every search decodes the same number of steps), nor right after one of the word ids
     ``bad_endings`` (before ``max_length`` words, where it must be).
+
+    ``revisit_penalty`` ρ > 0 takes ρ · max_{s<t, y_s ∈ O} Σ_i min(α_ti, α_si) off the log-probability of each word
+    of ``object_ids`` O at step t: an object word whose α lies where an earlier object word's lay (naming the
+    same object twice) costs up to ρ. α_t is the same for every word of the step, so the penalty only moves the
+    search to another beam: one that ended, or named that object before, or looks elsewhere.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
@@ -67,6 +75,7 @@ def beam_search(
     # Only the first beam of each image is live at t = 0, so the k beams do not start as k copies.
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
+    model_log_probs = scores.clone()  # the model's own log-probabilities: the scores less any revisit penalty
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, k, device=device)  # words emitted, <end> included
     history_tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
@@ -90,9 +99,17 @@ def beam_search(
         if finished.any():
             log_probs.masked_fill_(finished.unsqueeze(-1), float("-inf"))
             log_probs[..., end_id].masked_fill_(finished, 0.0)
-        candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)  # (B, k·V)
+        step_scores = log_probs
+        if revisit_penalty and object_ids is not None and history_tokens.shape[2]:
+            said = torch.isin(history_tokens, object_ids)  # (B, k, T): which words so far name objects
+            overlap = torch.minimum(alpha.float().view(batch, k, 1, locations), history_alphas).sum(-1)  # (B, k, T)
+            revisit = overlap.masked_fill(~said, 0.0).amax(dim=2)  # (B, k): the most α_t shares with one of them
+            step_scores = log_probs.clone()
+            step_scores[..., object_ids] -= revisit_penalty * revisit.unsqueeze(-1)
+        candidates = (scores.unsqueeze(-1) + step_scores).view(batch, k * vocab)  # (B, k·V)
         scores, flat = candidates.topk(k, dim=-1)  # (B, k)
         parent, token = flat // vocab, flat % vocab
+        model_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
         rows = (torch.arange(batch, device=device).unsqueeze(1) * k + parent).view(-1)  # parent beam in (B·k)
         was_finished = finished.gather(1, parent)
         history_tokens = torch.cat([history_tokens.gather(1, parent[..., None].expand_as(history_tokens)),
@@ -125,7 +142,7 @@ def beam_search(
                 tokens=tokens[:keep],
                 alphas=history_alphas[b, j, :keep].cpu(),
                 betas=history_betas[b, j, :keep].cpu(),
-                log_prob=float(scores[b, j]),
+                log_prob=float(model_log_probs[b, j]),
                 score=float(normalised[b, j]),
                 head_alphas=None if history_heads is None else history_heads[b, j, :keep].cpu(),
             ))

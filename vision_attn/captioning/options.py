@@ -144,10 +144,17 @@ class DecodingOptions(OptionGroup):
     bad_endings: list[str] = field(default_factory=list)
     """words a caption may not end on ("and", "a"): beam search and self-critical sampling never put <end> right
     after one (self-critical training otherwise learns endings such as "... a red coat and" for the reward)"""
+    revisit_penalty: float = 0.0
+    """taken off the log-probability of each of ``object_words`` in beam search, × the largest overlap of this
+    word's α with the α of an object word already said (Σ_i min(α_ti, α_si), 0 to 1): naming again the place already
+    named costs up to this much, and two objects of one class in two places nothing (0: off)"""
+    object_words: list[str] = field(default_factory=list)
+    """the words that name objects, for ``revisit_penalty`` (the Fashion scenes: their ten class words)"""
 
     def check(self) -> None:
-        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), a negative length
-        penalty, or an empty or repeated bad ending."""
+        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), a negative length or
+        revisit penalty, an empty or repeated bad ending or object word, or a revisit penalty without object
+        words."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
         at_most(self.name, "beam_size", self.beam_size, 50, "captions stop improving long before; each beam costs "
@@ -156,10 +163,15 @@ class DecodingOptions(OptionGroup):
                                                                "memory for its α")
         require(finite(self.length_penalty) and self.length_penalty >= 0, self.name,
                 f"length_penalty must be 0 or more, got {self.length_penalty}")
-        require(all(isinstance(word, str) and word.strip() for word in self.bad_endings), self.name,
-                f"bad_endings are words, got {self.bad_endings}")
-        require(len(set(self.bad_endings)) == len(self.bad_endings), self.name,
-                f"bad_endings names a word twice: {self.bad_endings}")
+        for option in ("bad_endings", "object_words"):
+            words = getattr(self, option)
+            require(all(isinstance(word, str) and word.strip() for word in words), self.name,
+                    f"{option} are words, got {words}")
+            require(len(set(words)) == len(words), self.name, f"{option} names a word twice: {words}")
+        require(finite(self.revisit_penalty) and self.revisit_penalty >= 0, self.name,
+                f"revisit_penalty must be 0 or more, got {self.revisit_penalty}")
+        require(not self.revisit_penalty or self.object_words, self.name,
+                "revisit_penalty needs object_words: the words that name objects")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
-from vision_attn.data.backgrounds import fill_canvases
+from vision_attn.data.backgrounds import BackgroundPool, fill_canvases
 from vision_attn.data.classification import TensorImageDataset
 from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
 
@@ -76,11 +76,12 @@ class SceneItemDataset(Dataset):
     each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
     An int draws item ``i`` the same way every time, from ``(seed, i)`` (validation and test), so each is
     drawn once and kept (a 32-pixel item is 3 KB; drawing one costs ~300 µs, which every validation of the
-    4-minute pretraining paid again for its 5,000 items).
+    4-minute pretraining paid again for its 5,000 items). ``background_reuse`` > 1 takes training items'
+    backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
     """
 
     def __init__(self, source: Dataset, *, style: SceneStyle | None = None, canvas_size: int = 32,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, background_reuse: int = 1) -> None:
         self.source = source
         self.style = style or SceneStyle()
         check_item_style(self.style, canvas_size)
@@ -88,6 +89,7 @@ class SceneItemDataset(Dataset):
         self.canvas_size = canvas_size
         self.background = self.style.background_spec()
         self.seed = seed
+        self.pool = BackgroundPool(self.background, reuse=background_reuse) if background_reuse != 1 else None
         self.colours = list(COLOURS)
         self._stream: tuple[int, np.random.Generator] | None = None  # (process id, training draws)
         self._drawn: dict[int, tuple[Tensor, Tensor]] = {}  # seeded items already drawn, by index
@@ -125,7 +127,7 @@ class SceneItemDataset(Dataset):
                                       align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)
             tinted = divide_by_255(items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)).to(torch.uint8)  # n,3,s,s
             paste(canvases, rows, corners[rows], tinted)
-        canvases = fill_canvases(canvases, greys, noise=0, background=self.background)
+        canvases = fill_canvases(canvases, greys, noise=0, background=self.background, pool=self.pool)
         targets = torch.stack([labels, torch.from_numpy(colours)], dim=1)
         return list(zip(canvases, targets, strict=True))
 
