@@ -284,7 +284,7 @@ class BackgroundPool:
             fill = [draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
             self.pool = torch.cat(fill)[: self.capacity]
         else:
-            fresh = -(-count // self.reuse)
+            fresh = min(-(-count // self.reuse), self.capacity)
             slots = torch.from_numpy(rng.choice(self.capacity, size=fresh, replace=False))
             self.pool[slots] = draw_backgrounds(self.background, rng, items[:fresh], size)
         drawn = self.pool[torch.from_numpy(rng.integers(self.capacity, size=count))]
