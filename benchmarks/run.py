@@ -31,20 +31,22 @@ from vision_attn.io import output_file, replace_atomically
 from vision_attn.options import OneLineParser, bounded_int, device, number_in
 
 
+def wall_seconds(run: Callable[[], Any]) -> float:
+    """The wall time of one call of ``run``."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
     """Median wall time of ``run`` over ``repeats`` calls after ``warmup`` untimed calls."""
     for _ in range(warmup):
         run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(wall_seconds(run) for _ in range(repeats))
 
 
 def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 5, warmup: int = 2,
-                          seconds: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, float]:
+                          seconds: Callable[[Callable[[], Any]], float] = wall_seconds) -> dict[str, float]:
     """Median wall time of each of ``runs``, timed in turns (a, b, a, b, ...) after warm-up.
 
     Taking turns puts both sides of a ratio under the same machine conditions: timed one block after the
@@ -57,12 +59,7 @@ def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            if seconds is None:
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-            else:
-                times[name].append(seconds(run))
+            times[name].append(seconds(run))
     return {name: statistics.median(values) for name, values in times.items()}
 
 

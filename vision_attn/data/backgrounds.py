@@ -260,6 +260,12 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     return torch.where(around, drawn.to(canvases.device), canvases)
 
 
+def check_reuse(reuse: object) -> None:
+    """Refuse, in one line, a ``background_reuse`` that is not a whole number of 1 or more."""
+    if not (isinstance(reuse, int) and not isinstance(reuse, bool) and reuse >= 1):
+        raise ValueError(f"background_reuse must be a whole number of 1 or more, got {reuse!r}")
+
+
 class BackgroundPool:
     """Training backgrounds drawn a few at a time and reused (``reuse`` > 1): each batch draws
     ⌈B / ``reuse``⌉ new backgrounds of ``background`` (fragments cut from the batch's items) into a pool of
@@ -270,8 +276,7 @@ class BackgroundPool:
     under other items and turned. Everything is drawn from the batch's numpy generator ``rng``."""
 
     def __init__(self, background: Background, *, reuse: int, capacity: int = 4096) -> None:
-        if not (isinstance(reuse, int) and not isinstance(reuse, bool) and reuse >= 1):
-            raise ValueError(f"background_reuse must be a whole number of 1 or more, got {reuse!r}")
+        check_reuse(reuse)
         self.background, self.reuse, self.capacity = background, reuse, capacity
         self.pool: torch.Tensor | None = None  # (capacity, C, S, S) uint8
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.data import cifar10, fashion_mnist, scenes
-from vision_attn.data.backgrounds import fill_canvases
+from vision_attn.data.backgrounds import check_reuse, fill_canvases
 from vision_attn.data.classification import (
     ImageFileDataset,
     PlacedItems,
@@ -276,8 +276,7 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
         check_item_style(self.style, canvas_size)
         self.canvas_size = canvas_size
         self.seed = seed
-        if not (isinstance(background_reuse, int) and not isinstance(background_reuse, bool) and background_reuse >= 1):
-            raise ValueError(f"background_reuse must be a whole number of 1 or more, got {background_reuse!r}")
+        check_reuse(background_reuse)  # here, before any data is read
         self.background_reuse = background_reuse
         self.class_names = list(scenes.CLASS_WORDS)
         self.in_chans = 3
