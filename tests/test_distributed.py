@@ -32,3 +32,23 @@ def test_a_two_process_fit_checkpoints_once_and_validates_an_odd_sized_split_as_
     accuracy = float(printed_metrics(one.stdout, "val")["val/acc"])
     assert abs(accuracy * 999 - round(accuracy * 999)) < 1e-3  # a count of 999 images ...
     assert float(logged["val/acc"]) == pytest.approx(accuracy, abs=1e-7)  # ... the same ones on two ranks
+
+
+def test_a_finished_run_ends_its_process_group_on_each_rank(tmp_path) -> None:
+    """``run_lightning`` ends the process group a finished DDP run leaves (Lightning does not): left to the
+    interpreter's shutdown, Gloo's threads once aborted a two-process ``predict`` that had succeeded. Here a real
+    one-rank Gloo group, ended, and the call is harmless where no group exists."""
+    import torch.distributed as dist
+
+    from vision_attn.trainer_cli import end_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        end_process_group()
+        assert not dist.is_initialized()
+        end_process_group()  # nothing to end: no error
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
