@@ -26,6 +26,14 @@ REPO = Path(__file__).resolve().parents[1]
 TMP_NEEDED_GIB = float(os.environ.get("VISION_ATTN_TEST_TMP_GIB", "2"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tests marked ``heavy`` (each tens of seconds under scripts/slower_cpu.sh) first, in their order.
+    ``make test`` hands tests to its two workers two at a time (``--dist load --maxschedchunk 2``), so the heavy
+    ones spread over both from the start and the run ends on short tests, not on one worker finishing a long one
+    while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable: False (heavy) first
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Stop before any test when the temporary folder's disk lacks the room the suite needs."""
     tmp = Path(tempfile.gettempdir())

@@ -12,6 +12,7 @@ from benchmarks.run import main, random_captions
 from vision_attn.data.vocabulary import PAD_ID
 
 
+@pytest.mark.heavy
 def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     main(["--quick", "--out", str(out)])

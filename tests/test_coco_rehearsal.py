@@ -104,6 +104,7 @@ CASES = [(config, precision) for config in ("coco_vgg19", "coco_resnet101")
                                                                       ("coco_resnet101", "bf16-mixed")]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("config, precision", CASES)
 def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, monkeypatch, config,
                                                             precision) -> None:

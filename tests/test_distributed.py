@@ -11,6 +11,7 @@ from tests.conftest import printed_metrics, run_in_process, run_script, tiny
 DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
 
 
+@pytest.mark.heavy
 def test_a_two_process_fit_checkpoints_once_and_validates_an_odd_sized_split_as_one_process(tmp_path) -> None:
     """A ViT fit on two processes (one epoch of 4 steps, then validation): one writer of the checkpoints, and its
     validation accuracy on 999 images, shards of 500 and 499, is exactly one process's on the checkpoint it wrote

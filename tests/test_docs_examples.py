@@ -111,6 +111,7 @@ def sandbox(seed: Path, tmp_path: Path, code: str = "") -> Path:
     return work
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda page: str(page.relative_to(REPO)))
 def test_the_examples_of_a_page_run_as_written(page: Path, seed: Path, server: CommandServer, tmp_path: Path) -> None:
     runnable = [example for example in examples(page) if not example.twin]
@@ -154,6 +155,7 @@ def test_the_runner_appends_tiny_overrides_and_refuses_an_unknown_fit() -> None:
         tiny_argv(["fit", "--config", "configs/captioner/coco_vgg19.yaml"])
 
 
+@pytest.mark.heavy
 def test_make_demo_and_demo_vit_run_end_to_end_on_tiny_overrides(seed: Path, server: CommandServer,
                                                                    tmp_path: Path) -> None:
     """The Makefile's demos, every step, in a sandbox: `.venv/bin/vision-attn` there runs each command with the

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, REPO, console_script, tiny
+from tests.conftest import CONFIGS, REPO, console_script, run_in_process, tiny
 from vision_attn.checkpoint import load_file
 from vision_attn.io import replace_atomically, write_json_atomically
 
@@ -48,9 +48,14 @@ def global_step(checkpoint: Path) -> int:
         return -1
 
 
+@pytest.mark.heavy
 def test_a_run_killed_mid_epoch_resumes_to_bitwise_the_same_weights(tmp_path) -> None:
+    # The uninterrupted run in this process (it saves a second start of Python, torch and Lightning), the killed
+    # and the resumed ones as a user runs them.
     straight_config, straight_checkpoints = resume_config(tmp_path, "straight", slow=False)
-    fit(straight_config, tmp_path / "straight")
+    straight_run = run_in_process("fit", *tiny("vit_tiny.yaml", straight_config), "--trainer.default_root_dir",
+                                  str(tmp_path / "straight"))
+    assert straight_run.returncode == 0, straight_run.stderr[-3000:]
 
     killed_config, killed_checkpoints = resume_config(tmp_path, "killed", slow=True)
     process = fit(killed_config, tmp_path / "killed", wait=False)

@@ -182,6 +182,7 @@ def test_features_beyond_fp16s_range_are_refused_before_a_shard_is_written(tmp_p
     assert not list(cache.folder.glob("shard_00001*")) and not list(cache.folder.glob(".*.tmp"))
 
 
+@pytest.mark.heavy
 def test_two_ddp_processes_fill_disjoint_shards_and_score_exactly_like_one(scenes, tmp_path) -> None:
     """`test` under DDP through the console script: the ranks fill disjoint shards of the cache, and score every
     test image once, as one process scores them from the cache they filled (metrics as printed, and the results

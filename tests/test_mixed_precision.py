@@ -107,6 +107,7 @@ def _train_losses(run: Path) -> list[float]:
     return [float(row["train/loss"]) for row in rows if row.get("train/loss")]
 
 
+@pytest.mark.heavy
 def test_the_captioner_trains_in_bf16_mixed_and_its_checkpoint_tests_captions_and_overlays(
         tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("vision_attn.trainer_cli.cpu_flags", lambda: {"sse2", "avx2"})  # a CPU without bf16

@@ -167,6 +167,7 @@ def test_a_vit_copied_alone_tests_like_the_original_and_predicts_what_classify_g
             pytest.approx([entry["probability"] for entry in ours["top_k"]], abs=1e-5)
 
 
+@pytest.mark.heavy
 def test_predict_with_two_processes_writes_what_one_writes(vit_checkpoint, tmp_path) -> None:
     """Under DDP each rank predicts its share; rank 0 writes every image once, in the predict set's order."""
     common = ["predict", *tiny("vit_tiny.yaml"), "--ckpt_path", str(vit_checkpoint),

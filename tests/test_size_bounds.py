@@ -192,6 +192,7 @@ def cap_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
+@pytest.mark.heavy
 def test_the_largest_values_finish_or_refuse_cleanly_under_a_memory_cap(tmp_path, trained_captioner,
                                                                           vit_checkpoint) -> None:
     """Each tool at its options' largest values, in one process capped at 4 GiB: it finishes, refuses in one line,
