@@ -21,7 +21,7 @@ CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[1]
 
 # The suite's temporary files at their peak (a passed test's tmp_path is removed when it ends), measured by
-# sampling `du` of pytest's base folder every 3 s through `make test`: 1.7 GB. With less free than this the run
+# sampling `du` of pytest's base folder every 3 s through `make test`: 1.7 GB. With under 2 GiB free the run
 # stops at once with one line, instead of failing half its tests on "No space left on device".
 TMP_NEEDED_GIB = float(os.environ.get("VISION_ATTN_TEST_TMP_GIB", "2"))
 

@@ -364,10 +364,11 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
 
 def end_process_group() -> None:
-    """End the torch.distributed process group a finished DDP run leaves behind, on this rank. Lightning does not
-    (only when a run fails); left to the interpreter's shutdown, Gloo's worker threads can abort the process after
-    a run that succeeded ("terminate called without an active exception", exit status -6, seen once in a
-    two-process ``predict``). PyTorch asks each process to call ``destroy_process_group`` when it is done."""
+    """End the torch.distributed process group a finished DDP run leaves behind, on this rank. Lightning ends only
+    an NCCL group (at exit); a Gloo group left to the interpreter's shutdown can abort the process after a run
+    that succeeded ("terminate called without an active exception", exit status -6: seen once in a two-process
+    CPU ``predict`` beside the other tests). PyTorch asks each process to call ``destroy_process_group`` when it
+    is done with it; an NCCL group ended here is not ended again at exit."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
