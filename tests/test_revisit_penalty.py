@@ -68,6 +68,6 @@ def test_revisit_penalty_is_checked_and_its_words_read_from_the_vocabulary() -> 
     task = CaptionerTask(vocabulary=[*SPECIALS, "a", "and", "red", "top"], image={"size": 96}, encoder={"width": 8},
                          decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
                          decoding={"revisit_penalty": 2.0, "object_words": ["top", "coat"]})  # no "coat" here
-    assert task.model.word_ids(task.model.decoding.object_words).tolist() == [task.model.vocab.id("top")]
+    assert task.model.ids_of(task.model.decoding.object_words).tolist() == [task.model.vocab.id("top")]
     decoded = task.model.eval().decode(torch.randn(2, 3, 96, 96))  # decodes with it
     assert len(decoded.hypotheses) == 2

@@ -130,16 +130,16 @@ class Captioner(nn.Module):
             self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
             beam_size=beam_size or self.decoding.beam_size, max_length=self.decoding.max_length,
             length_penalty=self.decoding.length_penalty, bad_endings=self.bad_ending_ids(),
-            revisit_penalty=self.decoding.revisit_penalty, object_ids=self.word_ids(self.decoding.object_words),
+            revisit_penalty=self.decoding.revisit_penalty, object_ids=self.ids_of(self.decoding.object_words),
         )
         return Decoded([image_beams[0] for image_beams in beams], grid, beams if all_beams else None)
 
     def bad_ending_ids(self) -> Tensor | None:
         """The ids of ``decoding.bad_endings``, the words a caption may not end on, on the model's device (words
         the vocabulary lacks are left out); None when there are none."""
-        return self.word_ids(self.decoding.bad_endings)
+        return self.ids_of(self.decoding.bad_endings)
 
-    def word_ids(self, words: Sequence[str]) -> Tensor | None:
+    def ids_of(self, words: Sequence[str]) -> Tensor | None:
         """The ids of ``words`` on the model's device (words the vocabulary lacks are left out); None when there
         are none."""
         ids = [self.vocab.id(word) for word in words if word in self.vocab]
