@@ -241,8 +241,8 @@ def _unreadable(error: BaseException, what: str) -> str:
 
 def _check_hub_files(hub_id: str, what: str) -> Path | None:
     """The cached weights file of ``hub_id`` in the Hugging Face cache, or None when it is not there but the Hub
-    answers; else raise the one-line error. One request without retries: huggingface_hub itself retries a dead
-    network for ~45 s."""
+    answers; else raise the one-line error. One request without retries: huggingface_hub's own retries keep a
+    user waiting long on a dead network."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
     from huggingface_hub.file_download import repo_folder_name

@@ -75,8 +75,8 @@ class SceneItemDataset(Dataset):
     ``seed=None`` draws each item afresh every time it is read (training: a new colour, shade, size and place
     each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
     An int draws item ``i`` the same way every time, from ``(seed, i)`` (validation and test), so each is
-    drawn once and kept (a 32-pixel item is 3 KB; drawing one costs ~300 µs, which every validation of the
-    4-minute pretraining paid again for its 5,000 items). ``background_reuse`` > 1 takes training items'
+    drawn once and kept (a 32-pixel item is 3 KB; drawing them all again at every validation took time from
+    the pretraining's budget). ``background_reuse`` > 1 takes training items'
     backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
     """
 
@@ -106,7 +106,7 @@ class SceneItemDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Tensor, Tensor]]:
         """The items ``indices``, as ``__getitem__`` gives them; training items (``seed=None``) are drawn as one
-        batch: a DataLoader with a batch size fetches them so, for ~30 µs an item instead of ~300."""
+        batch: a DataLoader with a batch size fetches them so, for a fraction of the cost of one at a time."""
         if self.seed is not None:  # validation and test: item i is always drawn from (seed, i)
             return [self[index] for index in indices]
         rng = self._rng(0)

@@ -17,8 +17,8 @@ A ``SceneStyle`` says how a split is drawn (``docs/formats/scenes.md``; the defa
 - ``scale_jitter`` (0 to 0.5): each item is resized by a factor drawn from [1 − j, 1 + j] (bilinear).
 - ``palette``: the RGB value each colour word names, ``exact`` (pure: red (255, 0, 0), ...) by default, or
   another maker's: ``css`` (CSS's named colours: green is (0, 128, 0)), ``tab10`` (matplotlib's tab:red,
-  tab:green, tab:blue, gold and a light grey), ``dark`` (each pure colour at 63%), ``pale`` (pastels). Scenes that
-  check colour naming on tints the training never drew; the jitters apply to ``exact`` only.
+  tab:green, tab:blue, gold and a light grey), ``dark`` (each pure colour at 160 of 255), ``pale`` (pastels).
+  Scenes that check colour naming on tints the training never drew; the jitters apply to ``exact`` only.
 - ``background``: what lies under the items (``backgrounds.py``): ``black`` (the default scenes), ``noise``,
   ``texture`` (crops of photographs shipped with ``texture_source``: ``skimage`` or ``matplotlib``),
   ``distractors`` (strokes, arcs, blobs and scrambled item fragments), or ``mixed`` (one of the four per scene,

@@ -52,7 +52,7 @@ SOURCES = {"train": ("train", slice(0, 60000)), "val": ("test", slice(0, 5000)),
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each split's layout is independent
 MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far apart on some axis (pixels)
 PLACEMENT_TRIES = 1000
-PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is ~6× smaller than raw and as fast
+PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is far smaller than raw and as fast
 # The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
 # times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 5 items.
 MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
@@ -319,7 +319,7 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
             relations += [{"caption_id": caption_id, "subject_id": subject, "relation": phrase, "object_id": obj}
                           for subject, phrase, obj in stated]
         file_name = f"{image_id}.png"
-        # A new file rather than an overwrite: ext4 flushes truncated files on close, ~10x slower here.
+        # A new file rather than an overwrite: ext4 flushes truncated files on close, which is slow.
         (image_dir / file_name).unlink(missing_ok=True)
         Image.fromarray(canvas).save(image_dir / file_name, compress_level=PNG_COMPRESS_LEVEL)
         if kind != "black":  # the background alone, each item's pixels distinct from what lies under them

@@ -56,7 +56,7 @@ class RunSchedule(L.Callback):
     ``max_time`` was followed by a few more steps and a second validation, ending past the budget by a whole
     validation for weights a few steps on. A validation that leaves less time than it took, within the budget's
     last ``tail``, ends the fit instead: that gives up less training than one validation's time, where the
-    cosine's rate is under 1% of its peak. One that ends past ``max_time`` is left to Lightning's own stop (one
+    cosine's rate is under a hundredth of its peak. One that ends past ``max_time`` is left to Lightning's own stop (one
     more step, then a validation), so a phase the budget's clock starts still gets its step on a loaded machine.
     """
 
