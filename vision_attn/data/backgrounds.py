@@ -272,8 +272,8 @@ class BackgroundPool:
     ``capacity``, replacing random ones, and gives each of its B images a random background of the pool turned
     and mirrored at random (one of the square's eight symmetries, each as likely). The pool is filled at its
     first batch. A background is Python and PIL work, a large share of the scene items' pretraining step;
-    reused, each costs ``reuse`` times less, and each is seen about ``reuse`` times,
-    under other items and turned. Everything is drawn from the batch's numpy generator ``rng``."""
+    reused, each costs ``reuse`` times less, and each is seen about ``reuse`` times, under other items and
+    turned. Everything is drawn from the batch's numpy generator ``rng``."""
 
     def __init__(self, background: Background, *, reuse: int, capacity: int = 4096) -> None:
         check_reuse(reuse)
