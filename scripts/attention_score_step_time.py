@@ -16,9 +16,8 @@ import sys
 import torch
 
 from benchmarks.run import median_seconds
-from vision_attn.attention import ATTENTION_SCORES
 from vision_attn.captioning.beam_search import beam_search
-from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.decoder import ATTENTION_SCORES, AttentionDecoder
 
 VOCAB, LOCATIONS, WIDTH = 40, 144, 192
 
@@ -30,8 +29,8 @@ def median_ms(run, repeats: int = 10, warmup: int = 2) -> float:
 def measure(score: str) -> tuple[float, float]:
     torch.manual_seed(0)
     decoder = AttentionDecoder(vocab_size=VOCAB, annotation_dim=WIDTH, embed_dim=128, hidden_dim=256,
-                               attention_dim=128, dropout=0.3, coverage=True, attend_with_word=True,
-                               word_counts=True, attention_score=score)
+                               attention_dim=128, dropout=0.3, attention_inputs=["previous_word", "coverage"],
+                               output_terms=["word_counts"], attention_score=score)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-3)
     annotations = torch.randn(32, LOCATIONS, WIDTH)
     captions = torch.randint(3, VOCAB, (160, 15))

@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vision_attn.captioning.beam_search import beam_search  # noqa: E402
-from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder  # noqa: E402
+from vision_attn.captioning.compiled import compile_decoder  # noqa: E402
+from vision_attn.captioning.decoder import AttentionDecoder  # noqa: E402
 from vision_attn.data.vocabulary import END_ID, START_ID  # noqa: E402
 
 VOCAB, DIM, LOCATIONS = 23, 12, 9
@@ -32,11 +33,11 @@ def decoder(device: torch.device) -> AttentionDecoder:
     """The small decoder, seeded, with the word counts' weights away from their zero start."""
     torch.manual_seed(0)
     model = AttentionDecoder(vocab_size=VOCAB, annotation_dim=DIM, embed_dim=8, hidden_dim=16, attention_dim=8,
-                             dropout=0.0, coverage=True, attend_with_word=True, word_counts=True,
-                             word_count_context=True)
+                             dropout=0.0, attention_inputs=["coverage", "previous_word"],
+                             output_terms=[{"name": "word_counts", "context": True}])
     with torch.no_grad():
-        model.repeat_weight.normal_(0, 0.1)
-        model.repeat_context.weight.normal_(0, 0.1)
+        model.output_terms.word_counts.weight.normal_(0, 0.1)
+        model.output_terms.word_counts.context.weight.normal_(0, 0.1)
     return model.to(device).eval()
 
 

@@ -113,9 +113,10 @@ def main() -> None:
     val = box_features(captioner_trunk, val_images, val_boxes)
     test = box_features(captioner_trunk, test_images, test_boxes)
     report("captioner's trunk, linear probe", linear_probe(val, test, len(names)), test[1], names)
-    if "aids.object_head.weight" in state:  # the captioner's object loss head (aids.object_weight > 0), as trained
-        head = torch.nn.Linear(*state["aids.object_head.weight"].shape[::-1])
-        head.load_state_dict({"weight": state["aids.object_head.weight"], "bias": state["aids.object_head.bias"]})
+    if "auxiliary.object.head.weight" in state:  # the captioner's object loss head (objective.auxiliary), as trained
+        head = torch.nn.Linear(*state["auxiliary.object.head.weight"].shape[::-1])
+        head.load_state_dict({"weight": state["auxiliary.object.head.weight"],
+                              "bias": state["auxiliary.object.head.bias"]})
         with torch.no_grad():
             report("captioner's trunk, its object head", head(test[0]).argmax(1), test[1], names)
 

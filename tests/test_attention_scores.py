@@ -7,9 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from vision_attn.attention import ATTENTION_SCORES, ProductAttention, annotation_attention
 from vision_attn.captioning.beam_search import beam_search
-from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
+from vision_attn.captioning.decoder import ATTENTION_SCORES, AttentionDecoder, DecoderState
+from vision_attn.captioning.extensions import ATTENTION_INPUTS
+from vision_attn.captioning.product_attention import PRODUCT_SCORES, ProductAttention
+from vision_attn.captioning.seams import built
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, record_problem
 
@@ -18,7 +20,7 @@ START, END = 1, 2
 
 def scores(score: str, **options) -> ProductAttention:
     torch.manual_seed(0)
-    attention = annotation_attention(score, 6, 4, 8, **options)
+    attention = ATTENTION_SCORES[score](6, 4, 8, **options)
     for parameter in attention.parameters():  # away from the init's small values, so every term matters
         torch.nn.init.normal_(parameter, std=0.7)
     return attention
@@ -29,44 +31,49 @@ def test_each_product_score_is_its_formula() -> None:
     dot, general, scaled = scores("dot"), scores("general"), scores("scaled_dot")
     # dot (Luong): e_i = hᵀ (W_a a_i), W_a to the query's width
     e = torch.einsum("bq,blq->bl", h, dot.annotation_proj(a))
-    torch.testing.assert_close(dot(dot.project_annotations(a), h), e.softmax(-1))
+    torch.testing.assert_close(dot(dot.keys(a), h).alpha, e.softmax(-1))
     # general (Luong): e_i = hᵀ W a_i, with W (|h|, D) = the query projection's weight transposed
     w = general.query_proj.weight.T  # (4, 6)
     e = torch.einsum("bq,qd,bld->bl", h, w, a)
-    torch.testing.assert_close(general(general.project_annotations(a), h), e.softmax(-1))
+    torch.testing.assert_close(general(general.keys(a), h).alpha, e.softmax(-1))
     assert general.annotation_proj is None and general.query_proj.bias is None
     # scaled_dot (Vaswani): e_i = (W_q h)ᵀ (W_k a_i) / √d, d = 8
     e = torch.einsum("bd,bld->bl", scaled.query_proj(h), scaled.annotation_proj(a)) / 8**0.5
-    torch.testing.assert_close(scaled(scaled.project_annotations(a), h), e.softmax(-1))
+    torch.testing.assert_close(scaled(scaled.keys(a), h).alpha, e.softmax(-1))
 
 
 def test_multihead_is_one_scaled_dot_per_slice() -> None:
     a, h = torch.randn(2, 5, 6), torch.randn(2, 4)
     multi = scores("multihead", heads=2)
-    alpha = multi(multi.project_annotations(a), h)
+    attended = multi(multi.keys(a), h)
+    alpha = attended.heads
     assert alpha.shape == (2, 2, 5)
+    torch.testing.assert_close(attended.alpha, alpha.mean(1))
     q, k = multi.query_proj(h).view(2, 2, 4), multi.annotation_proj(a).view(2, 5, 2, 4)
     for head in range(2):  # e^k_i = (W_q h)_kᵀ (W_k a_i)_k / √(d/K)
         e = torch.einsum("bd,bld->bl", q[:, head], k[:, :, head]) / 4**0.5
         torch.testing.assert_close(alpha[:, head], e.softmax(-1))
     with pytest.raises(ValueError, match="multiples of attention_heads"):
-        annotation_attention("multihead", 6, 4, 8, heads=3)
-    with pytest.raises(ValueError, match="unknown attention score 'cosine'"):
-        ProductAttention("cosine", 6, 4, 8)
+        ATTENTION_SCORES["multihead"](6, 4, 8, heads=3)
     with pytest.raises(ValueError, match="attention_score must be one of additive, dot"):
         AttentionDecoder(vocab_size=5, annotation_dim=6, attention_score="cosine")
 
 
 def test_coverage_and_the_last_word_reach_every_product_score() -> None:
+    """The attention inputs plug into every score through the same interface: their terms move α."""
     a, h, word = torch.randn(1, 5, 6), torch.randn(1, 4), torch.randn(1, 3)
-    for score in ProductAttention.SCORES:
-        attention = scores(score, heads=2, coverage=True, word_dim=3)
-        keys = attention.project_annotations(a)
-        plain = attention(keys, h, torch.zeros(1, 5), word)
-        assert not torch.allclose(plain, attention(keys, h, torch.eye(5)[:1] * 2, word)), score
-        assert not torch.allclose(plain, attention(keys, h, torch.zeros(1, 5), -word)), score
-        with pytest.raises(ValueError, match="pass c_t"):
-            attention(keys, h, None, word)
+    for score in PRODUCT_SCORES:
+        attention = scores(score, heads=2)
+        coverage, previous = built([{"name": "coverage"}, {"name": "previous_word"}], ATTENTION_INPUTS,
+                                   widths=attention.widths, embed_dim=3)
+        for parameter in [*coverage.parameters(), *previous.parameters()]:
+            torch.nn.init.normal_(parameter, std=0.7)
+        keys = attention.keys(a)
+        alphas = [attention(keys, h, [previous.term(None, said)], [coverage.term(covered, None)]).alpha
+                  for covered, said in ((torch.zeros(1, 5), word), (torch.eye(5)[:1] * 2, word),
+                                        (torch.zeros(1, 5), -word))]
+        assert not torch.allclose(alphas[0], alphas[1]), score
+        assert not torch.allclose(alphas[0], alphas[2]), score
 
 
 def decoder(score: str, **options) -> AttentionDecoder:

@@ -1,6 +1,6 @@
-"""``decoding.bad_endings``: no caption ends right after one of those words, in beam search (which then finds the
-best caption that does not) and in self-critical sampling, and the option is checked and read from the
-vocabulary."""
+"""The blocked endings (a decoding processor): no caption ends right after one of its words, in beam search (which
+then finds the best caption that does not) and in self-critical sampling, and its words are checked and read from
+the vocabulary."""
 
 from __future__ import annotations
 
@@ -11,11 +11,20 @@ import torch
 
 from tests.test_captioner_model import END, START, _sequence_log_prob, tiny_decoder
 from vision_attn.captioning.beam_search import beam_search, sample_captions
+from vision_attn.captioning.extensions import PROCESSORS
 from vision_attn.captioning.options import DecodingOptions
-from vision_attn.data.vocabulary import SPECIALS
+from vision_attn.captioning.seams import DecodingProcessor, built
+from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.tasks import CaptionerTask
 
 BAD = 4  # the word a caption may not end on, as "and"
+VOCABULARY = Vocabulary([*SPECIALS, "and", "red"])  # the tiny decoders' six words, BAD among them
+
+
+def processor(name: str, ids: tuple[int, ...], **options: object) -> DecodingProcessor:
+    """The processor ``name`` over the words of ``ids`` in ``VOCABULARY``."""
+    return built([{"name": name, "words": [VOCABULARY.tokens[i] for i in ids], **options}], PROCESSORS,
+                 vocab=VOCABULARY)[0]
 
 
 def test_beam_search_finds_the_best_caption_that_does_not_end_on_a_bad_word() -> None:
@@ -27,7 +36,7 @@ def test_beam_search_finds_the_best_caption_that_does_not_end_on_a_bad_word() ->
                if not (seq and seq[-1] == BAD and n < max_length)]
     free = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=27, max_length=max_length)
     blocked = beam_search(decoder, annotations, start_id=START, end_id=END, beam_size=27, max_length=max_length,
-                          bad_endings=torch.tensor([BAD]))
+                          processors=[processor("blocked_endings", (BAD,))])
     changed = 0
     for b in range(len(annotations)):
         best_score, best = max((_sequence_log_prob(decoder, annotations[b : b + 1], c), c) for c in allowed)
@@ -46,7 +55,7 @@ def test_no_sample_ends_on_a_bad_word_before_the_last_step() -> None:
     free = sample_captions(decoder, annotations, per_image=200, start_id=START, end_id=END, max_length=4)
     torch.manual_seed(1)
     blocked = sample_captions(decoder, annotations, per_image=200, start_id=START, end_id=END, max_length=4,
-                              bad_endings=torch.tensor([BAD]))
+                              processors=[processor("blocked_endings", (BAD,))])
 
     def endings(tokens: torch.Tensor) -> tuple[int, int]:
         """(captions ending on the bad word before max_length, captions saying it at all)"""
@@ -64,12 +73,14 @@ def test_no_sample_ends_on_a_bad_word_before_the_last_step() -> None:
 
 
 def test_bad_endings_are_checked_and_read_from_the_vocabulary() -> None:
-    for bad, message in (([""], "decoding.bad_endings are words"), (["and", "and"], "names a word twice")):
+    for bad, message in (([""], "decoding.processors.blocked_endings: words are words"),
+                         (["and", "and"], "names a word twice")):
         with pytest.raises(ValueError, match=message):
-            DecodingOptions.coerce({"bad_endings": bad})
+            DecodingOptions.coerce({"processors": [{"name": "blocked_endings", "words": bad}]})
     task = CaptionerTask(vocabulary=[*SPECIALS, "a", "and", "red", "top"], image={"size": 96}, encoder={"width": 8},
                          decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
-                         decoding={"bad_endings": ["and", "a", "of"]})  # "of": not a word of this vocabulary
-    assert task.model.bad_ending_ids().tolist() == [task.model.vocab.id("and"), task.model.vocab.id("a")]
-    assert CaptionerTask(vocabulary=[*SPECIALS, "a"], image={"size": 96},
-                         encoder={"width": 8}).model.bad_ending_ids() is None
+                         decoding={"processors": [{"name": "blocked_endings", "words": ["and", "a", "of"]}]})
+    blocked = task.model.processors[0]  # "of": not a word of this vocabulary, left out
+    assert blocked.ids.tolist() == [task.model.vocab.id("and"), task.model.vocab.id("a")]
+    plain = CaptionerTask(vocabulary=[*SPECIALS, "a"], image={"size": 96}, encoder={"width": 8})
+    assert not len(plain.model.processors)

@@ -225,9 +225,9 @@ def test_the_scenes_default_config_runs_both_phases_in_a_tiny_run(pretrained_enc
     # The checkpoint holds the coverage weights and the concept head; the captioner loads without the head.
     checkpoint = tmp_path / "run" / "checkpoints" / "best.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    assert "aids.concept_head.weight" in saved and "model.decoder.attention.coverage_proj.weight" in saved
+    assert "auxiliary.concept.head.weight" in saved and "model.decoder.attention_inputs.coverage.proj.weight" in saved
     captioner = Captioner.from_checkpoint(checkpoint)
-    assert not any("concept_head" in name for name, _ in captioner.named_parameters())
+    assert not any("concept" in name for name, _ in captioner.named_parameters())
     image = next((tmp_path / "scenes" / "images" / "test").glob("*.png"))
     [record] = caption_files(captioner, [(1, image)])
     assert record["caption"] and len(record["alphas"]) == len(record["tokens"]) > 0

@@ -10,20 +10,16 @@ import torch
 import torchvision
 from torch import nn
 
-from vision_attn.captioning.aids import concept_loss, concept_targets
+from vision_attn.captioning import fast_additive
 from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
-from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
+from vision_attn.captioning.decoder import AdditiveAttention, AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
+from vision_attn.captioning.extensions.concept import concept_loss, concept_targets
+from vision_attn.captioning.extensions.reward_terms import consensus_recall, excess_words, foreign_words
 from vision_attn.captioning.likelihood import caption_nll, doubly_stochastic_penalty
 from vision_attn.captioning.options import SelfCriticalOptions
 from vision_attn.captioning.reinforce import reinforce_surrogate
-from vision_attn.captioning.self_critical import (
-    SelfCriticalObjective,
-    consensus_recall,
-    excess_words,
-    foreign_words,
-    self_critical_loss,
-)
+from vision_attn.captioning.self_critical import SelfCriticalObjective, self_critical_loss
 from vision_attn.metrics import CiderD
 
 PAD, START, END = 0, 1, 2
@@ -32,16 +28,19 @@ PAD, START, END = 0, 1, 2
 def tiny_decoder(vocab_size: int = 12, annotation_dim: int = 8, attention: str = "soft", coverage: bool = False,
                  attend_with_word: bool = False, word_counts: bool = False, attention_score: str = "additive",
                  attention_heads: int = 2, word_count_context: bool = False) -> AttentionDecoder:
+    """A small decoder with the named extensions: the coverage and the previous word as attention inputs, the word
+    counts (with their context) as an output term."""
     torch.manual_seed(0)
+    inputs = [name for name, on in (("coverage", coverage), ("previous_word", attend_with_word)) if on]
+    terms = [{"name": "word_counts", "context": word_count_context}] if word_counts else []
     decoder = AttentionDecoder(vocab_size=vocab_size, annotation_dim=annotation_dim, embed_dim=6, hidden_dim=10,
                                attention_dim=8 if attention_score == "multihead" else 7, dropout=0.0,
-                               attention_mode=attention, coverage=coverage, attend_with_word=attend_with_word,
-                               word_counts=word_counts, attention_score=attention_score,
-                               attention_heads=attention_heads, word_count_context=word_count_context)
+                               attention_mode=attention, attention_score=attention_score,
+                               attention_heads=attention_heads, attention_inputs=inputs, output_terms=terms)
     if word_counts:  # ρ starts at 0; give it values, so that the counts change the words' scores
-        nn.init.normal_(decoder.repeat_weight, std=2.0)
+        nn.init.normal_(decoder.output_terms.word_counts.weight, std=2.0)
     if word_count_context:  # U too starts at 0
-        nn.init.normal_(decoder.repeat_context.weight, std=1.0)
+        nn.init.normal_(decoder.output_terms.word_counts.context.weight, std=1.0)
     return decoder
 
 
@@ -98,45 +97,43 @@ def test_teacher_forcing_equals_step_by_step_decoding(options: dict) -> None:
         assert torch.allclose(alpha, output.alphas[:, t], atol=1e-6)
         assert torch.allclose(beta, output.betas[:, t], atol=1e-6)
         if coverage:  # c_{t+1} = Σ_{s<=t} α_s: each row has spent t + 1 units of attention
-            assert torch.allclose(state.coverage, output.alphas[:, : t + 1].sum(1), atol=1e-6)
-    assert (state.coverage is not None) == coverage
+            assert torch.allclose(state.carried["coverage"], output.alphas[:, : t + 1].sum(1), atol=1e-6)
+    assert ("coverage" in state.carried) == coverage
 
 
 def test_coverage_changes_where_the_decoder_looks_and_is_trained() -> None:
     """With coverage the score reads Σ_{s<t} α_s through w_c: the same query attends differently once some
     locations are covered, and w_c receives a gradient."""
     decoder = tiny_decoder(coverage=True)
-    nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
+    coverage = decoder.attention_inputs.coverage
+    nn.init.normal_(coverage.proj.weight, std=3.0)
     annotations = torch.randn(1, 9, 8)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
-    fresh = decoder.attention(image.projected, state.hidden, state.coverage)
-    covered = decoder.attention(image.projected, state.hidden, torch.eye(9)[:1] * 2.0)
+    fresh = decoder.attention(image.keys, state.hidden, (), [coverage.term(state.carried["coverage"], None)]).alpha
+    covered = decoder.attention(image.keys, state.hidden, (), [coverage.term(torch.eye(9)[:1] * 2.0, None)]).alpha
     assert not torch.allclose(fresh, covered)
     decoder(annotations, captions_batch()[:1]).logits.sum().backward()
-    assert decoder.attention.coverage_proj.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="pass c_t"):
-        decoder.attention(image.projected, state.hidden)
+    assert coverage.proj.weight.grad.abs().sum() > 0
 
 
 def test_attention_reads_the_last_word_when_asked_and_learns_from_it() -> None:
     """e_ti = w·tanh(W_a a_i + W_h h + W_y E y_{t-1}): the same state attends differently after different words,
     W_y receives a gradient, and an attention built to read the word refuses to run without it."""
     decoder = tiny_decoder(coverage=True, attend_with_word=True)
-    nn.init.normal_(decoder.attention.word_proj.weight, std=3.0)
+    word_proj = decoder.attention_inputs.previous_word.proj
+    nn.init.normal_(word_proj.weight, std=3.0)
     annotations = torch.randn(1, 9, 8)
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
-    after = [decoder.context(image, state, word=decoder.embedding(torch.tensor([w]))).alpha for w in (5, 6)]
+    after = [decoder.context(image, state, decoder.embedding(torch.tensor([w]))).alpha for w in (5, 6)]
     assert not torch.allclose(after[0], after[1])
-    x = image.projected.unsqueeze(1) + (decoder.attention.query_proj(state.hidden)
-                                        + decoder.attention.word_proj(decoder.embedding(torch.tensor([5])))
-                                        ).view(1, 1, 1, -1)  # coverage is 0 at the first step
+    x = image.keys.unsqueeze(1) + (decoder.attention.query_proj(state.hidden)
+                                   + word_proj(decoder.embedding(torch.tensor([5])))
+                                   ).view(1, 1, 1, -1)  # coverage is 0 at the first step
     expected = decoder.attention.score(torch.tanh(x)).squeeze(-1).view(1, 9).softmax(-1)
     torch.testing.assert_close(after[0], expected, atol=1e-6, rtol=1e-5)
     decoder(annotations, captions_batch()[:1]).logits.sum().backward()
-    assert decoder.attention.word_proj.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="E y_"):
-        decoder.context(image, state)
-    assert tiny_decoder().attention.word_proj is None  # the paper's attention reads h_{t-1} only
+    assert word_proj.weight.grad.abs().sum() > 0
+    assert not len(tiny_decoder().attention_inputs)  # the paper's attention reads h_{t-1} only
 
 
 def test_word_counts_add_rho_times_how_often_each_word_was_said() -> None:
@@ -152,10 +149,11 @@ def test_word_counts_add_rho_times_how_often_each_word_was_said() -> None:
         for t in range(captions.shape[1] - 1):
             for word in captions[b, : t + 1].tolist():  # the words input up to step t, <start> included
                 counts[b, t, word] += 1
-    torch.testing.assert_close(difference, counted.repeat_weight.detach() * counts, atol=1e-5, rtol=1e-5)
+    rho = counted.output_terms.word_counts.weight
+    torch.testing.assert_close(difference, rho.detach() * counts, atol=1e-5, rtol=1e-5)
     counted(annotations, captions).logits.log_softmax(-1)[:, 1:, 5].sum().backward()
-    assert counted.repeat_weight.grad[5] != 0  # word 5 was said at step 1: its ρ learns from then on
-    assert plain.repeat_weight is None
+    assert rho.grad[5] != 0  # word 5 was said at step 1: its ρ learns from then on
+    assert not len(plain.output_terms)
 
 
 def test_word_count_context_reads_rho_from_the_state_and_starts_as_the_plain_counts() -> None:
@@ -163,26 +161,24 @@ def test_word_count_context_reads_rho_from_the_state_and_starts_as_the_plain_cou
     so that saying a word again can be likely after one context ("the red coat") and not after another."""
     counted = tiny_decoder(word_counts=True)
     fresh = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
-                             dropout=0.0, word_counts=True, word_count_context=True)
+                             dropout=0.0, output_terms=[{"name": "word_counts", "context": True}])
     fresh.load_state_dict(counted.state_dict(), strict=False)  # the same weights; U as constructed
     annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    term = fresh.output_terms.word_counts
     with torch.no_grad():
         torch.testing.assert_close(fresh(annotations, captions).logits, counted(annotations, captions).logits)
-        nn.init.normal_(fresh.repeat_context.weight, std=1.0)
+        nn.init.normal_(term.context.weight, std=1.0)
         hidden = torch.randn(3, 10)
         counts = torch.tensor([[0.0] * 5 + [2.0] + [0.0] * 6] * 3)  # word 5 said twice
-        words, context = torch.randn(3, 6), torch.randn(3, 8)
-        difference = fresh.deep_output(words, hidden, context, counts) - fresh.deep_output(words, hidden, context,
-                                                                                           torch.zeros_like(counts))
-        rho = fresh.repeat_weight[5] + hidden @ fresh.repeat_context.weight[5] + fresh.repeat_context.bias[5]
+        logits = torch.randn(3, 12)
+        difference = term.step(logits, hidden, counts) - term.step(logits, hidden, torch.zeros_like(counts))
+        rho = term.weight[5] + hidden @ term.context.weight[5] + term.context.bias[5]
         expected = 2.0 * rho
         torch.testing.assert_close(difference[:, 5], expected)
         assert difference[:, [i for i in range(12) if i != 5]].abs().max() == 0  # only the said word moves
     fresh.zero_grad()
     fresh(annotations, captions).logits.log_softmax(-1)[:, 1:, 5].sum().backward()
-    assert fresh.repeat_context.weight.grad[5].abs().sum() > 0  # U learns from the likelihood, from U = 0
-    with pytest.raises(ValueError, match="word_counts: true"):
-        AttentionDecoder(vocab_size=12, annotation_dim=8, word_count_context=True)
+    assert term.context.weight.grad[5].abs().sum() > 0  # U learns from the likelihood, from U = 0
 
 
 def test_doubly_stochastic_penalty_by_hand() -> None:
@@ -244,7 +240,7 @@ def test_beam_search_equals_exhaustive_search_on_a_tiny_model(options: dict) -> 
     vocab_size, max_length = 6, 3  # words 3, 4, 5 (3 plays <unk>); <pad> <start> are never emitted
     decoder = tiny_decoder(vocab_size=vocab_size, **options).eval()
     if options.get("coverage"):
-        nn.init.normal_(decoder.attention.coverage_proj.weight, std=3.0)
+        nn.init.normal_(decoder.attention_inputs.coverage.proj.weight, std=3.0)
     annotations = torch.randn(2, 9, 8)
     words = [3, 4, 5]
     candidates = [seq for n in range(max_length + 1) for seq in itertools.product(words, repeat=n)]
@@ -296,29 +292,32 @@ def test_greedy_equals_beam_of_one_and_batched_equals_one_at_a_time(options: dic
         assert greedy[b].tokens == step_by_step
 
 
-def test_beams_attending_one_copy_of_the_annotations_equal_expanded_copies() -> None:
+def test_beams_attending_one_copy_of_the_annotations_equal_expanded_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     decoder = tiny_decoder().eval()
     annotations, hidden, cell = torch.randn(3, 9, 8), torch.randn(3 * 4, 10), torch.randn(3 * 4, 10)
     state = DecoderState(hidden, cell)
-    shared = decoder.context(decoder.encode(annotations), state)
-    expanded = decoder.context(decoder.encode(annotations.repeat_interleave(4, dim=0)), state)
+    word = torch.randn(12, 6)
+    shared = decoder.context(decoder.encode(annotations), state, word)
+    expanded = decoder.context(decoder.encode(annotations.repeat_interleave(4, dim=0)), state, word)
     for ours, reference in zip(shared[:3], expanded[:3], strict=True):
         assert torch.allclose(ours, reference, atol=1e-6)
-    decoder.attention.chunk_elements = 2 * 4 * 9 * 7  # chunks of 2 images, then 1, through one buffer
+    monkeypatch.setattr(fast_additive, "CHUNK_ELEMENTS", 2 * 4 * 9 * 7)  # chunks of 2 images, then 1, one buffer
     with torch.no_grad():  # chunking is for decoding; training keeps one piece
-        assert torch.allclose(decoder.context(decoder.encode(annotations), state)[1], expanded[1], atol=1e-6)
+        assert torch.allclose(decoder.context(decoder.encode(annotations), state, word)[1], expanded[1], atol=1e-6)
     with pytest.raises(ValueError, match="5 queries for 3 images"):
-        decoder.attention(decoder.encode(annotations).projected, torch.randn(5, 10))
+        decoder.attention(decoder.encode(annotations).keys, torch.randn(5, 10))
 
 
 def test_additive_attention_is_softmax_of_w_tanh_by_the_formula_with_its_gradients() -> None:
-    from vision_attn.attention import AdditiveAttention
-
+    """The paper's score as it reads, e_i = w·tanh(W_a a_i + W_h h) + b, and as ``fast_additive`` computes it."""
     torch.manual_seed(0)
     attention = AdditiveAttention(16, 10, 12)
     annotations, query = torch.randn(3, 9, 16), torch.randn(6, 10, requires_grad=True)  # 2 queries per image
-    projected = attention.project_annotations(annotations)
-    alpha = attention(projected, query)
+    projected = attention.keys(annotations)
+    alpha = attention(projected, query).alpha
+    as_written = fast_additive.additive_scores_as_written(
+        projected.unsqueeze(1), attention.query_proj(query).view(3, 2, 1, 12), attention.score).view(6, 9)
+    torch.testing.assert_close(alpha, as_written.softmax(-1), atol=1e-6, rtol=1e-5)
     w, b = attention.score.weight[0], attention.score.bias
     energies = torch.tanh(projected.repeat_interleave(2, dim=0) + attention.query_proj(query)[:, None]) @ w + b
     expected = energies.softmax(dim=-1)  # α_i = softmax_i(w·tanh(W_a a_i + W_h h) + b), (6, 9)
@@ -579,16 +578,16 @@ def test_the_hallucination_penalty_comes_off_the_reward_per_foreign_word() -> No
                   [a, red, coat]]
     scores = {}
     for penalty in (0.0, 1.5):
-        objective = SelfCriticalObjective(SelfCriticalOptions(hallucination_penalty=penalty), vocab=None,
-                                          max_length=20)
+        objective = SelfCriticalObjective(SelfCriticalOptions(rewards=[{"name": "hallucination", "weight": penalty}]),
+                                          vocab=None, max_length=20)
         objective.reward = CiderD([references, [[a, blue, top]], [[a, white, coat]]])
         scores[penalty] = objective.rewards(candidates, [references] * 3)
     assert [plain - penalised for plain, penalised in zip(scores[0.0], scores[1.5], strict=True)] == \
         pytest.approx([0.0, 3.0, 0.0])
     assert scores[0.0][1] > scores[0.0][2]  # CIDEr-D alone prefers the extra object to the missing one
     assert scores[1.5][1] < scores[1.5][2]  # the penalty reverses that
-    with pytest.raises(ValueError, match="hallucination_penalty must be 0 or more"):
-        SelfCriticalOptions(hallucination_penalty=-1.0).check()
+    with pytest.raises(ValueError, match="self_critical.rewards.hallucination: weight must be 0 or more"):
+        SelfCriticalOptions(rewards=[{"name": "hallucination", "weight": -1.0}])
 
 
 def test_a_channels_last_encoder_computes_what_the_default_layout_does():

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vision_attn.captioning.beam_search import beam_search
-from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+from vision_attn.captioning.compiled import compile_decoder
+from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.options import DecoderOptions
 from vision_attn.data.vocabulary import END_ID, START_ID
 
@@ -19,11 +20,11 @@ VOCAB, DIM = 23, 12
 def decoders(backend: str = "inductor") -> tuple[AttentionDecoder, AttentionDecoder]:
     torch.manual_seed(0)
     eager = AttentionDecoder(vocab_size=VOCAB, annotation_dim=DIM, embed_dim=8, hidden_dim=16, attention_dim=8,
-                             dropout=0.0, coverage=True, attend_with_word=True, word_counts=True,
-                             word_count_context=True)
+                             dropout=0.0, attention_inputs=["coverage", "previous_word"],
+                             output_terms=[{"name": "word_counts", "context": True}])
     with torch.no_grad():  # ρ and U start at 0: give them values, so that the word counts' path is compared too
-        eager.repeat_weight.normal_(0, 0.1)
-        eager.repeat_context.weight.normal_(0, 0.1)
+        eager.output_terms.word_counts.weight.normal_(0, 0.1)
+        eager.output_terms.word_counts.context.weight.normal_(0, 0.1)
     compiled = copy.deepcopy(eager)
     compile_decoder(compiled, "default", backend=backend)
     return eager, compiled
@@ -83,7 +84,7 @@ def test_the_compiled_step_beam_searches_the_eager_captions_and_scores_them_the_
 
 def _said_before() -> bool:
     """Whether this process already gave the once-only CPU notice (another test compiled with inductor first)."""
-    from vision_attn.captioning.decoder import _say_eager_on_cpu
+    from vision_attn.captioning.compiled import _say_eager_on_cpu
 
     return _say_eager_on_cpu.cache_info().currsize > 0
 

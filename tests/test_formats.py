@@ -260,7 +260,8 @@ def test_metrics_page_names_what_the_tasks_log(monkeypatch) -> None:
     scores = set(score_records([record]))
     assert {"CIDEr-D", "pointing_accuracy", "object_recall", "images"} <= scores
     code = "\n".join(path.read_text(encoding="utf-8") for path in (REPO / "vision_attn").rglob("*.py"))
-    aids = (REPO / "vision_attn" / "captioning" / "aids.py").read_text(encoding="utf-8")
+    aids = "\n".join(path.read_text(encoding="utf-8")
+                     for path in (REPO / "vision_attn" / "captioning" / "extensions").glob("*.py"))
     unknown = []
     for name in sorted(listed):
         stage, metric = name.split("/")

@@ -15,7 +15,7 @@ from PIL import Image
 
 from tests.conftest import run_in_process, tiny
 from tests.test_captioner_model import captions_batch, tiny_decoder
-from vision_attn.attention import AdditiveAttention
+from vision_attn.captioning import fast_additive
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.cli import main
 from vision_attn.trainer_cli import bf16_warning
@@ -44,17 +44,17 @@ def test_the_decoder_under_autocast_gives_fp32_alphas_betas_and_word_log_probs(d
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_chunked_coverage_attention_under_autocast_reuses_a_buffer_of_the_right_dtype(dtype) -> None:
+def test_chunked_coverage_attention_under_autocast_reuses_a_buffer_of_the_right_dtype(dtype, monkeypatch) -> None:
     """The no-grad path writes σ(2x) into one reused buffer: under autocast W_h h, w_c c and W_a a arrive in
     low precision while c_t may be fp32, and the buffer must take their dtype."""
-    torch.manual_seed(0)
-    attention = AdditiveAttention(16, 10, 64, coverage=True)
-    attention.chunk_elements = 2**10  # force many chunks
-    annotations, query, coverage = torch.randn(50, 9, 16), torch.randn(150, 10), torch.rand(150, 9)
+    monkeypatch.setattr(fast_additive, "CHUNK_ELEMENTS", 2**10)  # force many chunks
+    decoder = tiny_decoder(coverage=True)
+    annotations, hidden, coverage = torch.randn(50, 9, 8), torch.randn(150, 10), torch.rand(150, 9)
+    term = decoder.attention_inputs.coverage.term(coverage, None)
     with torch.no_grad():
-        reference = attention(attention.project_annotations(annotations), query, coverage)
+        reference = decoder.attention(decoder.attention.keys(annotations), hidden, (), [term]).alpha
         with torch.autocast("cpu", dtype=dtype):
-            mixed = attention(attention.project_annotations(annotations), query, coverage)
+            mixed = decoder.attention(decoder.attention.keys(annotations), hidden, (), [term]).alpha
     torch.testing.assert_close(mixed.float(), reference, atol=TOLERANCE[dtype], rtol=0)
 
 

@@ -12,7 +12,8 @@ from torch import nn
 
 from tests.conftest import run_in_process, tiny
 from vision_attn.boxes import box_cell_coverage, box_cell_weights
-from vision_attn.captioning.aids import grounding_loss, grounding_targets, object_loss
+from vision_attn.captioning.extensions.grounding import grounding_loss, grounding_targets
+from vision_attn.captioning.extensions.object_classes import object_loss
 from vision_attn.data.caption_datasets import pad_objects
 from vision_attn.data.coco import read_object_targets
 from vision_attn.data.scenes import CLASS_WORDS, COLOURS, make_scenes
@@ -134,13 +135,14 @@ def test_object_targets_without_an_instances_file_is_one_line(tmp_path):
     assert result.returncode != 0
     error = result.stderr.strip().splitlines()[-1]
     assert "instances_train.json" in error and "object_targets" in error and "Traceback" not in result.stderr
-    for option in ("object_weight", "grounding_weight"):
+    for option in ("object", "grounding"):
         result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
-                                str(plain), f"--model.init_args.aids.{option}", "1.0",
+                                str(plain), "--model.init_args.objective.auxiliary", f"[{option}]",
                                 "--trainer.default_root_dir", str(tmp_path / "run2"))
         assert result.returncode != 0
         error = result.stderr.strip().splitlines()[-1]
-        assert option in error and "object_targets: true" in error and "Traceback" not in result.stderr
+        assert f"auxiliary.{option} needs" in error and "object_targets: true" in error, error
+        assert "Traceback" not in result.stderr
 
 
 def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_the_heads(scenes, tmp_path):
@@ -151,10 +153,9 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
     run = tmp_path / "run"
     result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
                             str(scenes), "--data.init_args.object_targets", "true", "--data.init_args.group_captions",
-                            "true", "--model.init_args.aids.object_weight", "1.0",
-                            "--model.init_args.aids.grounding_weight", "1.0",
-                            "--model.init_args.decoder.word_counts", "true",
-                            "--model.init_args.decoder.attend_with_word", "true",
+                            "true", "--model.init_args.objective.auxiliary", "[object, grounding]",
+                            "--model.init_args.decoder.output_terms", "[word_counts]",
+                            "--model.init_args.decoder.attention_inputs", "[previous_word]",
                             "--model.init_args.self_critical.from_epoch", "1",
                             "--model.init_args.self_critical.samples", "2", "--trainer.max_epochs", "2",
                             "--data.init_args.scenes.styles", '{"train": {"layout": "mixed"}}',
@@ -166,8 +167,8 @@ def test_a_fit_with_the_object_loss_learns_and_its_checkpoint_captions_without_t
     assert "train/object_loss" in logged and "train/object_acc" in logged and "train/grounding_loss" in logged
     checkpoint = next(run.rglob("best.ckpt"))
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    assert state["state_dict"]["aids.object_head.weight"].shape[0] == len(CLASS_WORDS)
-    assert state["state_dict"]["aids.object_colour_head.weight"].shape[0] == len(COLOURS)
+    assert state["state_dict"]["auxiliary.object.head.weight"].shape[0] == len(CLASS_WORDS)
+    assert state["state_dict"]["auxiliary.object.colour_head.weight"].shape[0] == len(COLOURS)
     captioner = Captioner.from_checkpoint(checkpoint)
     assert not any("object" in name for name in captioner.state_dict())
 
@@ -181,13 +182,13 @@ def test_every_trainable_parameter_is_optimised_the_training_aids_heads_too(trai
     module = CaptionerTask(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS], image={"size": 96},
                            encoder={"width": 8, "trainable_stages": trainable_stages},
                            decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
-                           aids={"concept_weight": 1.0, "object_weight": 1.0, "grounding_weight": 1.0},
+                           objective={"auxiliary": ["concept", "object", "grounding"]},
                            objects={"classes": list(CLASS_WORDS), "colours": list(COLOURS)})
     grouped = [id(p) for group in module.parameter_groups() for p in group["params"]]
     trainable = {id(p): name for name, p in module.named_parameters() if p.requires_grad}
     assert len(grouped) == len(set(grouped))
     assert set(grouped) == set(trainable), sorted(trainable[i] for i in set(trainable) - set(grouped))
-    assert any(name.startswith("aids.object_colour_head") for name in trainable.values())
+    assert any(name.startswith("auxiliary.object.colour_head") for name in trainable.values())
 
 
 def test_grounding_targets_point_each_naming_word_at_its_objects_box():
@@ -236,27 +237,28 @@ def test_the_inside_grounding_target_asks_little_of_the_cells_a_box_only_grazes(
         torch.testing.assert_close(inside[0, 1], torch.tensor(expected_inside))
 
 
-def _scenes_captioner(pretrained: str | None = None, classes: list[str] = CLASS_WORDS, **aids):
+def _scenes_captioner(pretrained: str | None = None, classes: list[str] = CLASS_WORDS, **options):
     from vision_attn.tasks import CaptionerTask
 
     return CaptionerTask(vocabulary=[*SPECIALS, "a", *CLASS_WORDS, *COLOURS],
                          image={"size": 96, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
                          encoder={"width": 24, "pretrained": pretrained},
                          decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
-                         aids={"object_weight": 1.0, **aids},
+                         objective={"auxiliary": [{"name": "object", "weight": 1.0, **options}]},
                          objects={"classes": list(classes), "colours": list(COLOURS)})
 
 
 def test_object_heads_start_from_the_pretrained_classifier_heads(pretrained_encoder):
-    """``object_heads_from_encoder``: the object class and colour heads are the pretraining's, so the object loss
-    of a box reads what the pretrained encoder read of an item; without it they are new."""
+    """The object loss's ``heads_from_encoder``: the object class and colour heads are the pretraining's, so the object
+    loss     of a box reads what the pretrained encoder read of an item; without it they are new."""
     state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
-    started = _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True)
+    started = _scenes_captioner(str(pretrained_encoder), heads_from_encoder=True)
     fresh = _scenes_captioner(str(pretrained_encoder))
-    for head, key in ((started.aids.object_head, "model.head"), (started.aids.object_colour_head, "model.colour_head")):
+    heads = started.auxiliary.object
+    for head, key in ((heads.head, "model.head"), (heads.colour_head, "model.colour_head")):
         torch.testing.assert_close(head.weight, state[f"{key}.weight"])
         torch.testing.assert_close(head.bias, state[f"{key}.bias"])
-    assert not torch.equal(fresh.aids.object_head.weight, state["model.head.weight"])
+    assert not torch.equal(fresh.auxiliary.object.head.weight, state["model.head.weight"])
     # the heads read the trunk's pooled vectors exactly as the pretraining's classifier did
     from vision_attn.captioning.encoder import EncoderClassifier
 
@@ -267,22 +269,20 @@ def test_object_heads_start_from_the_pretrained_classifier_heads(pretrained_enco
     images = torch.rand(2, 3, 32, 32)
     pooled = started.model.encoder(images)[0].mean(dim=1)
     class_logits, colour_logits = classifier(images)
-    torch.testing.assert_close(started.aids.object_head(pooled), class_logits)
-    torch.testing.assert_close(started.aids.object_colour_head(pooled), colour_logits)
+    torch.testing.assert_close(heads.head(pooled), class_logits)
+    torch.testing.assert_close(heads.colour_head(pooled), colour_logits)
 
 
 def test_object_heads_from_encoder_refuses_what_it_cannot_start_from(pretrained_encoder, tmp_path):
     with pytest.raises(ValueError, match="needs encoder.pretrained"):
-        _scenes_captioner(object_heads_from_encoder=True)
-    with pytest.raises(ValueError, match="set object_weight above 0"):
-        _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True, object_weight=0.0)
+        _scenes_captioner(heads_from_encoder=True)
     from vision_attn.errors import CheckpointError
 
     trunk_only = tmp_path / "trunk.pt"  # the same trunk as a bare state dict: nothing to read classes with
     state = torch.load(pretrained_encoder, map_location="cpu", weights_only=False)["state_dict"]
     torch.save({k: v for k, v in state.items() if "head" not in k}, trunk_only)
     with pytest.raises(CheckpointError, match="not an encoder pretraining checkpoint with class heads"):
-        _scenes_captioner(str(trunk_only), object_heads_from_encoder=True)
+        _scenes_captioner(str(trunk_only), heads_from_encoder=True)
     with pytest.raises(CheckpointError, match="are not this captioner's object classes"):
-        _scenes_captioner(str(pretrained_encoder), object_heads_from_encoder=True,
+        _scenes_captioner(str(pretrained_encoder), heads_from_encoder=True,
                           classes=list(reversed(CLASS_WORDS)))

@@ -1,6 +1,6 @@
-"""``decoding.revisit_penalty``: beam search takes ρ · max_{s<t, y_s ∈ O} Σ_i min(α_ti, α_si) off each object
-word's log-probability, and so finds the caption best by that score; the option is checked, and read from the
-vocabulary."""
+"""The revisit penalty (a decoding processor): beam search takes ρ · max_{s<t, y_s ∈ O} Σ_i min(α_ti, α_si) off
+each object word's log-probability, and so finds the caption best by that score; the option is checked, and read
+from the vocabulary."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 
+from tests.test_bad_endings import processor
 from tests.test_captioner_model import END, START, _sequence_log_prob, tiny_decoder
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
@@ -45,7 +46,8 @@ def test_beam_search_finds_the_best_caption_by_the_penalised_score() -> None:
     candidates = [seq for n in (2, 3) for seq in itertools.product([3, 4, 5], repeat=n)]
     search = {"start_id": START, "end_id": END, "beam_size": 27, "max_length": max_length, "min_length": 2}
     free = beam_search(decoder, annotations, **search)
-    penalised = beam_search(decoder, annotations, **search, revisit_penalty=penalty, object_ids=torch.tensor(OBJECTS))
+    penalised = beam_search(decoder, annotations, **search,
+                            processors=[processor("revisit_penalty", OBJECTS, penalty=penalty)])
     changed = 0
     for b in range(len(annotations)):
         image = annotations[b : b + 1]
@@ -58,16 +60,17 @@ def test_beam_search_finds_the_best_caption_by_the_penalised_score() -> None:
 
 
 def test_revisit_penalty_is_checked_and_its_words_read_from_the_vocabulary() -> None:
-    for options, message in (({"revisit_penalty": -1.0, "object_words": ["coat"]}, "revisit_penalty must be 0 or"),
-                             ({"revisit_penalty": float("nan"), "object_words": ["coat"]}, "revisit_penalty must be"),
-                             ({"revisit_penalty": 1.0}, "revisit_penalty needs object_words"),
-                             ({"object_words": ["coat", "coat"]}, "object_words names a word twice"),
-                             ({"object_words": [" "]}, "object_words are words")):
+    for options, message in (({"penalty": -1.0, "words": ["coat"]}, "revisit_penalty: penalty must be 0 or"),
+                             ({"penalty": float("nan"), "words": ["coat"]}, "revisit_penalty: penalty must be"),
+                             ({"penalty": 1.0}, "revisit_penalty: words: the penalty needs the words"),
+                             ({"words": ["coat", "coat"]}, "words names a word twice"),
+                             ({"words": [" "]}, "words are words")):
         with pytest.raises(ValueError, match=message):
-            DecodingOptions.coerce(options)
+            DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", **options}]})
     task = CaptionerTask(vocabulary=[*SPECIALS, "a", "and", "red", "top"], image={"size": 96}, encoder={"width": 8},
                          decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
-                         decoding={"revisit_penalty": 2.0, "object_words": ["top", "coat"]})  # no "coat" here
-    assert task.model.ids_of(task.model.decoding.object_words).tolist() == [task.model.vocab.id("top")]
+                         decoding={"processors": [{"name": "revisit_penalty", "penalty": 2.0,
+                                                   "words": ["top", "coat"]}]})  # no "coat" here
+    assert task.model.processors[0].ids.tolist() == [task.model.vocab.id("top")]
     decoded = task.model.eval().decode(torch.randn(2, 3, 96, 96))  # decodes with it
     assert len(decoded.hypotheses) == 2

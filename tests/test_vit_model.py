@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from vision_attn.attention import scaled_dot_product_attention
 from vision_attn.checkpoint import CheckpointError, load_file
 from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
+from vision_attn.vit.self_attention import scaled_dot_product_attention
 from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout
 
 TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)

@@ -7,6 +7,7 @@ refused with a one-line message.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import re
@@ -14,7 +15,7 @@ import urllib.parse
 import urllib.request
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -194,7 +195,7 @@ CURRENT_GROUPS = {CAPTIONER: "decoder", VIT: "architecture", CONVNET: "architect
 # The colours of the scenes' items when encoder pretraining checkpoints said only how many they had (num_colours)
 LEGACY_COLOURS = ("red", "green", "blue", "yellow", "white")
 # The options that say where a fit's first weights come from: a checkpoint's own weights replace them
-INITIAL_WEIGHTS = {CAPTIONER: ("encoder.pretrained", "aids.object_heads_from_encoder"), VIT: ("pretrained",),
+INITIAL_WEIGHTS = {CAPTIONER: ("encoder.pretrained", "objective.auxiliary.heads_from_encoder"), VIT: ("pretrained",),
                    CONVNET: (), ENCODER: ("encoder.pretrained",)}
 
 
@@ -216,10 +217,61 @@ def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str,
     return grouped
 
 
+def _flag_entries(group: dict[str, Any], flags: Sequence[tuple[str, str]]) -> list[str]:
+    """The extension names of the boolean ``flags`` (option, name) that ``group`` had on; the options removed."""
+    return [name for option, name in flags if group.pop(option, False)]
+
+
+def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
+    """A captioner's groups from before the extension lists (flags and weights in the decoder, decoding, aids and
+    self-critical groups) as today's lists (``captioning/seams.py``), in place; today's are left as they are. The
+    attention inputs keep the order their weights were made in (the additive score made the coverage's first)."""
+    decoder, decoding = hparams.get("decoder"), hparams.get("decoding")
+    if isinstance(decoder, dict) and "attention_inputs" not in decoder:
+        flags = [("coverage", "coverage"), ("attend_with_word", "previous_word")]
+        if decoder.get("attention_score", "additive") != "additive":
+            flags.reverse()
+        decoder["attention_inputs"] = _flag_entries(decoder, flags)
+        context = decoder.pop("word_count_context", False)
+        decoder["output_terms"] = [{"name": "word_counts", "context": context}] if decoder.pop("word_counts", False) \
+            else []
+    if isinstance(decoding, dict) and "processors" not in decoding:
+        endings, penalty, words = (decoding.pop(key, default) for key, default in
+                                   (("bad_endings", []), ("revisit_penalty", 0.0), ("object_words", [])))
+        decoding["processors"] = ([{"name": "blocked_endings", "words": endings}] if endings else []) + \
+            ([{"name": "revisit_penalty", "penalty": penalty, "words": words}] if penalty else [])
+    aids = hparams.pop("aids", None)
+    if isinstance(aids, dict):
+        auxiliary = [{"name": name, "weight": aids[f"{name}_weight"]} for name in ("concept", "object", "grounding")
+                     if aids.get(f"{name}_weight")]
+        for entry in auxiliary:
+            if entry["name"] == "object":
+                entry["heads_from_encoder"] = bool(aids.get("object_heads_from_encoder", False))
+            if entry["name"] == "grounding":
+                entry["target"] = aids.get("grounding_target", "box")
+        hparams.setdefault("objective", {})["auxiliary"] = auxiliary
+    critical = hparams.get("self_critical")
+    if isinstance(critical, dict) and "rewards" not in critical:
+        critical["rewards"] = [{"name": name, "weight": weight} for option, name in (
+            ("repeat_penalty", "repeat"), ("hallucination_penalty", "hallucination"), ("recall_reward", "recall"))
+            if (weight := critical.pop(option, 0.0))]
+    return hparams
+
+
+# A captioner's weights from before the extension lists, under today's names
+_EXTENSION_WEIGHTS = {"model.decoder.attention.coverage_proj.": "model.decoder.attention_inputs.coverage.proj.",
+                      "model.decoder.attention.word_proj.": "model.decoder.attention_inputs.previous_word.proj.",
+                      "model.decoder.repeat_weight": "model.decoder.output_terms.word_counts.weight",
+                      "model.decoder.repeat_context.": "model.decoder.output_terms.word_counts.context.",
+                      "aids.concept_head.": "auxiliary.concept.head.", "aids.object_head.": "auxiliary.object.head.",
+                      "aids.object_colour_head.": "auxiliary.object.colour_head."}
+
+
 def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A captioner's weights under today's names: under ``model.`` (0.1's first checkpoints had the encoder and
-    decoder at the top), the training aids' heads under ``aids.``, REINFORCE's baseline under ``reinforce.``, and a
-    ViT trunk's blocks without the wrapper that took their output's first element."""
+    decoder at the top), the auxiliary terms' heads under ``auxiliary.``, the extensions' weights under their
+    names, REINFORCE's baseline under ``reinforce.``, and a ViT trunk's blocks without the wrapper that took their
+    output's first element."""
     renamed = {}
     for key, value in state.items():
         if key.startswith(("encoder.", "decoder.")):
@@ -229,18 +281,24 @@ def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
         elif key == "reward_baseline":
             key = "reinforce.baseline"
         key = re.sub(r"^(model\.encoder\.trunk\.\d+)\.block\.", r"\1.", key)
-        renamed[key] = value
+        old = next((prefix for prefix in _EXTENSION_WEIGHTS if key.startswith(prefix)), None)
+        renamed[key if old is None else _EXTENSION_WEIGHTS[old] + key.removeprefix(old)] = value
     return renamed
 
 
 def without_initial_weights(kind: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """``hparams`` with the initial-weight options (``INITIAL_WEIGHTS``) cleared: None, or False for a flag."""
-    cleared = {key: dict(value) if isinstance(value, Mapping) else value for key, value in hparams.items()}
+    """``hparams`` with the initial-weight options (``INITIAL_WEIGHTS``) cleared: None, or False for a flag. A path
+    through a list of extensions clears the option in each entry that has it."""
+    cleared = copy.deepcopy(dict(hparams))
     for target in INITIAL_WEIGHTS.get(kind, ()):
-        group, _, name = target.rpartition(".")
-        holder = cleared.get(group) if group else cleared
-        if isinstance(holder, dict) and name in holder:
-            holder[name] = False if isinstance(holder[name], bool) else None
+        *path, name = target.split(".")
+        holders: list[Any] = [cleared]
+        for key in path:
+            holders = [item for holder in holders if isinstance(holder, Mapping) for item in
+                       (holder[key] if isinstance(holder.get(key), list) else [holder.get(key)])]
+        for holder in holders:
+            if isinstance(holder, dict) and name in holder:
+                holder[name] = False if isinstance(holder[name], bool) else None
     return cleared
 
 
@@ -255,6 +313,8 @@ def upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
     hparams = checkpoint.get("hyper_parameters")
     if isinstance(hparams, Mapping) and kind is not None:
         checkpoint["hyper_parameters"] = upgrade_hyper_parameters(kind, hparams)
+        if kind == CAPTIONER:
+            upgrade_extensions(checkpoint["hyper_parameters"])
     return checkpoint
 
 

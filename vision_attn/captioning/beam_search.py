@@ -6,19 +6,21 @@ All B images and their k beams advance together as one (B·k) batch per step. Ev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from vision_attn.captioning.decoder import AttentionDecoder, DecoderState
+from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.seams import DecodingProcessor, SearchStep
 
 
 @dataclass
 class Hypothesis:
     """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word, and
     each head's α (T, K, L) with a multihead attention score; ``log_prob`` is the model's log-probability of the
-    caption (with <end>), ``score`` what the search ranked it by (length-normalised, less any revisit penalty)."""
+    caption (with <end>), ``score`` what the search ranked it by (length-normalised, with the processors' changes)."""
 
     tokens: list[int]
     alphas: Tensor
@@ -26,10 +28,6 @@ class Hypothesis:
     log_prob: float
     score: float
     head_alphas: Tensor | None = None
-
-
-def _select(state: DecoderState, index: Tensor) -> DecoderState:
-    return state.select(index)
 
 
 @torch.no_grad()
@@ -44,9 +42,7 @@ def beam_search(
     max_length: int = 20,
     min_length: int = 0,
     length_penalty: float = 0.0,
-    bad_endings: Tensor | None = None,
-    revisit_penalty: float = 0.0,
-    object_ids: Tensor | None = None,
+    processors: Sequence[DecodingProcessor] = (),
 ) -> list[list[Hypothesis]]:
     """The ``beam_size`` best captions of each image, best first.
 
@@ -54,13 +50,9 @@ def beam_search(
     are never emitted. ``annotations`` is (B, L, D). Scores are summed log-probabilities divided by
     length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
     ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
-    ``max_length`` so that every search decodes the same number of steps), nor right after one of the word ids
-    ``bad_endings`` (before ``max_length`` words, where it must be).
-
-    ``revisit_penalty`` ρ > 0 takes ρ · max_{s<t, y_s ∈ O} Σ_i min(α_ti, α_si) off the log-probability of each word
-    of ``object_ids`` O at step t: an object word whose α lies where an earlier object word's lay (naming the
-    same object twice) costs up to ρ. α_t is the same for every word of the step, so the penalty only moves the
-    search to another beam: one that ended, or named that object before, or looks elsewhere.
+    ``max_length`` so that every search decodes the same number of steps). The ``processors`` (``seams.py``)
+    change each step's log-probabilities in order before the beams are ranked; a hypothesis's ``log_prob`` is the
+    model's own.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
@@ -75,7 +67,7 @@ def beam_search(
     # Only the first beam of each image is live at t = 0, so the k beams do not start as k copies.
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    model_log_probs = scores.clone()  # the model's own log-probabilities: the scores less any revisit penalty
+    model_log_probs = scores.clone()  # the model's own log-probabilities: the scores less the processors' changes
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, k, device=device)  # words emitted, <end> included
     history_tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
@@ -90,8 +82,6 @@ def beam_search(
         log_probs[..., pad_id] = float("-inf")
         if t < min_length:
             log_probs[..., end_id] = float("-inf")
-        elif bad_endings is not None and t < max_length:
-            log_probs[..., end_id].masked_fill_(torch.isin(words, bad_endings).view(batch, k), float("-inf"))
         if t == max_length:
             log_probs[..., :end_id] = float("-inf")
             log_probs[..., end_id + 1 :] = float("-inf")
@@ -99,13 +89,13 @@ def beam_search(
         if finished.any():
             log_probs.masked_fill_(finished.unsqueeze(-1), float("-inf"))
             log_probs[..., end_id].masked_fill_(finished, 0.0)
-        step_scores = log_probs
-        if revisit_penalty and object_ids is not None and history_tokens.shape[2]:
-            said = torch.isin(history_tokens, object_ids)  # (B, k, T): which words so far name objects
-            overlap = torch.minimum(alpha.float().view(batch, k, 1, locations), history_alphas).sum(-1)  # (B, k, T)
-            revisit = overlap.masked_fill(~said, 0.0).amax(dim=2)  # (B, k): the most α_t shares with one of them
-            step_scores = log_probs.clone()
-            step_scores[..., object_ids] -= revisit_penalty * revisit.unsqueeze(-1)
+        step_scores = log_probs.view(batch * k, vocab)
+        if processors:
+            step = SearchStep(t, words, alpha, max_length, history_tokens.reshape(batch * k, t),
+                              history_alphas.reshape(batch * k, t, locations))
+            for processor in processors:
+                step_scores = processor(step_scores, step)
+        step_scores = step_scores.view(batch, k, vocab)
         candidates = (scores.unsqueeze(-1) + step_scores).view(batch, k * vocab)  # (B, k·V)
         scores, flat = candidates.topk(k, dim=-1)  # (B, k)
         parent, token = flat // vocab, flat % vocab
@@ -125,7 +115,7 @@ def beam_search(
             history_heads = torch.cat([kept, step_heads], 2)
         lengths = lengths.gather(1, parent) + (~was_finished).float()
         finished = was_finished | (token == end_id)
-        state = _select(new_state, rows)
+        state = new_state.select(rows)
         words = token.view(-1)
         if finished.all():
             break
@@ -169,13 +159,14 @@ class SampledCaptions:
 
 
 def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image: int, start_id: int, end_id: int,
-                    pad_id: int = 0, max_length: int = 20, bad_endings: Tensor | None = None) -> SampledCaptions:
+                    pad_id: int = 0, max_length: int = 20,
+                    processors: Sequence[DecodingProcessor] = ()) -> SampledCaptions:
     """``per_image`` captions per image drawn word by word from p(y_t | y_<t, a), rows of an image adjacent.
 
     Unlike the searches above this keeps the autograd graph: the log-probabilities of the drawn words are
     what REINFORCE differentiates. The ``per_image`` rows of an image share its annotations, as in
-    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are, nor <end>
-    right after one of the word ids ``bad_endings`` (before the last step).
+    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are. The
+    ``processors`` that apply to sampling change each step's logits, in order, before the draw.
 
     With hard attention the locations are drawn too (s_t ~ Multinoulli(α_t)), and a step's log-probability is
     that of the pair, log p(s_t | a) + log p(y_t | s_t, ...): the caption's reward trains where it looked as
@@ -194,9 +185,11 @@ def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image
         if t == max_length:  # the last step can only end the caption
             logits = torch.full_like(logits, float("-inf"))
             logits[:, end_id] = 0.0
-        elif bad_endings is not None:  # no <end> right after "and"
-            logits = logits.clone()
-            logits[:, end_id].masked_fill_(torch.isin(words, bad_endings), float("-inf"))
+        else:
+            step = SearchStep(t, words, alpha, max_length)
+            for processor in processors:
+                if processor.sampling:
+                    logits = processor(logits, step)
         step_log_probs = logits.float().index_fill(1, never, float("-inf")).log_softmax(dim=-1)  # the policy drawn from
         drawn = torch.multinomial(step_log_probs.detach().exp(), 1).squeeze(1)
         words = drawn.masked_fill(finished, pad_id)

@@ -17,7 +17,9 @@ from torch import Tensor, nn
 from vision_attn.captioning.beam_search import Hypothesis, beam_search
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderOutput
 from vision_attn.captioning.encoder import AnnotationEncoder
+from vision_attn.captioning.extensions import PROCESSORS
 from vision_attn.captioning.options import DecoderOptions, DecodingOptions, EncoderOptions
+from vision_attn.captioning.seams import built
 from vision_attn.checkpoint import CAPTIONER, load_weights, read_model_checkpoint
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
@@ -49,7 +51,7 @@ class Captioner(nn.Module):
     ``vocabulary`` is the token list (specials first). ``image`` (``ImageFormat``) says how an image becomes the
     network input (squashed to a square, then normalised; ImageNet statistics by default). ``encoder``,
     ``decoder`` and ``decoding`` are the option groups of ``captioning/options.py``; ``decoding`` is the default
-    search of ``decode``.
+    search of ``decode``, with its processors (``processors``, in order).
     """
 
     def __init__(self, *, vocabulary: Sequence[str], image: ImageFormat | Mapping[str, Any] | None = None,
@@ -67,6 +69,7 @@ class Captioner(nn.Module):
         self._check_pretraining_normalisation()
         self.decoder = AttentionDecoder(vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim,
                                         options=decoder)
+        self.processors = nn.ModuleList(built(self.decoding.processors, PROCESSORS, vocab=self.vocab))
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
@@ -129,21 +132,9 @@ class Captioner(nn.Module):
         beams = beam_search(
             self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
             beam_size=beam_size or self.decoding.beam_size, max_length=self.decoding.max_length,
-            length_penalty=self.decoding.length_penalty, bad_endings=self.bad_ending_ids(),
-            revisit_penalty=self.decoding.revisit_penalty, object_ids=self.ids_of(self.decoding.object_words),
+            length_penalty=self.decoding.length_penalty, processors=list(self.processors),
         )
         return Decoded([image_beams[0] for image_beams in beams], grid, beams if all_beams else None)
-
-    def bad_ending_ids(self) -> Tensor | None:
-        """The ids of ``decoding.bad_endings``, the words a caption may not end on, on the model's device (words
-        the vocabulary lacks are left out); None when there are none."""
-        return self.ids_of(self.decoding.bad_endings)
-
-    def ids_of(self, words: Sequence[str]) -> Tensor | None:
-        """The ids of ``words`` on the model's device (words the vocabulary lacks are left out); None when there
-        are none."""
-        ids = [self.vocab.id(word) for word in words if word in self.vocab]
-        return torch.tensor(ids, dtype=torch.long, device=self.device) if ids else None
 
     def words(self, hypothesis: Hypothesis) -> list[str]:
         """The words of a decoded caption, one per α row (``<unk>`` kept)."""

@@ -1,6 +1,8 @@
 """The captioner's option groups (``option_groups`` says what a group is): the encoder, the decoder and its attention,
-decoding, the objective, the training aids, self-critical training and the optimiser. ``CaptionerTask`` takes one of
-each; ``Captioner`` (the network alone) the first three. Every option is in exactly one group.
+decoding, the objective, self-critical training and the optimiser. ``CaptionerTask`` takes one of each;
+``Captioner`` (the network alone) the first three. Every option is in exactly one group. With every option at its
+default the captioner is the paper's; the lists ``decoder.attention_inputs``, ``decoder.output_terms``,
+``decoding.processors``, ``objective.auxiliary`` and ``self_critical.rewards`` turn extensions on (``seams.py``).
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vision_attn.attention import ATTENTION_SCORES
+from vision_attn.captioning.extensions import ATTENTION_INPUTS, AUXILIARY, OUTPUT_TERMS, PROCESSORS, REWARDS
+from vision_attn.captioning.seams import Entry, checked_entries
 from vision_attn.option_groups import Optimiser, OptionGroup, at_most, finite, require
 
+ATTENTION_SCORES = ("additive", "dot", "general", "scaled_dot", "multihead")
 BACKBONES = ("small", "vgg19", "resnet50", "resnet101", "vit")  # and timm:<model name>
 LOSS_NORMALISATIONS = ("paper", "token")
 AttentionMode = Literal["soft", "hard"]
@@ -90,24 +94,29 @@ class DecoderOptions(OptionGroup):
     """β_t = σ(w_β·h_{t−1}) scales the context, z_t = β_t Σ_i α_ti a_i (§4.2.1); false: β_t = 1 (the ablation)"""
     initial_gate: float = 0.5
     """β's value at the start, strictly between 0 and 1 (an open gate reads words off the context early)"""
-    coverage: bool = False
-    """the attention also reads Σ_{s<t} α_s, what each location has been given so far"""
-    attend_with_word: bool = False
-    """the attention also reads E y_{t−1}, the word just said"""
-    word_counts: bool = False
-    """the output adds ρ ⊙ n_t, how often each word has been said, with ρ learnt per word"""
-    word_count_context: bool = False
-    """ρ_t = ρ + U h_t: whether a word may be said again depends on the state (needs word_counts)"""
     hard_expectation_prob: float = 0.5
     """hard attention: the share of training batches that use the expected context instead of a sample"""
     compile: str | None = None
     """fit, validate and test run the teacher-forced loop and the beam-search step through torch.compile in this
     mode on GPUs: default, reduce-overhead (CUDA graphs), max-autotune (null: eager; the same numbers either way;
     CPUs run eager)"""
+    attention_inputs: list[Entry] = field(default_factory=list)
+    """what the attention score reads besides h_{t−1} (extensions, none in the paper): coverage (Σ_{s<t} α_s),
+    previous_word (E y_{t−1})"""
+    output_terms: list[Entry] = field(default_factory=list)
+    """learnt terms of the word scores (extensions, none in the paper): word_counts (ρ ⊙ n_t; {name: word_counts,
+    context: true} for ρ_t = ρ + U h_t)"""
+
+    def __post_init__(self) -> None:
+        """The extension lists with every option filled in and checked."""
+        object.__setattr__(self, "attention_inputs",
+                           checked_entries(self.attention_inputs, ATTENTION_INPUTS, "decoder.attention_inputs"))
+        object.__setattr__(self, "output_terms", checked_entries(self.output_terms, OUTPUT_TERMS,
+                                                                 "decoder.output_terms"))
 
     def check(self) -> None:
-        """Refuse widths below 1, a dropout or β outside its range, an unknown attention mode, score or compile
-        mode, and word_count_context without word_counts."""
+        """Refuse widths below 1, a dropout or β outside its range, or an unknown attention mode, score or compile
+        mode."""
         for key in ("embed_dim", "hidden_dim", "attention_dim", "attention_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("embed_dim", "hidden_dim", "attention_dim"):
@@ -121,8 +130,6 @@ class DecoderOptions(OptionGroup):
                 f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, got {self.attention_score!r}")
         require(finite(self.initial_gate) and 0.0 < self.initial_gate < 1.0, self.name,
                 f"initial_gate is the starting β and must be strictly between 0 and 1, got {self.initial_gate}")
-        require(not self.word_count_context or self.word_counts, self.name,
-                "word_count_context reads ρ from the state for the word counts: set word_counts: true")
         require(finite(self.hard_expectation_prob) and 0 <= self.hard_expectation_prob <= 1, self.name,
                 f"hard_expectation_prob must be from 0 to 1, got {self.hard_expectation_prob}")
         require(self.compile in COMPILE_MODES, self.name,
@@ -141,20 +148,18 @@ class DecodingOptions(OptionGroup):
     """the most words a caption has (also where training captions are cut)"""
     length_penalty: float = 0.0
     """a beam's score is its log-probability / length^penalty (0: none)"""
-    bad_endings: list[str] = field(default_factory=list)
-    """words a caption may not end on ("and", "a"): beam search and self-critical sampling never put <end> right
-    after one (self-critical training otherwise learns endings such as "... a red coat and" for the reward)"""
-    revisit_penalty: float = 0.0
-    """taken off the log-probability of each of ``object_words`` in beam search, × the largest overlap of this
-    word's α with the α of an object word already said (Σ_i min(α_ti, α_si), 0 to 1): naming again the place already
-    named costs up to this much, and two objects of one class in two places nothing (0: off)"""
-    object_words: list[str] = field(default_factory=list)
-    """the words that name objects, for ``revisit_penalty`` (the Fashion scenes: their ten class words)"""
+    processors: list[Entry] = field(default_factory=list)
+    """changes to each step's word scores, applied in order (extensions, none in the paper): blocked_endings
+    ({name: blocked_endings, words: [and, a]}: no caption ends on one), revisit_penalty ({name: revisit_penalty,
+    penalty: 3.0, words: [...]}: naming again the place an object word already named costs up to the penalty)"""
+
+    def __post_init__(self) -> None:
+        """The processors with every option filled in and checked."""
+        object.__setattr__(self, "processors", checked_entries(self.processors, PROCESSORS, "decoding.processors"))
 
     def check(self) -> None:
-        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), a negative length or
-        revisit penalty, an empty or repeated bad ending or object word, or a revisit penalty without object
-        words."""
+        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), or a negative length
+        penalty."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
         at_most(self.name, "beam_size", self.beam_size, 50, "captions stop improving long before; each beam costs "
@@ -163,15 +168,6 @@ class DecodingOptions(OptionGroup):
                                                                "memory for its α")
         require(finite(self.length_penalty) and self.length_penalty >= 0, self.name,
                 f"length_penalty must be 0 or more, got {self.length_penalty}")
-        for option in ("bad_endings", "object_words"):
-            words = getattr(self, option)
-            require(all(isinstance(word, str) and word.strip() for word in words), self.name,
-                    f"{option} are words, got {words}")
-            require(len(set(words)) == len(words), self.name, f"{option} names a word twice: {words}")
-        require(finite(self.revisit_penalty) and self.revisit_penalty >= 0, self.name,
-                f"revisit_penalty must be 0 or more, got {self.revisit_penalty}")
-        require(not self.revisit_penalty or self.object_words, self.name,
-                "revisit_penalty needs object_words: the words that name objects")
 
 
 @dataclass(frozen=True)
@@ -181,8 +177,9 @@ class ObjectiveOptions(OptionGroup):
 
     name = "objective"
 
-    doubly_stochastic_weight: float = 0.0
-    """λ of λ Σ_i (1 − Σ_t α_ti)², which asks every location to be attended over the caption"""
+    doubly_stochastic_weight: float = 1.0
+    """λ of λ Σ_i (1 − Σ_t α_ti)², which asks every location to be attended over the caption (1, as the authors
+    trained COCO; 0: off)"""
     loss_normalisation: LossNormalisation = "paper"
     """paper: NLL summed over each caption and averaged over captions, the penalty averaged over locations (the
     authors' code); token: NLL per token, the penalty per caption"""
@@ -192,6 +189,15 @@ class ObjectiveOptions(OptionGroup):
     """hard attention: λ_e of the entropy bonus that keeps the sampling exploratory"""
     baseline_decay: float = 0.9
     """hard attention: the moving average's decay, b ← decay·b + (1 − decay)·log p(y | s, a)"""
+    auxiliary: list[Entry] = field(default_factory=list)
+    """losses added to the objective, that inference never runs (extensions, none in the paper), each {name, weight,
+    ...}: concept (the captions' words over the locations), object (each object's class and colour under its box;
+    heads_from_encoder), grounding (α on the box of the object a word names; target box or inside); object and
+    grounding need the DataModule's object_targets"""
+
+    def __post_init__(self) -> None:
+        """The auxiliary terms with every option filled in and checked."""
+        object.__setattr__(self, "auxiliary", checked_entries(self.auxiliary, AUXILIARY, "objective.auxiliary"))
 
     def check(self) -> None:
         """Refuse a negative λ, an unknown normalisation, a baseline decay outside [0, 1), or non-finite weights."""
@@ -204,38 +210,6 @@ class ObjectiveOptions(OptionGroup):
                 f"baseline_decay must be from 0 to below 1, got {self.baseline_decay}")
         for key in ("reinforce_weight", "entropy_weight"):
             require(finite(getattr(self, key)), self.name, f"{key} must be a finite number, got {getattr(self, key)}")
-
-
-@dataclass(frozen=True)
-class TrainingAidsOptions(OptionGroup):
-    """Losses that are not the paper's and that inference never runs (``aids.py``): they teach the annotation
-    vectors what is where, and α where to look. Each is off at 0."""
-
-    name = "aids"
-
-    concept_weight: float = 0.0
-    """the multiple-instance loss of the captions' words over the locations (Fang et al. 2015)"""
-    object_weight: float = 0.0
-    """each training object's class and colour from the annotation vectors under its box (needs the DataModule's
-    object_targets)"""
-    grounding_weight: float = 0.0
-    """α on the box of the object each colour and class word names (Liu et al. 2017; needs object_targets)"""
-    grounding_target: str = "box"
-    """box: α's target is the share of the box's area in each cell; inside: that share times the share of the cell
-    the box fills (cells the box only grazes, mostly background, get little)"""
-    object_heads_from_encoder: bool = False
-    """start the object heads from the encoder pretraining's class and colour heads (LP-FT; needs object_weight and
-    an encoder pretraining checkpoint as encoder.pretrained)"""
-
-    def check(self) -> None:
-        """Refuse a negative weight, and object_heads_from_encoder without the object loss."""
-        for key in ("concept_weight", "object_weight", "grounding_weight"):
-            require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
-                    f"{key} must be 0 or more, got {getattr(self, key)}")
-        require(self.grounding_target in ("box", "inside"), self.name,
-                f"grounding_target must be box or inside, got {self.grounding_target!r}")
-        require(not self.object_heads_from_encoder or self.object_weight > 0, self.name,
-                "object_heads_from_encoder needs the object loss: set object_weight above 0")
 
 
 @dataclass(frozen=True)
@@ -252,15 +226,17 @@ class SelfCriticalOptions(OptionGroup):
     """... or once this share of the run is done (of its steps, or of its time budget with schedule.by_time)"""
     samples: int = 5
     """captions sampled per image; the baseline of each is the mean reward of the others"""
-    repeat_penalty: float = 0.0
-    """taken off the reward for every word a sample uses more often than any reference does"""
-    hallucination_penalty: float = 0.0
-    """taken off the reward for every word of a sample that no reference uses (an object that is not there)"""
-    recall_reward: float = 0.0
-    """added to the reward × the share of the words every reference uses that the sample uses"""
+    rewards: list[Entry] = field(default_factory=list)
+    """terms added to each sample's CIDEr-D (extensions, none in Rennie et al.), each {name, weight}: repeat (off per
+    word used more often than any reference uses it), hallucination (off per word no reference uses), recall (on ×
+    the share of the words every reference uses that the sample says)"""
+
+    def __post_init__(self) -> None:
+        """The reward terms with every option filled in and checked."""
+        object.__setattr__(self, "rewards", checked_entries(self.rewards, REWARDS, "self_critical.rewards"))
 
     def check(self) -> None:
-        """Refuse a start outside the run, fewer than 2 samples when enabled, or a negative penalty or reward."""
+        """Refuse a start outside the run, or fewer than 2 samples when enabled."""
         require(self.from_progress is None or (finite(self.from_progress) and 0 <= self.from_progress < 1),
                 self.name, f"from_progress is a share of the run, from 0 to below 1, got {self.from_progress}")
         require(self.from_epoch is None or self.from_epoch >= 0, self.name,
@@ -269,9 +245,6 @@ class SelfCriticalOptions(OptionGroup):
                 f"samples must be at least 2 (the baseline is the mean reward of an image's other samples), got "
                 f"{self.samples}")
         at_most(self.name, "samples", self.samples, 64, "each sample is a decoded caption per image per step")
-        for key in ("repeat_penalty", "hallucination_penalty", "recall_reward"):
-            require(finite(getattr(self, key)) and getattr(self, key) >= 0, self.name,
-                    f"{key} must be 0 or more, got {getattr(self, key)}")
 
     @property
     def enabled(self) -> bool:

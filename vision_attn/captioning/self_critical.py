@@ -1,13 +1,11 @@
 """Self-critical sequence training (Rennie et al. 2017): REINFORCE on the caption metric. ``samples`` captions are
-drawn per image from the decoder, each is rewarded by its CIDEr-D against the image's references (less
-``repeat_penalty`` per word repeated beyond any reference and ``hallucination_penalty`` per word no reference uses,
-plus ``recall_reward`` × the share of the consensus words it says), and its baseline is the mean reward of its
+drawn per image from the decoder, each is rewarded by its CIDEr-D against the image's references (plus the reward
+terms ``self_critical.rewards`` lists, ``extensions/reward_terms.py``), and its baseline is the mean reward of its
 siblings. ``SelfCriticalOptions`` (``options.py``) sets it.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -16,45 +14,12 @@ from torch import Tensor
 
 from vision_attn.captioning.beam_search import sample_captions
 from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.extensions import REWARDS
 from vision_attn.captioning.options import SelfCriticalOptions
+from vision_attn.captioning.seams import DecodingProcessor, built
 from vision_attn.data.caption_datasets import CaptionBatch
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize, word_ids
 from vision_attn.metrics import CiderD
-
-
-def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
-    """How often the candidate repeats a word more than any reference does: Σ_w max(0, c(w) − max(1, max_r
-    c_r(w))). A word used once never counts. "a coat next to a bag and a bag" against references with two "a"s
-    and one "bag" each counts 2 (the third "a" and the second "bag")."""
-    most: Counter = Counter()
-    for reference in references:
-        for word, count in Counter(reference).items():
-            most[word] = max(most[word], count)
-    return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
-
-
-def foreign_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
-    """How many of the candidate's words no reference uses, each occurrence counted: Σ_w c(w) [w ∉ ∪_r r]. On
-    Fashion scenes these are the colour and class words of an object that is not in the image (a hallucination,
-    as CHAIR counts them: Rohrbach et al. 2018) and words of phrasings no annotator chose. "a red coat and a
-    blue bag" against references naming a red coat alone counts 2 ("blue" and "bag"; "and" and "a" may be
-    there). 0 when there are no references."""
-    if not references:
-        return 0
-    used = set().union(*map(set, references))
-    return sum(1 for word in candidate if word not in used)
-
-
-def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
-    """The fraction of the consensus words, those every reference uses, that the candidate uses: |C ∩ w| / |C|,
-    C = ∩_r set(r). On Fashion scenes C holds each object's colour and class word (every caption names them
-    all), and "a" (and "and" with three objects or more: a sample that ends on "and" earns it, which
-    ``decoding.bad_endings`` forbids); on COCO, the words all five annotators chose. 1.0 when the references
-    share no word."""
-    if not references:
-        return 1.0
-    consensus = set(references[0]).intersection(*map(set, references[1:]))
-    return len(consensus.intersection(candidate)) / len(consensus) if consensus else 1.0
 
 
 def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:
@@ -97,6 +62,7 @@ class SelfCriticalObjective:
 
     def __init__(self, options: SelfCriticalOptions, vocab: Vocabulary, max_length: int) -> None:
         self.options, self.vocab, self.max_length = options, vocab, max_length
+        self.terms = built(options.rewards, REWARDS)
         self.reward: CiderD | None = None
 
     def use_references(self, references: Sequence[Sequence[str]]) -> None:
@@ -104,23 +70,19 @@ class SelfCriticalObjective:
         self.reward = reference_reward(references, self.vocab, self.max_length)
 
     def rewards(self, candidates: list[list[int]], references: list[list[list[int]]]) -> list[float]:
-        """r = CIDEr-D − repeat_penalty × the words used more often than any reference does − hallucination_penalty
-        × the words no reference uses + recall_reward × the share of the words every reference uses that the
-        candidate uses."""
+        """r = CIDEr-D + Σ_k weight_k × term_k, over the reward terms in their listed order."""
         scores = self.reward(candidates, references)
-        terms = ((-self.options.repeat_penalty, excess_words), (-self.options.hallucination_penalty, foreign_words),
-                 (self.options.recall_reward, consensus_recall))
-        for weight, term in terms:
-            if weight:
-                scores = [score + weight * term(candidate, refs)
+        for term in self.terms:
+            if term.options.weight:
+                scores = [score + term.options.weight * term.value(candidate, refs)
                           for score, candidate, refs in zip(scores, candidates, references, strict=True)]
         return scores
 
     def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch,
-                 bad_endings: Tensor | None = None) -> SampledTerms:
-        """n captions sampled per image, rewarded against the image's references in the batch, each compared with
-        the mean reward of its siblings; the loss per sampled token. No sample ends right after a word id of
-        ``bad_endings``."""
+                 processors: Sequence[DecodingProcessor] = ()) -> SampledTerms:
+        """n captions sampled per image (the ``processors`` that apply to sampling changing each step's logits),
+        rewarded against the image's references in the batch, each compared with the mean reward of its siblings;
+        the loss per sampled token."""
         if batch.caption_images is None:
             raise ValueError("self-critical training needs every reference of an image in its batch: set the "
                              "DataModule's group_captions: true")
@@ -128,7 +90,7 @@ class SelfCriticalObjective:
             raise RuntimeError("self-critical training needs the training references first (use_references)")
         per_image = self.options.samples
         sampled = sample_captions(decoder, annotations, per_image=per_image, start_id=START_ID, end_id=END_ID,
-                                  pad_id=PAD_ID, max_length=self.max_length, bad_endings=bad_endings)
+                                  pad_id=PAD_ID, max_length=self.max_length, processors=processors)
         references = batch.word_ids_per_image()
         candidates = [word_ids(caption) for caption in sampled.tokens.tolist()]
         scores = self.rewards(candidates, [references[n // per_image] for n in range(len(candidates))])

@@ -1,5 +1,6 @@
 """The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, its optimiser's groups. The network
-is ``captioning/captioner.py``, the objectives ``likelihood``, ``reinforce``, ``self_critical`` and ``aids``."""
+is ``captioning/captioner.py``, the objectives ``likelihood``, ``reinforce`` and ``self_critical``, and the auxiliary
+terms ``objective.auxiliary`` lists (``captioning/extensions/``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import math
 from typing import Any
 
 from PIL import Image
-from torch import Tensor
+from torch import Tensor, nn
 
-from vision_attn.captioning.aids import AidTerm, TrainingAids
 from vision_attn.captioning.captioner import Captioner
-from vision_attn.captioning.decoder import compile_decoder
+from vision_attn.captioning.compiled import compile_decoder
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, score_records
+from vision_attn.captioning.extensions import AUXILIARY
 from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
 from vision_attn.captioning.options import (
     CaptionerOptimiser,
@@ -23,9 +24,9 @@ from vision_attn.captioning.options import (
     ObjectiveOptions,
     ObjectNames,
     SelfCriticalOptions,
-    TrainingAidsOptions,
 )
 from vision_attn.captioning.reinforce import HardAttentionReinforce
+from vision_attn.captioning.seams import TermResult, TrainingStep, built
 from vision_attn.captioning.self_critical import SelfCriticalObjective
 from vision_attn.checkpoint import CAPTIONER
 from vision_attn.data.caption_datasets import CaptionBatch, EvalCaptionBatch
@@ -56,36 +57,36 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
         objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
         decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
-        objective: ObjectiveOptions = ObjectiveOptions(), aids: TrainingAidsOptions = TrainingAidsOptions(),
-        self_critical: SelfCriticalOptions = SelfCriticalOptions(),
+        objective: ObjectiveOptions = ObjectiveOptions(), self_critical: SelfCriticalOptions = SelfCriticalOptions(),
         optimiser: CaptionerOptimiser = OPTIMISER, schedule: Schedule = Schedule(),
         log_overlays: int = 4,
     ) -> None:
         super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser, OPTIMISER), schedule=schedule,
                          log_overlays=log_overlays)
         image, objects, encoder = ImageFormat.coerce(image), ObjectNames.coerce(objects), EncoderOptions.coerce(encoder)
-        aids, decoding = TrainingAidsOptions.coerce(aids), DecodingOptions.coerce(decoding)
+        decoding = DecodingOptions.coerce(decoding)
         self.objective = ObjectiveOptions.coerce(objective)
         self.model = Captioner(vocabulary=vocabulary or [], image=image, encoder=encoder, decoder=decoder,
                                decoding=decoding)
         if self.model.decoder.options.compile:  # fit, validate and test; `caption` and the API stay eager
             compile_decoder(self.model.decoder, self.model.decoder.options.compile)
-        self.aids = TrainingAids(aids, objects, self.model.vocab, self.model.encoder.annotation_dim)
-        if aids.object_heads_from_encoder:
-            self.aids.start_from_pretraining(encoder.pretrained, self.model.encoder.pretrained_with)
+        self.auxiliary = nn.ModuleDict({entry["name"]: term for entry, term in zip(self.objective.auxiliary, built(
+            self.objective.auxiliary, AUXILIARY, objects=objects, vocab=self.model.vocab,
+            annotation_dim=self.model.encoder.annotation_dim, pretrained=encoder.pretrained,
+            pretrained_with=self.model.encoder.pretrained_with), strict=True)})
         self.reinforce = HardAttentionReinforce(self.objective)
         self.self_critical = SelfCriticalObjective(SelfCriticalOptions.coerce(self_critical), self.model.vocab,
                                                    decoding.max_length)
         self.evaluation = EvaluationRecords()
         self.save_options(vocabulary=list(self.model.vocab.tokens), image=image, objects=objects,
                           encoder=self.model.encoder.options, decoder=self.model.decoder.options, decoding=decoding,
-                          objective=self.objective, aids=aids, self_critical=self.self_critical.options,
+                          objective=self.objective, self_critical=self.self_critical.options,
                           optimiser=self.optimiser, schedule=self.schedule.options, log_overlays=log_overlays)
 
     # ----------------------------------------------------------------------------------------- training
     def training_loss(self, batch: CaptionBatch) -> Tensor:
         """The NLL with the doubly stochastic term (and REINFORCE for hard attention), or once self-critical training
-        has started its loss (train/reward logged); the training aids added; logged as train/loss."""
+        has started its loss (train/reward logged); the auxiliary terms added; logged as train/loss."""
         switch = self.self_critical.options
         if switch.enabled and self.schedule.phase_started("self-critical training", epoch=switch.from_epoch,
                                                           share=switch.from_progress):
@@ -101,9 +102,9 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         likelihood = token_likelihood(output.logits, captions)
         weight = self.objective.doubly_stochastic_weight
         terms = likelihood_objective(likelihood, output.alphas, weight, self.objective.loss_normalisation)
-        loss = terms.nll + self._aid(self.aids.concept(annotations, captions, caption_images), stage) \
-            + self._aid(self.aids.object_classes(annotations, grid, objects), stage) \
-            + self._aid(self.aids.grounding(captions[:, 1:], output.alphas, objects, caption_images, grid), stage)
+        said = TrainingStep(annotations, grid, captions, caption_images, objects, captions[:, 1:], output.alphas,
+                            caption_images)
+        loss = self._auxiliary(terms.nll, said, stage)
         if terms.penalty is not None:  # + λ Σ_i (1 − Σ_t α_ti)², normalised
             loss = loss + weight * terms.penalty
             self.log(f"{stage}/ds_penalty", terms.penalty, batch_size=len(captions))
@@ -119,21 +120,24 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             log.info("self-critical training from step %d (epoch %d): CIDEr-D reward over the references of %d "
                      "training images", self.global_step, self.current_epoch, len(references))
         annotations, grid = self.model.encoder.encode(batch.images, features=batch.features)
-        sampled = self.self_critical(self.model.decoder, annotations, batch, self.model.bad_ending_ids())
-        loss = sampled.loss + self._aid(self.aids.concept(annotations, batch.captions.long(), batch.caption_images),
-                                        "train") \
-            + self._aid(self.aids.object_classes(annotations, grid, batch.objects), "train") \
-            + self._aid(self.aids.grounding(sampled.tokens, sampled.alphas, batch.objects, sampled.sample_images,
-                                            grid), "train")
+        sampled = self.self_critical(self.model.decoder, annotations, batch, list(self.model.processors))
+        said = TrainingStep(annotations, grid, batch.captions.long(), batch.caption_images, batch.objects,
+                            sampled.tokens, sampled.alphas, sampled.sample_images)
+        loss = self._auxiliary(sampled.loss, said, "train")
         self.log("train/reward", sampled.rewards.mean(), prog_bar=True, batch_size=len(sampled.rewards))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(sampled.rewards))
         return loss
 
-    def _aid(self, term: AidTerm | None, stage: str) -> Tensor | float:
-        """A training aid's weighted loss (0 when it is off), its figures logged."""
-        for name, (value, count) in (term.logs if term else {}).items():
-            self.log(f"{stage}/{name}", value, batch_size=count, sync_dist=stage != "train")
-        return term.loss if term else 0.0
+    def _auxiliary(self, loss: Tensor, step: TrainingStep, stage: str) -> Tensor:
+        """``loss`` plus each auxiliary term's weighted loss, in the listed order, their figures logged."""
+        for term in self.auxiliary.values():
+            result: TermResult | None = term(step)
+            if result is None:  # the batch lacks what the term reads
+                continue
+            for name, (value, count) in result.logs.items():
+                self.log(f"{stage}/{name}", value, batch_size=count, sync_dist=stage != "train")
+            loss = loss + result.loss
+        return loss
 
     # ------------------------------------------------------------------------------------- evaluation
     def _evaluation_step(self, batch: EvalCaptionBatch | None, stage: str) -> list[dict[str, Any]]:
@@ -187,9 +191,9 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         self.model.vocab.require_same(checkpoint.get("hyper_parameters", {}).get("vocabulary"))
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """The decoder with the training aids' heads at ``lr``, the encoder's trainable stages at ``encoder_lr``."""
-        aids = [p for head in self.aids.heads() for p in head.parameters()]
-        groups = [{"params": list(self.model.decoder.parameters()) + aids, "lr": self.optimiser.lr}]
+        """The decoder with the auxiliary terms' heads at ``lr``, the encoder's trainable stages at ``encoder_lr``."""
+        groups = [{"params": list(self.model.decoder.parameters()) + list(self.auxiliary.parameters()),
+                   "lr": self.optimiser.lr}]
         encoder_params = [p for p in self.model.encoder.parameters() if p.requires_grad]
         if encoder_params:
             groups.append({"params": encoder_params, "lr": self.optimiser.encoder_lr or self.optimiser.lr})

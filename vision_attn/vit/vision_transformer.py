@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from vision_attn.attention import MultiHeadSelfAttention
+from vision_attn.vit.self_attention import MultiHeadSelfAttention
 
 
 class Intermediates(NamedTuple):
