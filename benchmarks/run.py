@@ -26,9 +26,9 @@ from benchmarks.reference_decoder import TutorialStyleDecoder
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
+from vision_attn.cli_arguments import OneLineParser, bounded_int, device, number_in
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
 from vision_attn.io import output_file, replace_atomically
-from vision_attn.options import OneLineParser, bounded_int, device, number_in
 
 
 def wall_seconds(run: Callable[[], Any]) -> float:

@@ -16,12 +16,12 @@ PACKAGE = REPO / "vision_attn"
 # Lower layers never import higher ones: models and data, then metrics/overlay/evaluation, then the Lightning
 # tasks, then the command line. A module may import its own layer and the ones below.
 LAYERS = [
-    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.options", "vision_attn.option_groups"},
+    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.cli_arguments", "vision_attn.option_groups"},
     {"vision_attn.checkpoint", "vision_attn.attention", "vision_attn.data.*", "vision_attn.datamodules.*",
      "vision_attn.captioning", "vision_attn.captioning.options", "vision_attn.captioning.encoder",
      "vision_attn.captioning.vit_trunk", "vision_attn.captioning.decoder", "vision_attn.captioning.beam_search",
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce", "vision_attn.captioning.aids",
-     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.options",
+     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.classifier_options",
      "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
      "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",

@@ -32,7 +32,7 @@ from vision_attn.data.backgrounds import (
 )
 from vision_attn.data.scene_style import SceneStyle
 from vision_attn.data.scenes import _Captioner, box_relation, make_scenes
-from vision_attn.datamodules.options import Canvas
+from vision_attn.datamodules.data_options import Canvas
 
 COUNTS = {"train": 3, "test": 4}
 MODES = {  # name -> style
@@ -390,7 +390,7 @@ def test_the_canvas_group_takes_a_background_and_refuses_bad_ones_in_one_line() 
         with pytest.raises(ValueError, match=f"^{message}"):
             Canvas.coerce(options)
     assert backgrounds.BACKGROUNDS == ("black", "noise", "texture", "distractors", "mixed")
-    from vision_attn.options import BACKGROUND_KINDS, SHARED_OPTIONS
+    from vision_attn.cli_arguments import BACKGROUND_KINDS, SHARED_OPTIONS
 
     assert tuple(BACKGROUND_KINDS) == backgrounds.BACKGROUNDS  # what the tools offer is what the data draws
     assert tuple(SHARED_OPTIONS["texture_source"][1]["choices"]) == tuple(backgrounds.TEXTURE_SOURCES)

@@ -6,8 +6,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vision_attn.cli_arguments import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
 from vision_attn.commands import canvas_background, tool
-from vision_attn.options import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
 
 CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 

@@ -40,7 +40,7 @@ from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.base import SplitDataModule
-from vision_attn.datamodules.options import (
+from vision_attn.datamodules.data_options import (
     CocoLayout,
     FeatureCacheOptions,
     SceneGeneration,

@@ -34,7 +34,7 @@ from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.scene_items import SceneItemDataset, check_item_style
 from vision_attn.data.scenes import SceneStyle
 from vision_attn.datamodules.base import SplitDataModule
-from vision_attn.datamodules.options import Augmentation, Canvas
+from vision_attn.datamodules.data_options import Augmentation, Canvas
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.option_groups import Loader
 

@@ -30,7 +30,7 @@ from vision_attn.errors import CheckpointError
 from vision_attn.metrics import mask_mass, pointing_game
 from vision_attn.option_groups import ImageFormat
 from vision_attn.overlay import fit_within, vit_figure
-from vision_attn.vit.options import ViTArchitecture, ViTTraining
+from vision_attn.vit.classifier_options import ViTArchitecture, ViTTraining
 from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
 from vision_attn.vit.vision_transformer import VisionTransformer
 
