@@ -23,10 +23,10 @@ LAYERS = [
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce", "vision_attn.captioning.aids",
      "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.classifier_options",
      "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
-     "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
+     "vision_attn.vit.convnet", "vision_attn.vit.classifier", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
-     "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.inference",
-     "vision_attn.vit.deletion", "vision_attn.vit.distillation",
+     "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.map_figures",
+     "vision_attn.vit.rollout_mass", "vision_attn.vit.deletion", "vision_attn.vit.distillation",
      "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
     {"vision_attn.trainer_cli", "vision_attn.config_errors", "vision_attn.cli", "vision_attn.commands.*"},
@@ -110,7 +110,8 @@ def test_the_inference_tools_start_without_lightning_and_the_captioner_without_t
         "import sys\n"
         "import vision_attn.captioning.evaluation, vision_attn.cli\n"
         "print(sorted(m for m in ('torchvision', 'timm', 'lightning') if m in sys.modules))\n"
-        "import vision_attn.gallery, vision_attn.vit.inference, vision_attn.data.scenes\n"
+        "import vision_attn.gallery, vision_attn.vit.map_figures, vision_attn.vit.rollout_mass\n"
+        "import vision_attn.data.scenes\n"
         "print('lightning' in sys.modules)\n"
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -247,7 +247,7 @@ def test_pretraining_items_are_pasted_over_the_styles_background_with_their_own_
     style, drawn per item; every pixel the tinted item covers is the item's, and black styles are untouched."""
     import torch
 
-    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.classification_datasets import TensorImageDataset
     from vision_attn.data.scene_items import SceneItemDataset
 
     greys = torch.zeros(16, 1, 28, 28, dtype=torch.uint8)

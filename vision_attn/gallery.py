@@ -24,7 +24,8 @@ from vision_attn.errors import CheckpointError
 from vision_attn.io import OwnedFolder, output_file
 from vision_attn.overlay import caption_overlay, save_png, write_gallery
 from vision_attn.results import read_results
-from vision_attn.vit.inference import Classifier, vit_overlays
+from vision_attn.vit.classifier import Classifier
+from vision_attn.vit.map_figures import vit_overlays
 from vision_attn.vit.rollout import HeadFusion
 
 

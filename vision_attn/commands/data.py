@@ -124,7 +124,7 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                         help="fill every pixel but the item's with uniform grey noise up to LEVEL (0..255; default "
                              "0, black): the item's mask stays its own pixels")
     options = parser.parse_args(argv)
-    from vision_attn.vit.inference import fashion_mnist_rollout_mass
+    from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
 
     scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, seed=options.seed,

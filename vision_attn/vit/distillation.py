@@ -21,9 +21,9 @@ from vision_attn.checkpoint import (
 )
 from vision_attn.errors import CheckpointError
 from vision_attn.option_groups import ImageFormat
+from vision_attn.vit.classifier import vit_from_hparams
 from vision_attn.vit.classifier_options import ConvNetArchitecture, Distillation
 from vision_attn.vit.convnet import ConvNet
-from vision_attn.vit.inference import vit_from_hparams
 
 log = logging.getLogger(__name__)
 
