@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 
 
 class CocoCaptionsDataModule(SplitDataModule):
-    """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits, where
-    ``layout`` says (under ``root``). Images are squashed to ``image_size`` squares and normalised with ``mean`` and
-    ``std`` (ImageNet's by default).
+    """Image captioning data in COCO captions format (MS COCO, the Fashion scenes) or Karpathy's splits, where
+    ``layout`` says, under ``root`` (which the config names: no dataset is a default). Images are squashed to
+    ``image_size`` squares and normalised with ``mean`` and ``std`` (ImageNet's by default).
 
     ``group_captions`` makes a training item one image with all its captions (the loader's ``batch_size`` then
     counts images): every caption is still seen each epoch, and the encoder runs once per image instead of once
@@ -76,7 +76,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def __init__(
         self,
-        root: str = "data/fashion_scenes",
+        root: str,
         *,
         layout: CocoLayout = CocoLayout(),
         image_size: int = 96,
