@@ -23,8 +23,8 @@ from vision_attn.data.classification_datasets import (
     random_pad_crop,
     split_train_val,
 )
-from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.datamodules.data_options import Augmentation
+from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.option_groups import Loader
 
 # The DataModules' defaults where they differ from the groups' own

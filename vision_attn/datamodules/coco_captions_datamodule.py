@@ -39,13 +39,13 @@ from vision_attn.data.formats import read_json
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
-from vision_attn.datamodules.base import SplitDataModule
 from vision_attn.datamodules.data_options import (
     CocoLayout,
     FeatureCacheOptions,
     SceneGeneration,
     VocabularyOptions,
 )
+from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import output_folder, writable_folder
 from vision_attn.option_groups import Loader
