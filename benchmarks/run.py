@@ -28,6 +28,7 @@ from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
 from vision_attn.cli_arguments import OneLineParser, bounded_int, device, number_in
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
+from vision_attn.errors import exit_on_user_error
 from vision_attn.io import output_file, replace_atomically
 
 
@@ -584,15 +585,16 @@ def main(argv: list[str] | None = None) -> None:
                         default=["captioner", "vit", "feature-cache"],
                         help="with --device: the parts to measure (default all; the COCO epoch needs all)")
     options = parser.parse_args(argv)
-    out = output_file(options.out)  # refused before minutes of measuring, not after
-    if options.device:
-        results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
-                                sections=tuple(options.sections))
-    else:
-        results = run(options)
-    print(results["table"])
-    replace_atomically(out, lambda file: file.write(json.dumps(results, indent=2).encode("utf-8")))
-    print(f"\nwrote {out}")
+    with exit_on_user_error():  # a bad output path, missing data: one line, as every vision-attn tool says it
+        out = output_file(options.out)  # refused before minutes of measuring, not after
+        if options.device:
+            results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
+                                    sections=tuple(options.sections))
+        else:
+            results = run(options)
+        print(results["table"])
+        replace_atomically(out, lambda file: file.write(json.dumps(results, indent=2).encode("utf-8")))
+        print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
