@@ -22,7 +22,6 @@ import contextlib
 import json
 import math
 import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.timing import median_time, median_times
 
 PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 COCO_IMAGES, COCO_CAPTIONS = 113_287, 566_747  # Karpathy train + restval
@@ -49,26 +50,6 @@ def precisions(device: torch.device) -> list[str]:
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     dtype = PRECISIONS[precision]
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
-def median_time(device: torch.device, run: Callable[[], Any], *, repeats: int, warmup: int) -> float:
-    """Median seconds of ``run`` after ``warmup`` calls; on a GPU between CUDA events, synchronised."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000)
-        else:
-            start_s = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start_s)
-    return statistics.median(times)
 
 
 def counted_flops(run: Callable[[], Any]) -> float:
@@ -166,16 +147,6 @@ def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int
 
     seconds = median_time(device, search, repeats=repeats, warmup=2 if compiled else 1)
     return {"seconds": seconds, "images_per_s": shape["batch"] / seconds}
-
-
-def median_times(device: torch.device, runs: dict[str, Callable[[], Any]], *, repeats: int,
-                 warmup: int) -> dict[str, float]:
-    """``median_time`` of each of ``runs``, their timed calls taken in turns (``paired_median_seconds``), so
-    that neither is always the one measured later."""
-    from benchmarks.run import paired_median_seconds
-
-    return paired_median_seconds(runs, repeats=repeats, warmup=warmup,
-                                 seconds=lambda run: median_time(device, run, repeats=1, warmup=0))
 
 
 def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, repeats: int) -> dict[str, float]:

@@ -34,12 +34,13 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.device import cpu_description
-from benchmarks.run import decoder_train_step, markdown_table, paired_median_seconds, random_captions
+from benchmarks.run import decoder_train_step, markdown_table, random_captions
+from benchmarks.timing import paired_median_seconds
 from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+from vision_attn.cli_arguments import OneLineParser, at_least
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
 from vision_attn.errors import exit_on_user_error
 from vision_attn.io import output_file, write_json_atomically
-from vision_attn.options import OneLineParser, at_least
 
 PEER_PACKAGE = "ruotianluo_captioning"  # the name their ``captioning`` package is imported under here
 PEER_FILES = ("captioning/models/AttModel.py", "captioning/models/CaptionModel.py", "captioning/models/FCModel.py",

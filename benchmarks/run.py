@@ -10,10 +10,8 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import string
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,45 +20,16 @@ import torch.nn.functional as F
 import yaml
 from torch import Tensor, nn
 
+from benchmarks.device import run as run_on_device
 from benchmarks.reference_decoder import TutorialStyleDecoder
+from benchmarks.timing import median_seconds, paired_median_seconds
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
+from vision_attn.cli_arguments import OneLineParser, bounded_int, device, number_in
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
+from vision_attn.errors import exit_on_user_error
 from vision_attn.io import output_file, replace_atomically
-from vision_attn.options import OneLineParser, bounded_int, device, number_in
-
-
-def wall_seconds(run: Callable[[], Any]) -> float:
-    """The wall time of one call of ``run``."""
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-def median_seconds(run: Callable[[], Any], *, repeats: int = 5, warmup: int = 2) -> float:
-    """Median wall time of ``run`` over ``repeats`` calls after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        run()
-    return statistics.median(wall_seconds(run) for _ in range(repeats))
-
-
-def paired_median_seconds(runs: dict[str, Callable[[], Any]], *, repeats: int = 5, warmup: int = 2,
-                          seconds: Callable[[Callable[[], Any]], float] = wall_seconds) -> dict[str, float]:
-    """Median wall time of each of ``runs``, timed in turns (a, b, a, b, ...) after warm-up.
-
-    Taking turns puts both sides of a ratio under the same machine conditions: timed one block after the
-    other, a slow minute of a shared or throttled CPU (or a warmer GPU) falls on one side only. ``seconds``
-    times one call (default: the wall clock; ``benchmarks.device`` passes CUDA events).
-    """
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            times[name].append(seconds(run))
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def random_captions(batch: int, length: int, vocab_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -616,17 +585,16 @@ def main(argv: list[str] | None = None) -> None:
                         default=["captioner", "vit", "feature-cache"],
                         help="with --device: the parts to measure (default all; the COCO epoch needs all)")
     options = parser.parse_args(argv)
-    out = output_file(options.out)  # refused before minutes of measuring, not after
-    if options.device:
-        from benchmarks.device import run as run_on_device
-
-        results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
-                                sections=tuple(options.sections))
-    else:
-        results = run(options)
-    print(results["table"])
-    replace_atomically(out, lambda file: file.write(json.dumps(results, indent=2).encode("utf-8")))
-    print(f"\nwrote {out}")
+    with exit_on_user_error():  # a bad output path, missing data: one line, as every vision-attn tool says it
+        out = output_file(options.out)  # refused before minutes of measuring, not after
+        if options.device:
+            results = run_on_device(options.device, quick=options.quick, compile_decoder=options.compile,
+                                    sections=tuple(options.sections))
+        else:
+            results = run(options)
+        print(results["table"])
+        replace_atomically(out, lambda file: file.write(json.dumps(results, indent=2).encode("utf-8")))
+        print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from benchmarks.run import median_seconds
+from benchmarks.timing import median_seconds
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import ATTENTION_SCORES, AttentionDecoder
 

@@ -127,7 +127,7 @@ def vit_kind(ckpt: str, kind: str, count: int, seed: int) -> dict:
     and the deletion AUC of rollout and of a random map."""
     from vision_attn.data.backgrounds import Background
     from vision_attn.vit.deletion import fashion_mnist_deletion
-    from vision_attn.vit.inference import fashion_mnist_rollout_mass
+    from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
 
     style = KINDS[kind][1]
     background = Background(style.get("background", "black"), style.get("background_level", 0.5),

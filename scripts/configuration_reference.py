@@ -17,6 +17,7 @@ import jsonargparse
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "configuration.md"
 LINKED = {"vocabulary", "image", "objects", "num_classes", "class_names", "colour_names"}  # trainer_cli links them
+REQUIRED = "*required*"  # the default column of an option without a default: the config must give it
 
 
 def classes() -> list[type]:
@@ -44,7 +45,7 @@ def options(cls: type) -> list[tuple[str, str, str, str]]:
             continue
         kind = getattr(action, "_typehint", None) or action.type
         kind = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "").replace("NoneType", "None")
-        rows.append((name, kind, _default(action.default), _doc(action.help)))
+        rows.append((name, kind, REQUIRED if action.required else _default(action.default), _doc(action.help)))
     return rows
 
 
@@ -72,8 +73,8 @@ def reference() -> str:
         lines += [f"## {cls.__name__}", "", f"`{cls.__module__.rsplit('.', 1)[0]}.{cls.__name__}`: {summary}", "",
                   "| option | type | default | what it does |", "| --- | --- | --- | --- |"]
         for name, kind, default, doc in options(cls):
-            lines.append(f"| `{name}` | {kind.replace('|', '&#124;')} | `{default.replace('|', '&#124;')}` | "
-                         f"{doc.replace('|', '&#124;')} |")
+            shown = default if default == REQUIRED else f"`{default.replace('|', '&#124;')}`"
+            lines.append(f"| `{name}` | {kind.replace('|', '&#124;')} | {shown} | {doc.replace('|', '&#124;')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ from vision_attn.api import (
     load_captioner,
     load_classifier,
 )
-from vision_attn.vit.inference import classify_files
+from vision_attn.vit.classifier import classify_files
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 GARMENTS = [LEGACY / "02890_Sandal.png", LEGACY / "06044_Trouser.png"]

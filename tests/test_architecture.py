@@ -1,5 +1,6 @@
-"""The package's shape: imports run one way (no cycle, no layer importing a layer above it), the inference
-tools and ``--help`` start without Lightning, and docs/architecture.md names every module that exists."""
+"""The package's shape: imports run one way (no cycle, no layer importing a layer above it; benchmarks/ and
+scripts/ import the package, never the other way), the inference tools and ``--help`` start without Lightning,
+and docs/architecture.md names every module that exists."""
 
 from __future__ import annotations
 
@@ -12,23 +13,25 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PACKAGE = REPO / "vision_attn"
+OUTSIDE = (REPO / "benchmarks", REPO / "scripts")  # programs run from a checkout: above the package, outside it
 
 # Lower layers never import higher ones: models and data, then metrics/overlay/evaluation, then the Lightning
 # tasks, then the command line. A module may import its own layer and the ones below.
 LAYERS = [
-    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.options", "vision_attn.option_groups"},
+    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.cli_arguments", "vision_attn.option_groups"},
     {"vision_attn.checkpoint", "vision_attn.data.*", "vision_attn.datamodules.*",
      "vision_attn.captioning", "vision_attn.captioning.options", "vision_attn.captioning.encoder",
      "vision_attn.captioning.vit_trunk", "vision_attn.captioning.seams", "vision_attn.captioning.extensions.*",
      "vision_attn.captioning.fast_additive", "vision_attn.captioning.product_attention",
      "vision_attn.captioning.decoder", "vision_attn.captioning.compiled", "vision_attn.captioning.beam_search",
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce",
-     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.self_attention", "vision_attn.vit.options",
+     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.self_attention",
+     "vision_attn.vit.classifier_options",
      "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
-     "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
+     "vision_attn.vit.convnet", "vision_attn.vit.classifier", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
-     "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.inference",
-     "vision_attn.vit.deletion", "vision_attn.vit.distillation",
+     "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.map_figures",
+     "vision_attn.vit.rollout_mass", "vision_attn.vit.deletion", "vision_attn.vit.distillation",
      "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
     {"vision_attn.trainer_cli", "vision_attn.config_errors", "vision_attn.cli", "vision_attn.commands.*"},
@@ -52,11 +55,13 @@ def layer(name: str) -> int:
     return found[0]
 
 
-def imports() -> dict[str, set[str]]:
-    """Every vision_attn module -> the vision_attn modules and third-party top-level packages it imports
-    anywhere in its file (function-level imports count: a lazy import still runs one way or the other)."""
+def imports(*folders: Path) -> dict[str, set[str]]:
+    """Every module under ``folders`` (default: the package) -> the modules and third-party top-level packages it
+    imports anywhere in its file (function-level imports count: a lazy import still runs one way or the other).
+    A script's import of a script beside it (``from generated_page import ...``, found on the script's own path)
+    names it as ``scripts.generated_page``."""
     graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(path for folder in folders or (PACKAGE,) for path in folder.rglob("*.py")):
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -64,7 +69,9 @@ def imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 found.add(node.module)
                 found |= {f"{node.module}.{alias.name}" for alias in node.names}
-        graph[module_name(path)] = found
+        beside = {sibling.stem for sibling in path.parent.glob("*.py")} if path.parent in OUTSIDE else set()
+        graph[module_name(path)] = {f"{module_name(path.parent)}.{target}" if target.split(".")[0] in beside
+                                    else target for target in found}
     return graph
 
 
@@ -80,7 +87,8 @@ def test_every_module_has_a_layer_and_imports_only_its_own_or_lower_layers() -> 
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    graph = internal(imports())
+    """Among the package's modules, the benchmarks and the scripts."""
+    graph = internal(imports(PACKAGE, *OUTSIDE))
     graph = {name: {t for t in targets if not name.startswith(f"{t}.")} for name, targets in graph.items()}  # parents
     state: dict[str, int] = {}
 
@@ -95,6 +103,19 @@ def test_the_import_graph_has_no_cycle() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+def test_benchmarks_and_scripts_import_the_package_never_the_other_way() -> None:
+    def reaches(targets: set[str], folder: str) -> list[str]:
+        return sorted(target for target in targets if target.split(".")[0] == folder)
+
+    wrong = [f"{name} imports {reaches(targets, folder)}" for name, targets in imports().items()
+             for folder in ("benchmarks", "scripts") if reaches(targets, folder)]
+    wrong += [f"{name} imports {reaches(targets, 'scripts')}" for name, targets in imports(OUTSIDE[0]).items()
+              if reaches(targets, "scripts")]  # a benchmark is no script's client either
+    assert not wrong, "\n".join(wrong)
+    users = {name for name, targets in imports(*OUTSIDE).items() if reaches(targets, "vision_attn")}
+    assert any(name.startswith("benchmarks.") for name in users) and any(name.startswith("scripts.") for name in users)
 
 
 def test_lightning_is_imported_only_by_the_tasks_datamodules_and_trainer_cli() -> None:
@@ -112,7 +133,8 @@ def test_the_inference_tools_start_without_lightning_and_the_captioner_without_t
         "import sys\n"
         "import vision_attn.captioning.evaluation, vision_attn.cli\n"
         "print(sorted(m for m in ('torchvision', 'timm', 'lightning') if m in sys.modules))\n"
-        "import vision_attn.gallery, vision_attn.vit.inference, vision_attn.data.scenes\n"
+        "import vision_attn.gallery, vision_attn.vit.map_figures, vision_attn.vit.rollout_mass\n"
+        "import vision_attn.data.scenes\n"
         "print('lightning' in sys.modules)\n"
     )
     assert result.returncode == 0, result.stderr[-2000:]

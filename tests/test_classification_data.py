@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from vision_attn.data import fashion_mnist as fmnist
-from vision_attn.data.classification import random_erase, random_hflip, random_pad_crop
+from vision_attn.data.classification_datasets import random_erase, random_hflip, random_pad_crop
 from vision_attn.data.fashion_mnist import find_fashion_mnist, read_idx
 from vision_attn.datamodules import CIFAR10DataModule, FashionMNISTDataModule, ImageFolderDataModule
 from vision_attn.errors import DatasetNotFoundError

@@ -32,7 +32,7 @@ from vision_attn.data.backgrounds import (
 )
 from vision_attn.data.scene_style import SceneStyle
 from vision_attn.data.scenes import _Captioner, box_relation, make_scenes
-from vision_attn.datamodules.options import Canvas
+from vision_attn.datamodules.data_options import Canvas
 
 COUNTS = {"train": 3, "test": 4}
 MODES = {  # name -> style
@@ -247,7 +247,7 @@ def test_pretraining_items_are_pasted_over_the_styles_background_with_their_own_
     style, drawn per item; every pixel the tinted item covers is the item's, and black styles are untouched."""
     import torch
 
-    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.classification_datasets import TensorImageDataset
     from vision_attn.data.scene_items import SceneItemDataset
 
     greys = torch.zeros(16, 1, 28, 28, dtype=torch.uint8)
@@ -390,7 +390,7 @@ def test_the_canvas_group_takes_a_background_and_refuses_bad_ones_in_one_line() 
         with pytest.raises(ValueError, match=f"^{message}"):
             Canvas.coerce(options)
     assert backgrounds.BACKGROUNDS == ("black", "noise", "texture", "distractors", "mixed")
-    from vision_attn.options import BACKGROUND_KINDS, SHARED_OPTIONS
+    from vision_attn.cli_arguments import BACKGROUND_KINDS, SHARED_OPTIONS
 
     assert tuple(BACKGROUND_KINDS) == backgrounds.BACKGROUNDS  # what the tools offer is what the data draws
     assert tuple(SHARED_OPTIONS["texture_source"][1]["choices"]) == tuple(backgrounds.TEXTURE_SOURCES)

@@ -83,6 +83,14 @@ def test_an_option_lightningcli_refuses_is_one_line_with_the_closest_option(argu
     assert not (tmp_path / "run").exists()
 
 
+def test_the_captioning_data_has_no_default_dataset_a_config_must_name_its_root(tmp_path) -> None:
+    result = run_in_process("fit", "--config", str(REPO / "configs" / "tasks" / "captioner.yaml"),
+                            "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert the_error(result).endswith("class_path vision_attn.datamodules.CocoCaptionsDataModule: the following "
+                                      "arguments are required: root")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_mistyped_command_suggests_the_closest() -> None:
     assert the_error(run_in_process("fitt", *CAPTIONER)) == "error: fitt: no such command; did you mean fit?"
 

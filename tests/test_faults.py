@@ -117,7 +117,7 @@ def test_atomic_writes_leave_the_old_file_whole_when_writing_fails(tmp_path) -> 
 
 
 def test_the_resumable_sampler_is_a_fixed_permutation_per_epoch_that_can_start_part_way() -> None:
-    from vision_attn.datamodules.base import ResumableRandomSampler
+    from vision_attn.datamodules.split_datamodule import ResumableRandomSampler
 
     sampler = ResumableRandomSampler(50, seed=3)
     epoch0, epoch0_again = list(sampler), list(sampler)
@@ -133,7 +133,7 @@ def test_the_resumable_sampler_is_a_fixed_permutation_per_epoch_that_can_start_p
 
 
 def test_evaluation_shards_cover_every_item_once() -> None:
-    from vision_attn.datamodules.base import ShardedEvalSampler
+    from vision_attn.datamodules.split_datamodule import ShardedEvalSampler
 
     dataset = list(range(11))
     shards = []

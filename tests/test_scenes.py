@@ -420,7 +420,7 @@ def test_scene_items_are_drawn_as_scenes_draw_them() -> None:
     time; training items anew each time."""
     import torch
 
-    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.classification_datasets import TensorImageDataset
     from vision_attn.data.scene_items import SceneItemDataset
 
     images, labels = load_fashion_mnist(find_fashion_mnist("data", download=False), "test")
@@ -462,7 +462,7 @@ def test_a_batch_of_items_is_gathered_pasted_and_tinted_as_item_by_item() -> Non
     import torch
     from torch.utils.data import Subset
 
-    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.classification_datasets import TensorImageDataset
     from vision_attn.data.scene_items import divide_by_255, gather, paste
 
     generator = torch.Generator().manual_seed(0)
@@ -500,7 +500,7 @@ def test_training_items_drawn_a_batch_at_a_time_are_drawn_as_one_at_a_time() -> 
     import torch
     import torch.nn.functional as F
 
-    from vision_attn.data.classification import TensorImageDataset
+    from vision_attn.data.classification_datasets import TensorImageDataset
     from vision_attn.data.scene_items import SceneItemDataset
     from vision_attn.data.scenes import SceneStyle, draw_item
 

@@ -20,7 +20,7 @@ from tests.conftest import REPO, run_in_process
 from tests.test_output_folders import one_line_error
 from vision_attn.captioning.options import DecoderOptions, DecodingOptions, EncoderOptions, SelfCriticalOptions
 from vision_attn.data import scenes
-from vision_attn.datamodules.options import (
+from vision_attn.datamodules.data_options import (
     Augmentation,
     Canvas,
     FeatureCacheOptions,
@@ -28,7 +28,7 @@ from vision_attn.datamodules.options import (
     VocabularyOptions,
 )
 from vision_attn.option_groups import ImageFormat, Loader
-from vision_attn.vit.options import ConvNetArchitecture, ViTArchitecture
+from vision_attn.vit.classifier_options import ConvNetArchitecture, ViTArchitecture
 
 # (the command before the option, the option, its bound): the command's other arguments need not exist, as the
 # option is refused while parsing
@@ -91,7 +91,7 @@ def test_fuzz_every_bounded_option_is_one_line_and_writes_nothing(case, value, t
 
 
 SCANNED = [*sorted((REPO / "vision_attn" / "commands").glob("*.py")), REPO / "vision_attn" / "gallery.py",
-           REPO / "vision_attn" / "options.py", REPO / "benchmarks" / "run.py"]
+           REPO / "vision_attn" / "cli_arguments.py", REPO / "benchmarks" / "run.py"]
 NOT_SIZES = {"--seed", "--background-noise"}  # numbers that cost no memory, time or disk
 
 

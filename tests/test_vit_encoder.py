@@ -10,7 +10,7 @@ import torch
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.errors import CheckpointError
-from vision_attn.vit.inference import Classifier
+from vision_attn.vit.classifier import Classifier
 from vision_attn.vit.vision_transformer import VisionTransformer
 
 VOCABULARY = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag"]

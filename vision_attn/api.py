@@ -38,7 +38,8 @@ from vision_attn.data.coco import load_caption_image
 from vision_attn.data.images import OnBadImage, expand_inputs, normalize, open_image, readable_batches, to_tensor
 from vision_attn.io import output_file, write_json_atomically
 from vision_attn.overlay import caption_overlay
-from vision_attn.vit.inference import Classifier, classify_batches, ranked, vit_overlays
+from vision_attn.vit.classifier import Classifier, classify_batches, ranked
+from vision_attn.vit.map_figures import vit_overlays
 from vision_attn.vit.rollout import HeadFusion
 
 __all__ = ["CaptionResult", "ClassificationResult", "ImageInput", "caption", "caption_figure", "classifier_figure",

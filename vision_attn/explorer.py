@@ -38,7 +38,7 @@ from vision_attn.io import MANIFEST, OwnedFolder, input_file
 from vision_attn.metrics import pointing_scores, scene_scores
 from vision_attn.overlay import _colour_table
 from vision_attn.results import read_results
-from vision_attn.vit.inference import Classifier, centre_square
+from vision_attn.vit.classifier import Classifier, centre_square
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 VIEW_SIZE, THUMB_SIZE = 448, 112

@@ -18,13 +18,14 @@ from PIL import Image
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.evaluation import caption_files
 from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, load_file
+from vision_attn.cli_arguments import bounded_int, number_in
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, load_or_skip, open_image
 from vision_attn.errors import CheckpointError
 from vision_attn.io import OwnedFolder, output_file
-from vision_attn.options import bounded_int, number_in
 from vision_attn.overlay import caption_overlay, save_png, write_gallery
 from vision_attn.results import read_results
-from vision_attn.vit.inference import Classifier, vit_overlays
+from vision_attn.vit.classifier import Classifier
+from vision_attn.vit.map_figures import vit_overlays
 from vision_attn.vit.rollout import HeadFusion
 
 

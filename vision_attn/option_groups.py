@@ -12,7 +12,8 @@ returns it checked. In a config a group is a mapping under its name::
         optimiser: {lr: 0.002, weight_decay: 0.05}
 
 and on the command line ``--model.init_args.optimiser.lr 0.002``. This module holds the groups that several tasks
-share; each family keeps its own next to its models (``captioning/options.py``, ``vit/options.py``).
+share; each family keeps its own next to its models (``captioning/options.py``, ``vit/classifier_options.py``), and
+the DataModules theirs in ``datamodules/data_options.py``.
 """
 
 from __future__ import annotations

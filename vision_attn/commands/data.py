@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from vision_attn.cli_arguments import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
 from vision_attn.commands import canvas_background, tool
-from vision_attn.options import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
 
 CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 
@@ -124,7 +127,7 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                         help="fill every pixel but the item's with uniform grey noise up to LEVEL (0..255; default "
                              "0, black): the item's mask stays its own pixels")
     options = parser.parse_args(argv)
-    from vision_attn.vit.inference import fashion_mnist_rollout_mass
+    from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
 
     scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, seed=options.seed,
@@ -151,11 +154,27 @@ def cache_features_command(argv: Sequence[str]) -> None:
 
 @tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
 def benchmark_command(argv: Sequence[str]) -> None:
-    """``vision-attn benchmark``: the checkout's ``benchmarks/run.py`` (only from a source checkout)."""
+    """``vision-attn benchmark``: the checkout's ``benchmarks/run.py`` (only from a source checkout), run as a
+    program of its own: the package imports nothing of ``benchmarks/``, which imports the package."""
     checkout = Path(__file__).resolve().parents[2]  # the benchmark reads benchmarks/ and configs/ there
     if not (checkout / "benchmarks" / "run.py").is_file():
         raise FileNotFoundError(f"{checkout / 'benchmarks'}: not found; the benchmark runs from a source checkout")
-    sys.path.insert(0, str(checkout))
-    from benchmarks.run import main as benchmark_main
+    path = os.pathsep.join([str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])])
+    code = run_streamed([sys.executable, "-m", "benchmarks.run", *argv],
+                        env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+    if code:
+        raise SystemExit(code)
 
-    benchmark_main(list(argv))
+
+def run_streamed(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` and return its exit code, its output copied line by line, as it comes, to this process's
+    ``sys.stdout`` and ``sys.stderr`` (where a caller that redirects them finds it)."""
+    out, err = sys.stdout, sys.stderr
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
+        errors = threading.Thread(target=lambda: err.writelines(process.stderr))  # type: ignore[arg-type]
+        errors.start()
+        for line in process.stdout:  # type: ignore[union-attr]
+            out.write(line)
+            out.flush()
+        errors.join()
+    return process.returncode

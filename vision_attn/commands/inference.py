@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vision_attn.cli_arguments import bounded_int, parser_for
 from vision_attn.commands import tool
-from vision_attn.options import bounded_int, parser_for
 
 
 @tool("classify", "top-k classes of images with a trained ViT; JSON of each image's classes")

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from vision_attn.cli_arguments import at_least, bounded_int, parser_for
 from vision_attn.commands import canvas_background, tool
-from vision_attn.options import at_least, bounded_int, parser_for
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
 from vision_attn.data.backgrounds import BackgroundPool, fill_canvases
-from vision_attn.data.classification import TensorImageDataset
+from vision_attn.data.classification_datasets import TensorImageDataset
 from vision_attn.data.scenes import COLOURS, ITEM_SIZE, SceneStyle, draw_item
 
 

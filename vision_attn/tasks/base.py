@@ -30,7 +30,7 @@ from vision_attn.checkpoint import (
     upgrade,
     without_initial_weights,
 )
-from vision_attn.datamodules.base import SplitDataModule
+from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.option_groups import Optimiser, Schedule, plain
 from vision_attn.overlay import log_figures
 from vision_attn.tasks.schedule import RunSchedule

@@ -17,12 +17,20 @@ from vision_attn.checkpoint import CONVNET, VIT
 from vision_attn.option_groups import ImageFormat, Optimiser, Schedule
 from vision_attn.tasks.base import BaseTask, decay_groups
 from vision_attn.tasks.predictions import ClassPredictions
+from vision_attn.vit.classifier import Classifier, build_vit
+from vision_attn.vit.classifier_options import (
+    ClassifierTraining,
+    ConvNetArchitecture,
+    Distillation,
+    ViTArchitecture,
+    ViTTraining,
+)
 from vision_attn.vit.convnet import ConvNet
 from vision_attn.vit.distillation import distillation_loss, load_teacher
-from vision_attn.vit.inference import Classifier, build_vit, map_scores, validation_figures
-from vision_attn.vit.options import ClassifierTraining, ConvNetArchitecture, Distillation, ViTArchitecture, ViTTraining
+from vision_attn.vit.map_figures import validation_figures
 from vision_attn.vit.pretrained import load_pretrained
 from vision_attn.vit.rollout import attention_rollout, explain, pooled_weights
+from vision_attn.vit.rollout_mass import map_scores
 
 log = logging.getLogger(__name__)
 

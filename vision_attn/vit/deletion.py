@@ -20,11 +20,12 @@ import torch
 from torch import Tensor
 
 from vision_attn.data.backgrounds import Background, TestCanvasFill
-from vision_attn.data.classification import eval_transform
+from vision_attn.data.classification_datasets import eval_transform
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
 from vision_attn.data.images import normalize
-from vision_attn.vit.inference import CANVAS_PIXELS_PER_BATCH, Classifier
+from vision_attn.vit.classifier import Classifier
 from vision_attn.vit.rollout import HeadFusion, explain
+from vision_attn.vit.rollout_mass import CANVAS_PIXELS_PER_BATCH
 
 # images (B, C, H, W) as the model takes them -> class probabilities (B, classes)
 Probabilities = Callable[[Tensor], Tensor]

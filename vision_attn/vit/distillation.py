@@ -1,6 +1,6 @@
 """DeiT's distillation (Touvron et al. 2021, "Training data-efficient image transformers & distillation through
 attention"): a trained classifier, frozen, teaches the ViT on every training batch. ``Distillation``
-(``vit/options.py``) sets it."""
+(``vit/classifier_options.py``) sets it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from vision_attn.checkpoint import (
 )
 from vision_attn.errors import CheckpointError
 from vision_attn.option_groups import ImageFormat
+from vision_attn.vit.classifier import vit_from_hparams
+from vision_attn.vit.classifier_options import ConvNetArchitecture, Distillation
 from vision_attn.vit.convnet import ConvNet
-from vision_attn.vit.inference import vit_from_hparams
-from vision_attn.vit.options import ConvNetArchitecture, Distillation
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ from vision_attn.data.formats import read_json
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
-from vision_attn.datamodules.base import SplitDataModule
-from vision_attn.datamodules.options import (
+from vision_attn.datamodules.data_options import (
     CocoLayout,
     FeatureCacheOptions,
     SceneGeneration,
     VocabularyOptions,
 )
+from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import output_folder, writable_folder
 from vision_attn.option_groups import Loader
@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 
 
 class CocoCaptionsDataModule(SplitDataModule):
-    """Image captioning data in COCO captions format (default: the Fashion scenes) or Karpathy's splits, where
-    ``layout`` says (under ``root``). Images are squashed to ``image_size`` squares and normalised with ``mean`` and
-    ``std`` (ImageNet's by default).
+    """Image captioning data in COCO captions format (MS COCO, the Fashion scenes) or Karpathy's splits, where
+    ``layout`` says, under ``root`` (which the config names: no dataset is a default). Images are squashed to
+    ``image_size`` squares and normalised with ``mean`` and ``std`` (ImageNet's by default).
 
     ``group_captions`` makes a training item one image with all its captions (the loader's ``batch_size`` then
     counts images): every caption is still seen each epoch, and the encoder runs once per image instead of once
@@ -76,7 +76,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def __init__(
         self,
-        root: str = "data/fashion_scenes",
+        root: str,
         *,
         layout: CocoLayout = CocoLayout(),
         image_size: int = 96,

@@ -1,0 +1,126 @@
+"""The base of the classification DataModules, and of those with official train and test splits in memory.
+
+Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the cheap augmentations (random
+crop with padding, horizontal flip) run on whole batches after they reach the device, in
+``on_after_batch_transfer``: one vectorised op per batch instead of Python per sample, on the GPU when
+there is one. ``num_classes``, ``class_names``, ``in_chans``, ``image_size``, ``mean`` and ``std`` are
+known right after construction, so LightningCLI links them into the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from vision_attn.data.classification_datasets import (
+    PlacedItems,
+    TensorImageDataset,
+    collate_readable,
+    random_erase,
+    random_hflip,
+    random_pad_crop,
+    split_train_val,
+)
+from vision_attn.datamodules.data_options import Augmentation
+from vision_attn.datamodules.split_datamodule import SplitDataModule
+from vision_attn.option_groups import Loader
+
+# The DataModules' defaults where they differ from the groups' own
+LOADER = Loader(batch_size=128)
+HELD_OUT_LOADER = Loader(batch_size=128, eval_batch_size=1000)  # a whole split of small images in a few batches
+
+
+class ClassificationDataModule(SplitDataModule):
+    """Base for the image classification DataModules; subclasses fill the datasets and metadata. ``loader`` says
+    how splits are batched, ``augmentation`` what training batches go through."""
+
+    def __init__(self, *, loader: Loader = LOADER, augmentation: Augmentation = Augmentation()) -> None:
+        super().__init__()
+        self.loader = Loader.coerce(loader, LOADER)
+        self.augmentation = Augmentation.coerce(augmentation)
+        self.set_bad_image_policy(self.loader.on_bad_image)
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.class_names: list[str] = []
+        self.in_chans: int = 3
+        self.image_size: int = 32
+        self.mean: list[float] = [0.5] * 3
+        self.std: list[float] = [0.5] * 3
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes the labels count, for the CLI to link into the model."""
+        return len(self.class_names)
+
+    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
+        drop_last = train and dataset is not None and len(dataset) > self.loader.batch_size  # type: ignore[arg-type]
+        return self._make_loader(dataset, train=train, collate_fn=collate_readable, drop_last=drop_last)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test split, in order, each batch ending with its images' places (``PlacedItems``) to name them."""
+        return self._loader(None if self.test_set is None else PlacedItems(self.test_set, "test"), train=False)
+
+    def on_after_batch_transfer(self, batch: tuple[Any, ...] | None, dataloader_idx: int) -> tuple[Any, ...] | None:
+        """The batch as the model reads it (``prepare_batch``); a prediction batch keeps its places last."""
+        if batch is not None and getattr(self.trainer, "predicting", False):
+            *items, places = batch
+            return (*self.prepare_batch(tuple(items), dataloader_idx), places)  # type: ignore[misc]
+        return self.prepare_batch(batch, dataloader_idx)
+
+    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None,
+                      dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+        """(images, labels) on the device: training batches augmented, every batch normalised."""
+        if batch is None:  # every image of the batch was unreadable and skipped
+            return None
+        self.count_train_batch()
+        images, labels = batch
+        if self.trainer is not None and self.trainer.training:
+            images = self.augment(images)
+        return self.normalize(images), labels
+
+    def augment(self, images: Tensor, *, erase: bool = True) -> Tensor:
+        """A training batch (B, C, H, W) uint8 with the configured random shifts, flips and erasing."""
+        options = self.augmentation
+        if options.pad_crop:
+            images = random_pad_crop(images, options.pad_crop)
+        if options.hflip:
+            images = random_hflip(images)
+        if erase and options.erase_prob:
+            images = random_erase(images, options.erase_prob)
+        return images
+
+
+class HeldOutValidationDataModule(ClassificationDataModule):
+    """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
+
+    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+
+    Args:
+        root: where to look for the dataset (after the system location), and where a download goes
+        val_size: images of the official train split held out for validation
+        split_seed: the seed of that hold-out
+        download: fetch the dataset when it is nowhere to be found
+    """
+
+    def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
+                 loader: Loader = HELD_OUT_LOADER, **options: Any) -> None:
+        super().__init__(loader=Loader.coerce(loader, HELD_OUT_LOADER), **options)
+        self.root = root
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        """The stage's splits in memory: train and its validation hold-out, or the official test split."""
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = TensorImageDataset(*self.load_split("train"))
+            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = TensorImageDataset(*self.load_split("test"))

@@ -1,0 +1,67 @@
+"""Fashion-MNIST items drawn one at a time as the Fashion scenes draw them: the data the scene captioner's encoder is
+pretrained on."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vision_attn.data import scenes
+from vision_attn.data.backgrounds import check_reuse
+from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
+from vision_attn.data.scene_items import SceneItemDataset, check_item_style
+from vision_attn.data.scenes import SceneStyle
+from vision_attn.datamodules.fashion_mnist_datamodule import FashionMNISTDataModule
+
+log = logging.getLogger(__name__)
+
+
+class FashionSceneItemsDataModule(FashionMNISTDataModule):
+    """Fashion-MNIST items drawn one at a time as the Fashion scenes draw them (``data.scene_items``): RGB
+    ``canvas_size`` squares with one tinted item at a random place, labelled by its class. The set the scene
+    captioner's encoder is pretrained on (``configs/captioner/fashion_scene_items.yaml``).
+
+    ``style`` is a scene style (``{"shade_jitter": 1.0, "scale_jitter": 0.1}``; its layout does not apply).
+    Training items get a new colour, shade, size and place each epoch; validation and test items are drawn
+    the same way every time (from ``seed``). Normalised with ImageNet's mean and std, as the captioner's
+    images are. The other options are those of ``FashionMNISTDataModule``.
+
+    Args:
+        root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
+        style: how the items are drawn, a scene style ({hue_jitter: 1.0, scale_jitter: 0.1}; null: exact tints)
+        canvas_size: the side of an item's square, in pixels (a scene's cell)
+        seed: the seed of the validation and test items' colours, sizes and places
+        background_reuse: training items draw one new background (of the style's clutter) per this many items and
+            reuse the others, turned and mirrored (1: every item its own; drawing one is Python work per item)
+    """
+
+    def __init__(self, root: str = "data/fashion_mnist", *, style: dict | None = None, canvas_size: int = 32,
+                 seed: int = 0, background_reuse: int = 1, **options: Any) -> None:
+        super().__init__(root, **options)
+        self.style = SceneStyle.of(style)
+        if self.style.layout != "grid":
+            log.warning("scene items: the style's layout (%s) does not apply to single items", self.style.layout)
+        check_item_style(self.style, canvas_size)
+        self.canvas_size = canvas_size
+        self.seed = seed
+        check_reuse(background_reuse)  # here, before any data is read
+        self.background_reuse = background_reuse
+        self.class_names = list(scenes.CLASS_WORDS)
+        self.in_chans = 3
+        self.image_size = canvas_size
+        self.mean, self.std = list(IMAGENET_MEAN), list(IMAGENET_STD)
+
+    @property
+    def colour_names(self) -> list[str]:
+        """The items' colours, in the order of the colour labels, for the CLI to link into the model."""
+        return list(scenes.COLOURS)
+
+    def setup(self, stage: str | None = None) -> None:
+        """The Fashion-MNIST splits, with their items drawn as scene items (fixed ones for validation and test)."""
+        super().setup(stage)
+        draw = {"style": self.style, "canvas_size": self.canvas_size}
+        if self.train_set is not None and not isinstance(self.train_set, SceneItemDataset):
+            self.train_set = SceneItemDataset(self.train_set, background_reuse=self.background_reuse, **draw)
+            self.val_set = SceneItemDataset(self.val_set, seed=self.seed, **draw)  # type: ignore[arg-type]
+        if self.test_set is not None and not isinstance(self.test_set, SceneItemDataset):
+            self.test_set = SceneItemDataset(self.test_set, seed=self.seed + 1, **draw)

@@ -1,0 +1,110 @@
+"""Whether a trained ViT looks at the garment: Fashion-MNIST items pasted on a larger canvas, and how much of each
+map (rollout, gradient rollout, the last layer's attention) lies on the item, with the pointing game
+(``vision-attn rollout-mass``; a ViT task logs the same scores as it validates on canvases)."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from vision_attn.data.backgrounds import Background, TestCanvasFill
+from vision_attn.data.classification_datasets import eval_transform
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
+from vision_attn.data.images import normalize
+from vision_attn.metrics import mask_mass, pointing_game
+from vision_attn.vit.classifier import Classifier
+from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
+
+
+class MapScores(NamedTuple):
+    """How one kind of map finds the item: its mean mass on the item (docs/formats/metrics.md) and its pointing-game
+    hit rate."""
+
+    mass_in_mask: float
+    pointing: float
+
+
+class CanvasScores(NamedTuple):
+    """``rollout_on_canvas``'s measures: images used, accuracy, each map's scores (``MAP_NAMES``), and the mean
+    area share of the item (what a map blind to it would score, in mass and about in pointing)."""
+
+    images: int
+    accuracy: float
+    maps: dict[str, MapScores]
+    mask_area_share: float
+
+
+MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads' mean, from the pooled token(s)
+CANVAS_PIXELS_PER_BATCH = 256 * 128 * 128  # canvases drawn at once: 256 up to 128 pixels a side, fewer when larger
+
+
+def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per map of ``MAP_NAMES`` that ``maps`` holds (gradient rollout only when it was asked for): its mass on
+    the mask (docs/formats/metrics.md) and its pointing-game hit, per image. ``masks`` (B, H, W) are at the input's
+    size."""
+    masks = masks.to(maps.rollout.device)
+    found = {"rollout": maps.rollout, "gradient rollout": maps.gradient_rollout, "last layer": maps.heads.mean(dim=1)}
+    return {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
+            for name in MAP_NAMES if found[name] is not None}
+
+
+def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
+                      head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
+                      background: Background | None = None, batch_size: int = 256) -> CanvasScores:
+    """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
+    as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
+    the last layer's attention the mass on the item (docs/formats/metrics.md, the mask is the item's pixels > 0) and the
+    pointing game; and the item's area share (the mass of a map blind to the item).
+
+    ``background_noise`` (0..255) fills every pixel but the item's with uniform grey noise up to that level
+    (the mask stays the item's own pixels), where a map that finds "whatever is not black" no longer finds the
+    item; ``background`` draws one of the scenes' backgrounds under each item instead (``data.backgrounds``)."""
+    if classifier.in_chans != 1:
+        raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
+    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
+    under = TestCanvasFill(seed, noise=background_noise, background=background)
+    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))  # large canvases: fewer at once
+    correct, areas = 0, []
+    scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
+    for start in range(0, len(images), batch_size):
+        chunk = images[start : start + batch_size, None]
+        canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
+        pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
+        masks = pixels[:, 0] > 0  # the item's pixels in the input
+        filled, _ = under.fill(canvases, chunk)  # every pixel but the item's (its mask)
+        if filled is not canvases:
+            pixels = eval_transform(classifier.image_size)(filled)
+        inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
+        maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                       gradient_class="predicted")
+        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        for name, pair in map_scores(maps, masks).items():
+            scores[name].append(pair)
+        areas.append(masks.float().mean(dim=(-2, -1)))
+    maps = {name: MapScores(float(torch.cat([mass for mass, _ in pairs]).mean()),
+                            float(torch.cat([hit for _, hit in pairs]).float().mean()))
+            for name, pairs in scores.items()}
+    return CanvasScores(len(images), correct / len(images), maps, float(torch.cat(areas).mean()))
+
+
+def fashion_mnist_rollout_mass(checkpoint: str | os.PathLike, *, root: str | os.PathLike = "data/fashion_mnist",
+                               count: int = 1000, canvas_size: int = 56, seed: int = 0,
+                               head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
+                               background_noise: int = 0, background: Background | None = None,
+                               device: str = "cpu") -> CanvasScores:
+    """``rollout_on_canvas`` of a checkpoint on the first ``count`` Fashion-MNIST test items."""
+    if canvas_size < 28:
+        raise ValueError(f"the canvas size must be at least 28 (the item's size), got {canvas_size}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    TestCanvasFill.check(background_noise, background)
+    images, labels = load_fashion_mnist(find_fashion_mnist(root), "test")
+    if count > len(images):
+        raise ValueError(f"count {count} is more than the {len(images)} Fashion-MNIST test items")
+    classifier = Classifier.from_checkpoint(checkpoint, device=device)
+    return rollout_on_canvas(classifier, images[:count], labels[:count], canvas_size=canvas_size, seed=seed,
+                             head_fusion=head_fusion, discard_ratio=discard_ratio, background_noise=background_noise,
+                             background=background)
