@@ -57,7 +57,6 @@ RULES: dict[str, re.Pattern[str]] = {
 # (file, phrase, the setting it restates): a percentage within one of these phrases is that file's own value
 SETTINGS: list[tuple[str, str, str]] = [
     ("configs/captioner/fashion_scenes.yaml", "70-107% size", "the training style's scale: [0.7, 1.07]"),
-    ("configs/captioner/fashion_scenes.yaml", "black for 75% of scenes", "background_weights: [9, 1, 1, 1]"),
     ("configs/captioner/fashion_scenes.yaml", "black 75%; noise, texture, distractors 8⅓% each",
      "background_weights: [9, 1, 1, 1]"),
 ]

@@ -64,8 +64,8 @@ class SmallCNN(nn.Sequential):
         self.out_channels = 8 * width
 
 
-# torchvision and timm are imported by the backbones that need them: importing torchvision costs about 2 s,
-# which the small CNN (and so captioning a photo with the default model) does not pay.
+# torchvision and timm are imported by the backbones that need them: importing torchvision is slow, and the small
+# CNN (and so captioning a photo with the default model) does not pay for it.
 def _vgg19_conv5_4() -> tuple[nn.Sequential, int]:
     import torchvision
 
@@ -163,8 +163,8 @@ class AnnotationEncoder(nn.Module):
         elif pretrained:
             self.load_trunk_weights(pretrained)
         self.set_trainable_stages(options.trainable_stages)
-        # NHWC convolutions: oneDNN's fast path on CPUs (the small CNN's training step is ~30% faster on 2 cores),
-        # and tensor cores' under mixed precision on GPUs. Loading weights keeps this layout (copy_ keeps strides).
+        # NHWC convolutions: oneDNN's fast path on CPUs (docs/benchmarks.md), and tensor cores' under mixed
+        # precision on GPUs. Loading weights keeps this layout (copy_ keeps strides).
         self.channels_last = options.channels_last
         if options.channels_last:
             self.trunk.to(memory_format=torch.channels_last)

@@ -73,8 +73,8 @@ def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_sto
     i.e. NLL = (1/B) Σ_b Σ_t −log p(y_bt) and penalty = (1/L) Σ_i Σ_b (1 − Σ_t α_bti)²: summed over the
     batch's captions and averaged over the L locations, so λ weighs it as much per caption at any L (and, as
     there, in proportion to the per-device batch). ``token``, this project's first normalisation: NLL averaged
-    over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 and ~12 words is ~170 per
-    caption against an NLL of ~2.5 per token.
+    over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 is two orders of magnitude
+    above the NLL per token.
     """
     paper = normalisation == "paper"
     scale = len(likelihood.per_caption) if paper else likelihood.tokens
