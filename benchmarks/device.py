@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.synthetic import backward_and_step, random_captions
 from benchmarks.timing import median_time, median_times
 
 PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -66,27 +67,13 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: 
     return 2 * size**3 / median_time(device, lambda: a @ b, repeats=repeats, warmup=3) / 1e12
 
 
-def random_captions(batch: int, length: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """(B, length + 2) ids <start> w.. <end> <pad>.., lengths from length/2 to length words."""
-    from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
-
-    generator = torch.Generator().manual_seed(0)
-    words = torch.randint(4, vocab, (batch, length), generator=generator)
-    counts = torch.randint(length // 2, length + 1, (batch,), generator=generator)
-    captions = torch.full((batch, length + 2), PAD_ID)
-    captions[:, 0] = START_ID
-    for row, count in enumerate(counts.tolist()):
-        captions[row, 1 : count + 1] = words[row, :count]
-        captions[row, count + 1] = END_ID
-    return captions.to(device)
-
-
 def captioner_step(device: torch.device, precision: str, shape: dict[str, int], *, compiled: str | None,
                    repeats: int) -> dict[str, float]:
     """The decoder's train step from cached annotation vectors: teacher forcing, the NLL and the doubly
     stochastic term at the paper's scale (λ = 1), backward, AdamW (with a gradient scaler in 16-mixed);
     ``compiled``: through ``decoder.compile`` in that torch.compile mode, as the option does."""
-    from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+    from vision_attn.captioning.compiled import compile_decoder
+    from vision_attn.captioning.decoder import AttentionDecoder
     from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
 
     torch.manual_seed(0)
@@ -99,21 +86,15 @@ def captioner_step(device: torch.device, precision: str, shape: dict[str, int], 
     optimizer = torch.optim.AdamW(decoder.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
     annotations = torch.randn(shape["batch"], shape["locations"], shape["dim"], device=device)
-    captions = random_captions(shape["batch"], shape["length"], shape["vocab"], device)
+    captions = random_captions(shape["batch"], shape["length"], shape["vocab"],
+                               torch.Generator().manual_seed(0))[0].to(device)
 
     def step() -> None:
         with autocast(device, precision):
             output = forward(annotations, captions)
             terms = likelihood_objective(token_likelihood(output.logits, captions), output.alphas, 1.0, "paper")
             loss = terms.nll + terms.penalty
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        backward_and_step(loss, optimizer, scaler)
 
     started = time.perf_counter()
     step()  # the first call compiles
@@ -129,7 +110,8 @@ def beam_search_speed(device: torch.device, precision: str, shape: dict[str, int
                       repeats: int, compiled: str | None = None) -> dict[str, float]:
     """Batched beam search of every image at the paper's shape, T words each; ``compiled``: its step compiled."""
     from vision_attn.captioning.beam_search import beam_search
-    from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+    from vision_attn.captioning.compiled import compile_decoder
+    from vision_attn.captioning.decoder import AttentionDecoder
     from vision_attn.data.vocabulary import END_ID, START_ID
 
     torch.manual_seed(0)
@@ -173,14 +155,7 @@ def vit_steps(device: torch.device, precision: str, shape: dict[str, int], *, re
                   scaler: torch.amp.GradScaler | None = scaler) -> None:
             with autocast(device, precision):
                 loss = torch.nn.functional.cross_entropy(model.train()(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is None:
-                loss.backward()
-                optimizer.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
+            backward_and_step(loss, optimizer, scaler)
 
         def infer(model: torch.nn.Module = model) -> None:
             with torch.inference_mode(), autocast(device, precision):

@@ -34,9 +34,11 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.device import cpu_description
-from benchmarks.run import decoder_train_step, markdown_table, random_captions
+from benchmarks.run import decoder_train_step, markdown_table
+from benchmarks.synthetic import random_captions
 from benchmarks.timing import paired_median_seconds
-from vision_attn.captioning.decoder import AttentionDecoder, compile_decoder
+from vision_attn.captioning.compiled import compile_decoder
+from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.cli_arguments import OneLineParser, at_least
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
 from vision_attn.errors import exit_on_user_error

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.run import decoder_train_step, random_captions
+from benchmarks.run import decoder_train_step
+from benchmarks.synthetic import random_captions
 from benchmarks.timing import paired_median_seconds
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder

@@ -22,26 +22,15 @@ from torch import Tensor, nn
 
 from benchmarks.device import run as run_on_device
 from benchmarks.reference_decoder import TutorialStyleDecoder
+from benchmarks.synthetic import random_captions
 from benchmarks.timing import median_seconds, paired_median_seconds
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.likelihood import token_likelihood
 from vision_attn.cli_arguments import OneLineParser, bounded_int, device, number_in
-from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
+from vision_attn.data.vocabulary import END_ID, START_ID, Vocabulary
 from vision_attn.errors import exit_on_user_error
 from vision_attn.io import output_file, replace_atomically
-
-
-def random_captions(batch: int, length: int, vocab_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(B, length + 2) ids <start> w.. <end> <pad>.. with lengths spread from length/2 to length words."""
-    words = torch.randint(4, vocab_size, (batch, length), generator=generator)
-    counts = torch.randint(length // 2, length + 1, (batch,), generator=generator)
-    captions = torch.full((batch, length + 2), PAD_ID)
-    captions[:, 0] = START_ID
-    for row, count in enumerate(counts.tolist()):
-        captions[row, 1 : count + 1] = words[row, :count]
-        captions[row, count + 1] = END_ID
-    return captions, counts + 2
 
 
 def decoder_train_step(decoder: AttentionDecoder, optimizer: torch.optim.Optimizer, annotations: Tensor,
