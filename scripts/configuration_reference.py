@@ -76,7 +76,59 @@ def reference() -> str:
             shown = default if default == REQUIRED else f"`{default.replace('|', '&#124;')}`"
             lines.append(f"| `{name}` | {kind.replace('|', '&#124;')} | {shown} | {doc.replace('|', '&#124;')} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + extensions())
+
+
+def extensions() -> list[str]:
+    """The captioner's extensions, by the list that names them, each with its options (its ``Options`` group)."""
+    import dataclasses
+
+    from vision_attn.captioning import extensions as registered
+
+    lines = ["## The captioner's extensions", "",
+             "What a list of the captioner's groups may name (docs/architecture.md, the seams): an entry is the "
+             "extension's name, or a mapping of its `name` and the options below.", ""]
+    for option, registry in (("decoder.attention_inputs", registered.ATTENTION_INPUTS),
+                             ("decoder.output_terms", registered.OUTPUT_TERMS),
+                             ("decoding.processors", registered.PROCESSORS),
+                             ("objective.auxiliary", registered.AUXILIARY),
+                             ("self_critical.rewards", registered.REWARDS)):
+        lines += [f"### `{option}`", "", "| extension | what it is | option | type | default | what it does |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, cls in registry.items():
+            summary = " ".join((cls.__doc__ or "").strip().split())
+            fields = dataclasses.fields(cls.Options) or [None]
+            docs = _attribute_docs(cls.Options)
+            for index, field in enumerate(fields):
+                summary = summary if index == 0 else ""
+                if field is None:
+                    lines.append(f"| `{name}` | {summary} | | | | |")
+                    continue
+                default = field.default_factory() if field.default_factory is not dataclasses.MISSING \
+                    else field.default
+                kind = field.type if isinstance(field.type, str) else field.type.__name__
+                lines.append(f"| `{name}` | {summary} | `{field.name}` | {kind.replace('|', '&#124;')} | "
+                             f"`{_default(default)}` | {docs.get(field.name, '')} |")
+        lines.append("")
+    return lines
+
+
+def _attribute_docs(group: type) -> dict[str, str]:
+    """Each field's doc, the string under it in the class body (and its bases')."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for cls in reversed(group.__mro__[:-1]):
+        try:
+            body = ast.parse(inspect.getsource(cls).lstrip()).body[0].body
+        except (OSError, TypeError):
+            continue
+        for node, after in zip(body, body[1:], strict=False):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = _doc(after.value.value)
+    return docs
 
 
 def main() -> None:
