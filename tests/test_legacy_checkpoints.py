@@ -1,5 +1,6 @@
-"""Checkpoints written before the option groups (vision-attn 0.1, ``tests/fixtures/legacy/``) load through every
-command, with the results they gave then: ``caption``, ``classify``, ``overlay``, ``explore`` and
+"""Checkpoints written before the option groups (vision-attn 0.1, ``tests/fixtures/legacy/``), and one written in
+the groups before the extension lists (``captioner_grouped.ckpt``), load through every command, with the results
+they gave then: ``caption``, ``classify``, ``overlay``, ``explore`` and
 ``vision-attn test --ckpt_path``, the older form with the weights at the top and the ``attention`` key too, and a
 checkpoint copied away from the files its fit started from."""
 
@@ -27,7 +28,7 @@ def same_records(ours: list[dict], theirs: list[dict]) -> None:
             assert torch.tensor(mine[key]) == pytest.approx(torch.tensor(recorded[key]), rel=1e-3, abs=1e-5), key
 
 
-@pytest.mark.parametrize("name", ["captioner", "captioner_vit"])
+@pytest.mark.parametrize("name", ["captioner", "captioner_vit", "captioner_grouped"])
 def test_a_legacy_captioner_captions_as_it_did(name: str, tmp_path: Path) -> None:
     out = tmp_path / "captions.json"
     result = run_in_process("caption", "--ckpt", str(LEGACY / f"{name}.ckpt"), str(LEGACY / "scene_1.png"),
@@ -70,6 +71,7 @@ def printed_metrics(stdout: str) -> dict[str, float]:
 # each legacy checkpoint with the config that trained it, and what `test` needs of the data
 TESTED = {
     "captioner": (tiny("captioner_tiny.yaml"), ["--data.init_args.object_targets", "true"]),
+    "captioner_grouped": (tiny("captioner_tiny.yaml"), ["--data.init_args.object_targets", "true"]),
     "vit": (tiny("vit_tiny.yaml"), []),
     "convnet": (shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml",
                         "vit/fashion_mnist_teacher.yaml"), ["--trainer.limit_test_batches", "2"]),
@@ -82,7 +84,7 @@ TESTED = {
 @pytest.mark.parametrize("name", sorted(TESTED))
 def test_a_legacy_checkpoint_tests_to_the_metrics_it_gave(name: str, tmp_path: Path) -> None:
     configs, data = TESTED[name]
-    if name == "captioner":
+    if name.startswith("captioner"):
         data = [*data, "--data.init_args.root", str(tmp_path / "scenes")]  # the tiny config's scenes, drawn again
     result = run_in_process("test", *configs, *data, "--ckpt_path", str(LEGACY / f"{name}.ckpt"),
                             "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.logger", "false",
@@ -135,3 +137,23 @@ def test_a_checkpoint_copied_away_from_its_initial_weights_tests_and_captions(tm
     out = tmp_path / "captions.json"
     captioned = run_in_process("caption", "--ckpt", str(copy), str(LEGACY / "scene_1.png"), "--out", str(out))
     assert captioned.returncode == 0, captioned.stderr[-2000:]
+
+
+def test_a_grouped_checkpoint_from_before_the_extension_lists_lists_them() -> None:
+    """``captioner_grouped.ckpt`` had every extension as a flag or weight of its group: upgraded, each is an entry of
+    today's lists, with the options it had, and its weights are under the extensions' names."""
+    loaded = upgrade(load_file(LEGACY / "captioner_grouped.ckpt"))
+    hparams, state = loaded["hyper_parameters"], loaded["state_dict"]
+    assert hparams["decoder"]["attention_inputs"] == ["previous_word", "coverage"]  # the scaled-dot score's order
+    assert hparams["decoder"]["output_terms"] == [{"name": "word_counts", "context": True}]
+    assert [entry["name"] for entry in hparams["decoding"]["processors"]] == ["blocked_endings", "revisit_penalty"]
+    assert hparams["objective"]["auxiliary"] == [
+        {"name": "concept", "weight": 0.5}, {"name": "object", "weight": 1.0, "heads_from_encoder": False},
+        {"name": "grounding", "weight": 1.0, "target": "inside"}]
+    assert hparams["self_critical"]["rewards"] == [{"name": "repeat", "weight": 1.0},
+                                                   {"name": "hallucination", "weight": 0.5},
+                                                   {"name": "recall", "weight": 1.0}]
+    assert "aids" not in hparams and not any(key.startswith("aids.") for key in state)
+    for name in ("model.decoder.attention_inputs.coverage.proj.weight", "model.decoder.output_terms.word_counts.weight",
+                 "model.decoder.output_terms.word_counts.context.weight", "auxiliary.object.colour_head.weight"):
+        assert name in state
