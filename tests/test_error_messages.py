@@ -75,8 +75,14 @@ def test_a_message_raised_from_none_stands_over_the_inner_error_it_replaced(scen
      "error: --model.init_args.decoder.attention_mode: expected one of 'soft', 'hard', got sofft"),
     (["--model", "vision_attn.tasks.CaptionerTsk"], "error: --model: class_path vision_attn.tasks.CaptionerTsk: "
      "module 'vision_attn.tasks' has no attribute 'CaptionerTsk'"),
+    (["--model.lr", "0.1"], "error: --model.lr: no such option of vision_attn.tasks.CaptionerTask; did you mean "
+     "--model.init_args.optimiser.lr?"),
+    (["--model.init_args.decoder", '{"attention_mod": "soft"}'], "error: --model.init_args.decoder.attention_mod: "
+     "no such option of vision_attn.tasks.CaptionerTask; did you mean --model.init_args.decoder.attention_mode?"),
+    (["--seed_everything", "abc"], "error: --seed_everything: abc is not a value it takes; `vision-attn fit --help` "
+     "lists the options"),
 ], ids=["model_option", "trainer_option", "data_group_option", "command_option", "bad_int", "bad_choice",
-        "bad_class"])
+        "bad_class", "option_in_another_group", "option_of_a_group_given_whole", "bad_seed"])
 def test_an_option_lightningcli_refuses_is_one_line_with_the_closest_option(arguments, expected, tmp_path) -> None:
     result = run_in_process("fit", *CAPTIONER, *arguments, "--trainer.default_root_dir", str(tmp_path / "run"))
     assert the_error(result) == expected
@@ -147,8 +153,8 @@ def _truncated(folder: Path) -> bytes:
 
 TORCH_HUB_FILES = {  # what each file holds (written under the test's folder) and how the error starts
     "pickle_garbage": (lambda _: b"\x80" + bytes(range(58, 250)) * 8,
-                       "refused, not a weights-only checkpoint: its pickle holds more than tensors and plain types, "
-                       "or is damaged (Unsupported operand"),
+                       "not a readable PyTorch checkpoint, truncated or damaged (byte 2 of its pickle is no pickle "
+                       "opcode)"),
     "random_bytes": (lambda _: bytes(range(256)) * 8,
                      "not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"),
     "truncated": (_truncated, "not a readable PyTorch checkpoint, truncated or damaged ("),

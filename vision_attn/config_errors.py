@@ -74,12 +74,20 @@ class OneLineErrors:
         except ArgumentError as error:
             argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
             options = Options(
-                keys={key for each in self.option_parsers for key in each.get_defaults().keys()} - NOT_OPTIONS,
+                parsers=[(each, parser_options(each)) for each in self.option_parsers],
                 trainer_class=self.trainer_class,
                 bases={"model": self.model_class, "data": self.datamodule_class},
                 commands=tuple(self.subcommands()))
             raise ValueError(refusal(argv, options, self.command) or
                              f"{in_one_line(error)}; {help_hint(self.command)}") from None
+
+
+def parser_options(parser: Any) -> list[str]:
+    """The dotted options of a jsonargparse ``parser`` (none where its defaults cannot be had)."""
+    try:
+        return list(parser.get_defaults().keys())
+    except Exception:  # noqa: BLE001 - on the way to an error message: without its options, no suggestion
+        return []
 
 
 def in_one_line(error: BaseException) -> str:
@@ -102,24 +110,46 @@ def refuse_unknown_command(argv: Sequence[str], commands: Sequence[str]) -> None
 
 
 class Options(NamedTuple):
-    """What a command accepts: its parsers' dotted options, the Trainer class (whose arguments are ``trainer.*``),
-    the class each of ``SUBCLASS_ROOTS`` must be (or subclass), and the command names."""
+    """What a command accepts: its parsers (each with its dotted options), the Trainer class (whose arguments
+    are ``trainer.*``, and whose method of the command takes the command's own options), the class each of
+    ``SUBCLASS_ROOTS`` must be (or subclass), and the command names."""
 
-    keys: set[str]
+    parsers: list[tuple[Any, list[str]]]
     trainer_class: Any
     bases: dict[str, Any]
     commands: tuple[str, ...]
 
+    @property
+    def keys(self) -> list[str]:
+        """Every option of the parsers, sorted."""
+        return sorted({key for _, keys in self.parsers for key in keys} - NOT_OPTIONS)
+
+    def validates(self, key: str, value: Any) -> bool:
+        """Whether a parser that has the option ``key`` accepts ``value`` for it (``ArgumentParser.validate`` on
+        that one option)."""
+        import jsonargparse
+
+        for parser, keys in self.parsers:
+            if key in keys:
+                namespace = jsonargparse.Namespace()
+                namespace[key] = value
+                try:
+                    parser.validate(namespace, skip_required=True)
+                except (TypeError, ValueError, KeyError):
+                    return False
+        return True
+
 
 class Given(NamedTuple):
-    """An option the user gave: its dotted key (``init_args`` where it belongs), the value as given (a command
-    line string, or what the YAML file holds), the config file that set it (None: the command line) and how the
-    user wrote its name (``--flag``, or the dotted key in the file)."""
+    """An option the user gave: its dotted key (``init_args`` where it belongs), the value as given, the config
+    file that set it (None: the command line), how the user wrote its name (``--flag``, or the dotted key in the
+    file), and whether the value is a command-line string (else what YAML made of it)."""
 
     key: str
     value: Any
     source: Path | None
     shown: str
+    raw: bool = False
 
 
 def full_key(key: str) -> str:
@@ -131,7 +161,8 @@ def full_key(key: str) -> str:
 
 
 def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Given]:
-    """The options of ``argv``, in the order jsonargparse reads them: a config file's where it is named."""
+    """The options of ``argv``, in the order jsonargparse reads them: a config file's where it is named, and the
+    options of a mapping given on the command line (``--model.init_args.decoder '{...}'``) one by one."""
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -145,27 +176,44 @@ def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Give
             index += takes_value
         key = flag.lstrip("-").removesuffix("+")
         if flag in CONFIG_FLAGS or (flag in SECTION_FLAGS and value and Path(value).is_file()):
-            prefix = "" if flag in CONFIG_FLAGS else key
-            yield from file_options(Path(str(value)), read_config(Path(str(value))), prefix, commands)
+            path = Path(str(value))
+            yield from mapping_options(read_config(path), "" if flag in CONFIG_FLAGS else key, "", path, commands)
         elif key.rpartition(".")[2] not in NOT_OPTIONS:
-            yield Given(full_key(key), value, None, flag)
+            mapping = yaml_value(value) if value is not None else None
+            if isinstance(mapping, dict):
+                yield from mapping_options(mapping, key, flag, None, commands)
+            else:
+                yield Given(full_key(key), value, None, flag, raw=True)
 
 
-def file_options(path: Path, node: Any, prefix: str, commands: Sequence[str]) -> Iterator[Given]:
-    """The options a config file's mapping ``node`` sets under ``prefix``, as dotted keys: a mapping is followed
-    down to its values (a ``class_path`` before its ``init_args``); a command's block holds options too."""
+def mapping_options(node: Any, prefix: str, shown: str, source: Path | None,
+                    commands: Sequence[str]) -> Iterator[Given]:
+    """The options a mapping ``node`` (a config file's, or one given on the command line as ``shown``) sets under
+    ``prefix``, as dotted keys: a mapping is followed down to its values (a ``class_path`` before its
+    ``init_args``); a command's block in a config file holds options too."""
     if not isinstance(node, dict):
         if prefix:
-            yield Given(full_key(prefix), node, path, prefix)
+            yield Given(full_key(prefix), node, source, shown or prefix)
         return
     for name in sorted(node, key=lambda name: name != "class_path"):
         key = f"{prefix}.{name}" if prefix else str(name)
+        named = f"{shown}.{name}" if shown else key
         if not prefix and name in commands:
-            yield from file_options(path, node[name], "", commands)
+            yield from mapping_options(node[name], "", "", source, commands)
         elif isinstance(node[name], dict) and name != "dict_kwargs":
-            yield from file_options(path, node[name], key, commands)
+            yield from mapping_options(node[name], key, named, source, commands)
         elif name not in NOT_OPTIONS:
-            yield Given(full_key(key), node[name], path, key)
+            yield Given(full_key(key), node[name], source, named)
+
+
+def yaml_value(text: str) -> Any:
+    """What jsonargparse reads a command-line value as: YAML (the text itself where it is not YAML)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
@@ -187,16 +235,25 @@ def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
             keys = [f"{root}.init_args.{option}" for option in class_options(found)]
             hint, owner = option_type(found, rest.removeprefix("init_args.")), f" of {class_path}"
         else:
-            keys, owner = sorted(options.keys), ""
-            hint = option_type(options.trainer_class, rest) if root == "trainer" else None
+            keys, owner = options.keys, ""
+            hint = option_type(options.trainer_class, rest) if root == "trainer" else \
+                option_type(getattr(options.trainer_class, command, None), given.key, method=True)
         if not accepts_key(given.key, keys):
             suggestion = closest(given.key, keys)
             dashes = "" if given.source else "--"
             found_text = f"no option {given.shown}{owner}" if given.source else f"{given.shown}: no such option{owner}"
             return f"{where}{found_text}; " + (f"did you mean {dashes}{suggestion}?" if suggestion
                                                 else help_hint(command))
-        if plain(hint) and given.value is not None and not accepts(hint, given.value, given.source is None):
-            return f"{where}{given.shown}: expected {describe(hint)}, got {given.value}"
+        if given.value is None or isinstance(given.value, dict | list):
+            continue  # jsonargparse's word on a whole class, list or mapping
+        if root in SUBCLASS_ROOTS:
+            refused = plain(hint) and not accepts(hint, given.value, given.raw)
+        else:
+            refused = not options.validates(given.key, yaml_value(given.value) if given.raw else given.value) and \
+                not (given.raw and options.validates(given.key, given.value))
+        if refused:
+            return f"{where}{given.shown}: " + (f"expected {describe(hint)}, got {given.value}" if plain(hint) else
+                                                f"{given.value} is not a value it takes; {help_hint(command)}")
     return None
 
 
@@ -215,7 +272,7 @@ def class_named(class_path: str, base: Any) -> tuple[Any, str | None]:
         return (found[0], None) if len(found) == 1 else (None, None)  # jsonargparse resolves or refuses it
     try:
         found = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 - whatever importing it raises is why it cannot be used
         return None, str(error)
     if isinstance(base, type) and not (isinstance(found, type) and issubclass(found, base)):
         return None, f"not a {base.__name__}"
@@ -237,17 +294,17 @@ def class_options(cls: type) -> list[str]:
     try:
         parser = jsonargparse.ArgumentParser(exit_on_error=False)
         parser.add_class_arguments(cls, fail_untyped=False)
-        return [key for key in parser.get_defaults().keys() if key.rpartition(".")[2] not in NOT_OPTIONS]
+        return [key for key in parser_options(parser) if key.rpartition(".")[2] not in NOT_OPTIONS]
     except Exception:  # noqa: BLE001 - without its options there is only no suggestion
         return []
 
 
-def option_type(cls: Any, dotted: str) -> Any:
-    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument, then the fields of the option
-    groups (dataclasses) under it. None where it cannot be told."""
+def option_type(cls: Any, dotted: str, *, method: bool = False) -> Any:
+    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument (an argument of ``cls`` itself
+    with ``method``), then the fields of the option groups (dataclasses) under it. None where it cannot be told."""
     first, *rest = dotted.split(".")
     try:
-        hint = typing.get_type_hints(cls.__init__).get(first)
+        hint = typing.get_type_hints(cls if method else cls.__init__).get(first)
         for name in rest:
             group = next((member for member in members(hint) if dataclasses.is_dataclass(member)), None)
             hint = typing.get_type_hints(group).get(name) if group is not None else None
@@ -284,7 +341,7 @@ def accepts(hint: Any, value: Any, from_command_line: bool) -> bool:
             parser.parse_args(["--value", str(value)])
         else:
             parser.parse_object({"value": value})
-    except ArgumentError:
+    except (ArgumentError, TypeError, ValueError):
         return False
     return True
 
@@ -305,22 +362,32 @@ def _spelled_out(key: str) -> str:
 
 
 def closest(bad: str, keys: Sequence[str]) -> str | None:
-    """The option of ``keys`` closest to ``bad`` (difflib): over whole dotted names first, then over their last
-    part within the same group; abbreviations (``lr``) also match spelled out (``learning_rate``)."""
-    candidates: dict[str, str] = {}
-    for key in keys:
-        candidates.setdefault(key, key)
-        candidates.setdefault(_spelled_out(key), key)
-    for wanted in (bad, _spelled_out(bad)):
-        found = difflib.get_close_matches(wanted, list(candidates), n=1, cutoff=0.8)
-        if found:
-            return candidates[found[0]]
+    """The option of ``keys`` closest to ``bad``: the one option of the same section with the same last name
+    (``model.lr`` is ``model.init_args.optimiser.lr``), else by difflib the closest last name within the same group
+    (``trainer.max_epocks``), else the closest whole name in another group (``trainr.max_epochs``); abbreviations
+    (``lr``) also match spelled out (``learning_rate``)."""
     group, _, leaf = bad.rpartition(".")
+    same_leaf = [key for key in keys if key.partition(".")[0] == bad.partition(".")[0]
+                 and key.rpartition(".")[2] in (leaf, _spelled_out(leaf))]
+    if len(same_leaf) == 1:
+        return same_leaf[0]
     in_group = [key for key in keys if key.startswith(f"{group}.")] if group else list(keys)
     leaves: dict[str, str] = {}
     for key in in_group:
-        tail = key[len(group) + 1:] if group else key
-        for name in (tail.rpartition(".")[2], _spelled_out(tail.rpartition(".")[2])):
-            leaves.setdefault(name, key)
-    found = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8)
-    return leaves[found[0]] if found else None
+        name = key.rpartition(".")[2]
+        leaves.setdefault(name, key)
+        leaves.setdefault(_spelled_out(name), key)
+    for wanted in (leaf, _spelled_out(leaf)):
+        found = difflib.get_close_matches(wanted, list(leaves), n=1, cutoff=0.8)
+        if found:
+            return leaves[found[0]]
+    elsewhere: dict[str, str] = {}
+    for key in keys:
+        if key not in in_group:
+            elsewhere.setdefault(key, key)
+            elsewhere.setdefault(_spelled_out(key), key)
+    for wanted in (bad, _spelled_out(bad)):
+        found = difflib.get_close_matches(wanted, list(elsewhere), n=1, cutoff=0.8)
+        if found:
+            return elsewhere[found[0]]
+    return None

@@ -5,10 +5,10 @@ Trainer's additions (``trainer_callbacks.py``) and its refusals in one line (``c
 Only LightningCLI's public hooks are overridden: ``add_arguments_to_parser``, ``parse_arguments``,
 ``before_instantiate_classes``, ``instantiate_trainer`` and the ``before_<subcommand>`` hooks. Lightning (2.6)
 also reads ``--ckpt_path``'s hyper-parameters into the model's config itself, between ``parse_arguments`` and
-``before_instantiate_classes``, with no public switch to stop it (Lightning-AI/pytorch-lightning#20801, #21455): it
-would take them as the checkpoint holds them, not upgraded, and with the options of the files a fit started
-from. So ``parse_arguments`` reads them itself, then holds the path back from the config until
-``before_instantiate_classes`` puts it back, and Lightning finds no checkpoint to read there.
+``before_instantiate_classes``, with no public switch to stop it: it would take them as the checkpoint holds
+them, not upgraded, and with the options of the files a fit started from. So ``parse_arguments`` reads them
+itself, then holds the path back from the config until ``before_instantiate_classes`` puts it back, and Lightning
+finds no checkpoint to read there.
 """
 
 from __future__ import annotations
