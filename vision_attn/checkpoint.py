@@ -81,6 +81,14 @@ def torch_file_problem(path: Path) -> str | None:
     return None
 
 
+LEGACY_PICKLES = 5  # torch's legacy format: magic number, protocol, system info, the object, its storages' keys
+# Opcodes that push a string (a global's module or name, for STACK_GLOBAL), and those that only store the top
+# of the stack in the memo (they push nothing)
+_STRING_OPCODES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
+                   "STRING"}
+_MEMO_STORES = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
+
+
 def unreadable_reason(error: BaseException, path: Path) -> str:
     """Why ``torch.load(weights_only=True)`` failing with ``error`` could not read the file at ``path``, in our
     words and from what we see of the file ourselves: the zip archive ``torch.save`` writes (``zipfile``), the
@@ -105,7 +113,7 @@ def inspect_torch_file(path: Path) -> tuple[str | None, str | None]:
     seen: the zip archive of ``torch.save`` must list its members, hold a ``data.pkl`` and pass its CRC checks;
     the pickle (``data.pkl``, or the whole file in the legacy format) must be whole opcodes up to its end."""
     with open(path, "rb") as file:
-        if file.read(2) != b"PK":  # the legacy format: pickles one after another, then the tensors' bytes
+        if file.read(2) != b"PK":  # a pickle: torch's legacy format (pickles, then the tensors' bytes), or one
             file.seek(0)
             foreign = None
             for _ in range(LEGACY_PICKLES):
@@ -129,20 +137,12 @@ def inspect_torch_file(path: Path) -> tuple[str | None, str | None]:
         return "an incomplete zip archive: the list of its members at its end is missing", None
 
 
-LEGACY_PICKLES = 5  # torch's legacy format: magic number, protocol, system info, the object, its storages' keys
-# Opcodes that push a string (a global's module or name, for STACK_GLOBAL), and those that only store the top
-# of the stack in the memo (they push nothing)
-_STRING_OPCODES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
-                   "STRING"}
-_MEMO_STORES = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
-
-
 def scan_pickle(stream: Any) -> tuple[str | None, str | None]:
     """(what is damaged, the first global named outside torch) of the pickle read from the binary ``stream``,
     by its opcodes (``pickletools.genops``, which runs nothing). A global is torch's when its module is ``torch``
     or under it, ``collections.OrderedDict``, or one of ``torch.serialization.get_safe_globals()``."""
-    allowed = {f"{getattr(item, '__module__', '')}.{getattr(item, '__qualname__', '')}"
-               for item in torch.serialization.get_safe_globals() if not isinstance(item, tuple)}
+    allowed = {item[1] if isinstance(item, tuple) else f"{getattr(item, '__module__', '')}."
+               f"{getattr(item, '__qualname__', '')}" for item in torch.serialization.get_safe_globals()}
     allowed.add("collections.OrderedDict")
     pushed: list[str | None] = []  # what each opcode pushed: a string, or None for anything else
     memo: dict[int, str | None] = {}
@@ -167,8 +167,8 @@ def scan_pickle(stream: Any) -> tuple[str | None, str | None]:
                     pushed.append(None)
                 continue
             qualified = f"{module}.{attribute}"
-            if foreign is None and not (str(module) == "torch" or str(module).startswith("torch.")
-                                        or qualified in allowed):
+            if foreign is None and module is not None and not (
+                    module == "torch" or str(module).startswith("torch.") or qualified in allowed):
                 foreign = qualified
             pushed.append(None)
     except ValueError:  # an unknown opcode, or the end of the stream before the pickle's STOP

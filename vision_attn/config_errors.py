@@ -9,8 +9,10 @@ themselves accept (their options, ``get_defaults``) and what the configured clas
 - an option no parser has (``no such option``), with the closest valid name (difflib over the parsers' options,
   or over the options of the class a ``model``/``data`` ``class_path`` names);
 - a ``class_path`` that cannot be imported, or names a class of another kind;
-- a plain value (a number, a flag, a string, one of a few choices) that its annotated type refuses, checked by
-  jsonargparse on a parser of that one option.
+- a value the option refuses: the command's own options and the Trainer's by the parser itself (``validate`` of
+  that one option), a model's or DataModule's plain value (a number, a flag, a string, one of a few choices) by
+  jsonargparse on a parser of that one option, typed as the class's signature says; the type wanted is named
+  where the signature gives a plain one.
 
 The first found is the message; where none is found, it is jsonargparse's own message, in one line. The config
 files were read first (``config_files.check_config_files``).
