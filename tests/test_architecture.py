@@ -24,7 +24,7 @@ LAYERS = [
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce", "vision_attn.captioning.aids",
      "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.options",
      "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
-     "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes"},
+     "vision_attn.vit.convnet", "vision_attn.weights", "vision_attn.boxes", "vision_attn.checkpoint_files"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.inference",
      "vision_attn.vit.deletion", "vision_attn.vit.distillation",
