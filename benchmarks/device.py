@@ -43,9 +43,9 @@ def precisions(device: torch.device) -> list[str]:
     CPU, and bf16 there too when the CPU has bf16 arithmetic (elsewhere it is emulated, tens of times slower)."""
     if device.type == "cuda":
         return ["32-true", *(["bf16-mixed"] if torch.cuda.is_bf16_supported() else []), "16-mixed"]
-    from vision_attn.trainer_cli import NATIVE_BF16_FLAGS, cpu_flags
+    from vision_attn.hardware import cpu_flags, has_native_bf16
 
-    return ["32-true", *(["bf16-mixed"] if cpu_flags() & set(NATIVE_BF16_FLAGS) else [])]
+    return ["32-true", *(["bf16-mixed"] if has_native_bf16(cpu_flags()) else [])]
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

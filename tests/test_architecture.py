@@ -18,8 +18,9 @@ OUTSIDE = (REPO / "benchmarks", REPO / "scripts")  # programs run from a checkou
 # Lower layers never import higher ones: models and data, then metrics/overlay/evaluation, then the Lightning
 # tasks, then the command line. A module may import its own layer and the ones below.
 LAYERS = [
-    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.cli_arguments", "vision_attn.option_groups"},
-    {"vision_attn.checkpoint", "vision_attn.data.*", "vision_attn.datamodules.*",
+    {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.cli_arguments", "vision_attn.option_groups",
+     "vision_attn.hardware"},
+    {"vision_attn.checkpoint", "vision_attn.checkpoint_files", "vision_attn.data.*", "vision_attn.datamodules.*",
      "vision_attn.captioning", "vision_attn.captioning.options", "vision_attn.captioning.encoder",
      "vision_attn.captioning.vit_trunk", "vision_attn.captioning.seams", "vision_attn.captioning.extensions.*",
      "vision_attn.captioning.fast_additive", "vision_attn.captioning.product_attention",
@@ -34,9 +35,11 @@ LAYERS = [
      "vision_attn.vit.rollout_mass", "vision_attn.vit.deletion", "vision_attn.vit.distillation",
      "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
-    {"vision_attn.trainer_cli", "vision_attn.config_errors", "vision_attn.cli", "vision_attn.commands.*"},
+    {"vision_attn.trainer_cli", "vision_attn.trainer_callbacks", "vision_attn.ckpt_path", "vision_attn.config_errors",
+     "vision_attn.config_files", "vision_attn.cli", "vision_attn.commands.*"},
 ]
-LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.tasks.*", "vision_attn.trainer_cli"}
+LIGHTNING_ALLOWED = {"vision_attn.datamodules.*", "vision_attn.tasks.*", "vision_attn.trainer_cli",
+                     "vision_attn.trainer_callbacks", "vision_attn.ckpt_path"}
 
 
 def module_name(path: Path) -> str:

@@ -138,28 +138,37 @@ def test_the_cli_paces_lightnings_default_progress_bar_and_keeps_a_configured_on
     import lightning as L
     from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 
-    from vision_attn.trainer_cli import PacedProgressBar, VisionAttnCLI
+    from vision_attn.trainer_callbacks import PacedProgressBar
+    from vision_attn.trainer_cli import VisionAttnCLI
 
-    def bars(*overrides: str) -> list[ProgressBar]:
-        cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
-                            subclass_mode_data=True, run=False, auto_configure_optimizers=False,
-                            save_config_callback=None,
-                            args=[*tiny("vit_tiny.yaml"), "--trainer.default_root_dir",
-                                  str(tmp_path), "--trainer.logger", "false", *overrides])
+    def cli_with(*overrides: str) -> VisionAttnCLI:
+        return VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                             subclass_mode_data=True, run=False, auto_configure_optimizers=False,
+                             save_config_callback=None,
+                             args=[*tiny("vit_tiny.yaml"), "--trainer.default_root_dir",
+                                   str(tmp_path), "--trainer.logger", "false", *overrides])
+
+    def bars(cli: VisionAttnCLI) -> list[ProgressBar]:
         return [callback for callback in cli.trainer.callbacks if isinstance(callback, ProgressBar)]
 
-    [paced] = bars("--trainer.enable_progress_bar", "true")
+    cli = cli_with("--trainer.enable_progress_bar", "true")
+    [paced] = bars(cli)
     assert type(paced) is PacedProgressBar
-    [configured] = bars("--trainer.enable_progress_bar", "true", "--trainer.callbacks",
-                        '[{"class_path": "lightning.pytorch.callbacks.TQDMProgressBar"}]')
+    [configured] = bars(cli_with("--trainer.enable_progress_bar", "true", "--trainer.callbacks",
+                                 '[{"class_path": "lightning.pytorch.callbacks.TQDMProgressBar"}]'))
     assert type(configured) is TQDMProgressBar and configured.refresh_rate == 1
-    assert bars("--trainer.enable_progress_bar", "false") == []
+    assert bars(cli_with("--trainer.enable_progress_bar", "false")) == []
 
+    # the batches of an endless epoch, through the bar's public hook: the bar shows a batch when it is drawn
+    paced.train_progress_bar = paced.init_train_tqdm()
+    paced.train_progress_bar.total = 10**9
     drawn, start = [], time.monotonic()
     while time.monotonic() - start < 0.5:  # thousands of batches in half a second: about 3 redraws
-        drawn.append(paced._should_update(len(drawn) + 1, 10**9))
+        paced.on_train_batch_end(cli.trainer, cli.model, None, None, len(drawn))
+        drawn.append(paced.train_progress_bar.n == len(drawn) + 1)
     assert drawn[0] and 2 <= sum(drawn) <= 4 and len(drawn) > 100
-    assert paced._should_update(10**9, 10**9)  # the bar's last batch is always drawn
+    paced.on_train_batch_end(cli.trainer, cli.model, None, None, 10**9 - 1)
+    assert paced.train_progress_bar.n == 10**9  # the bar's last batch is always drawn
 
 
 def test_a_fit_under_max_time_stops_at_a_validation_that_leaves_less_time_than_it_took() -> None:

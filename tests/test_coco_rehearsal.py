@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 from tests.conftest import run_in_process, run_script, shipped
+from vision_attn.hardware import cpu_flags, has_native_bf16
 from vision_attn.metrics import java_available
-from vision_attn.trainer_cli import NATIVE_BF16_FLAGS, cpu_flags
 
 SPLITS = {"train": 4, "restval": 2, "val": 4, "test": 4}  # small: the frozen trunks run at the real 224 px
 TEST_IDS = list(range(SPLITS["train"] + SPLITS["restval"] + SPLITS["val"] + 1, sum(SPLITS.values()) + 1))
@@ -93,8 +93,8 @@ def fill_torch_hub_cache(torch_home: Path, backbone: str) -> dict[str, torch.Ten
 
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as its flags say, less the kernels torch and
-    oneDNN were told not to use (``trainer_cli.cpu_flags``)."""
-    return bool(cpu_flags() & set(NATIVE_BF16_FLAGS))
+    oneDNN were told not to use (``hardware.cpu_flags``)."""
+    return has_native_bf16(cpu_flags())
 
 
 # VISION_ATTN_TEST_DEVICE=cuda (scripts/gpu_check.sh) runs both configs on the GPU in both mixed precisions

@@ -21,7 +21,9 @@ import yaml
 
 from tests.conftest import REPO, run_each_in_a_fresh_process, run_in_process, tiny
 from tests.test_pretrained_weights import fill_hub_cache, fresh_environment
+from vision_attn.checkpoint import load_file, load_weights
 from vision_attn.datamodules import CocoCaptionsDataModule
+from vision_attn.errors import CheckpointError
 
 CAPTIONER = tiny("captioner_tiny.yaml")
 RESNET50_FILE = "resnet50-11ad3fa6.pth"  # torchvision's ResNet50_Weights.IMAGENET1K_V2, as torch.hub names it
@@ -75,8 +77,14 @@ def test_a_message_raised_from_none_stands_over_the_inner_error_it_replaced(scen
      "error: --model.init_args.decoder.attention_mode: expected one of 'soft', 'hard', got sofft"),
     (["--model", "vision_attn.tasks.CaptionerTsk"], "error: --model: class_path vision_attn.tasks.CaptionerTsk: "
      "module 'vision_attn.tasks' has no attribute 'CaptionerTsk'"),
+    (["--model.lr", "0.1"], "error: --model.lr: no such option of vision_attn.tasks.CaptionerTask; did you mean "
+     "--model.init_args.optimiser.lr?"),
+    (["--model.init_args.decoder", '{"attention_mod": "soft"}'], "error: --model.init_args.decoder.attention_mod: "
+     "no such option of vision_attn.tasks.CaptionerTask; did you mean --model.init_args.decoder.attention_mode?"),
+    (["--seed_everything", "abc"], "error: --seed_everything: abc is not a value it takes; `vision-attn fit --help` "
+     "lists the options"),
 ], ids=["model_option", "trainer_option", "data_group_option", "command_option", "bad_int", "bad_choice",
-        "bad_class"])
+        "bad_class", "option_in_another_group", "option_of_a_group_given_whole", "bad_seed"])
 def test_an_option_lightningcli_refuses_is_one_line_with_the_closest_option(arguments, expected, tmp_path) -> None:
     result = run_in_process("fit", *CAPTIONER, *arguments, "--trainer.default_root_dir", str(tmp_path / "run"))
     assert the_error(result) == expected
@@ -155,8 +163,8 @@ def _truncated(folder: Path) -> bytes:
 
 TORCH_HUB_FILES = {  # what each file holds (written under the test's folder) and how the error starts
     "pickle_garbage": (lambda _: b"\x80" + bytes(range(58, 250)) * 8,
-                       "refused, not a weights-only checkpoint: its pickle holds more than tensors and plain types, "
-                       "or is damaged (Unsupported operand"),
+                       "not a readable PyTorch checkpoint, truncated or damaged (byte 2 of its pickle is no pickle "
+                       "opcode)"),
     "random_bytes": (lambda _: bytes(range(256)) * 8,
                      "not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"),
     "truncated": (_truncated, "not a readable PyTorch checkpoint, truncated or damaged ("),
@@ -227,6 +235,28 @@ def test_damaged_or_foreign_timm_weights_in_the_hugging_face_cache_name_the_file
     assert foreign.startswith(f"error: {vit}: not timm vit_tiny_patch16_224.augreg_in21k_ft_in1k: weights for another "
                               "architecture, cls_token is (1, 1, 8) in the file but (1, 1, 192) in the model"), foreign
     assert str(REPO) not in damaged  # the cache under tmp_path was read, not a file of the checkout
+
+
+def test_what_is_wrong_with_a_checkpoint_is_told_from_the_file_and_the_model(tmp_path) -> None:
+    """Without torch's words: a legacy-format file cut short is found so by reading its pickles' opcodes (torch
+    itself fails there with a struct.error, an IndexError or an EOFError), and weights for another architecture
+    by comparing them with the model's own state dict."""
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"weight": torch.zeros(3)}, legacy, _use_new_zipfile_serialization=False)
+    data = legacy.read_bytes()
+    for cut in (20, len(data) // 2):
+        (tmp_path / "cut.pt").write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match=r"cut\.pt: not a readable PyTorch checkpoint, truncated or "
+                                                  r"damaged \(its pickle ends early\)$"):
+            load_file(tmp_path / "cut.pt")
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(CheckpointError, match=r"^w\.pt: weights do not fit Linear: weights for another architecture, "
+                                              r"weight is \(2, 4\) in the file but \(2, 3\) in the model$"):
+        load_weights(model, {"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, source="w.pt")
+    with pytest.raises(CheckpointError, match=r"\(1 missing keys, e\.g\. bias; 1 unexpected keys, e\.g\. extra\)$"):
+        load_weights(model, {"weight": torch.zeros(2, 3), "extra": torch.zeros(1)}, source="w.pt")
+    assert load_weights(model, {"weight": torch.ones(2, 3), "bias": torch.ones(2)}, source="w.pt") is model
+    assert bool((model.weight == 1).all())
 
 
 # --- the feature cache --------------------------------------------------------------------------------------

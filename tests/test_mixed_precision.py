@@ -18,7 +18,7 @@ from tests.test_captioner_model import captions_batch, tiny_decoder
 from vision_attn.captioning import fast_additive
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.cli import main
-from vision_attn.trainer_cli import bf16_warning
+from vision_attn.hardware import bf16_warning
 from vision_attn.vit.vision_transformer import VisionTransformer
 
 # bf16 keeps 8 bits of mantissa (relative error up to 2^-8 per rounding), fp16 11 bits
@@ -161,7 +161,7 @@ def test_the_vit_trains_in_bf16_mixed(tmp_path) -> None:
 def test_cpu_flags_leave_out_the_kernels_torch_and_onednn_were_told_not_to_use(monkeypatch) -> None:
     """Under ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2 (scripts/slower_cpu.sh) an AVX-512 machine runs
     AVX2 kernels: bf16 is emulated there, so its flags must not claim AVX-512 or bf16 arithmetic."""
-    from vision_attn.trainer_cli import cpu_flags
+    from vision_attn.hardware import cpu_flags
 
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)

@@ -18,7 +18,7 @@ import torch
 
 from tests.conftest import printed_metrics, tiny
 from vision_attn.cli import main
-from vision_attn.trainer_cli import cpu_flags
+from vision_attn.hardware import cpu_flags
 
 PINNED = Path(__file__).parent / "pinned_metrics.json"
 

@@ -11,6 +11,7 @@ import copy
 import os
 import pickle
 import re
+import struct
 import urllib.parse
 import urllib.request
 import warnings
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from vision_attn import __version__
+from vision_attn.checkpoint_files import inspect_torch_file
 from vision_attn.errors import CheckpointError
 from vision_attn.io import input_file
 
@@ -61,8 +63,8 @@ def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str
             warnings.simplefilter("ignore", UserWarning)  # protocol notices; the outcome is what matters
             loaded = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, KeyError, ValueError,
-            TypeError, AttributeError, IndexError) as error:  # what a damaged file makes torch raise: one line
-        raise CheckpointError(f"{path}: {unreadable_reason(error)}") from None
+            TypeError, AttributeError, IndexError, struct.error) as error:  # what a damaged file makes torch raise
+        raise CheckpointError(f"{path}: {unreadable_reason(error, path)}") from None
     if not isinstance(loaded, Mapping):
         raise CheckpointError(f"{path}: expected a dict of weights, found {type(loaded).__name__}")
     return dict(loaded)
@@ -80,21 +82,22 @@ def torch_file_problem(path: Path) -> str | None:
     return None
 
 
-def unreadable_reason(error: BaseException) -> str:
-    """What ``torch.load(weights_only=True)`` failing with ``error`` says of the file, in our words: objects
-    refused, or a damaged or truncated file. torch's own advice to load with ``weights_only=False`` (which runs
-    whatever code the file carries) is never passed on."""
-    text = str(error)
-    found = re.search(r"WeightsUnpickler error:\s*([^\n]*)", text)
-    detail = (found.group(1).split(". Please")[0].strip() if found else "") or next(
-        (line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line), "")
-    if isinstance(error, pickle.UnpicklingError) and re.search(r"global|class", detail, re.IGNORECASE):
-        return (f"refused, the file holds objects other than tensors and plain types ({detail}); only weights-only "
+def unreadable_reason(error: BaseException, path: Path) -> str:
+    """Why ``torch.load(weights_only=True)`` failing with ``error`` could not read the file at ``path``, in our
+    words and from what we see of the file ourselves: the zip archive ``torch.save`` writes (``zipfile``), the
+    pickle in it or of the legacy format (its opcodes and the globals it names, ``pickletools``), and the error's
+    type: objects refused, or a damaged or truncated file. torch's own words, and its advice to load with
+    ``weights_only=False`` (which runs whatever code the file carries), are never passed on."""
+    damage, foreign = inspect_torch_file(path)
+    if damage:
+        return f"not a readable PyTorch checkpoint, truncated or damaged ({damage})"
+    if foreign:
+        return (f"refused, the file holds objects other than tensors and plain types ({foreign}); only weights-only "
                 "checkpoints are loaded")
-    if isinstance(error, pickle.UnpicklingError):  # an opcode the weights-only unpickler lacks: more, or garbage
-        return (f"refused, not a weights-only checkpoint: its pickle holds more than tensors and plain types, or is "
-                f"damaged ({detail})")
-    detail = detail.split(". This is an internal")[0] or type(error).__name__
+    if isinstance(error, pickle.UnpicklingError):  # an operation the weights-only unpickler does not run
+        return ("refused, not a weights-only checkpoint: its pickle holds more than tensors and plain types (an "
+                "operation the weights-only reader does not run)")
+    detail = "the file ends early" if isinstance(error, EOFError) else type(error).__name__
     return f"not a readable PyTorch checkpoint, truncated or damaged ({detail})"
 
 
@@ -351,34 +354,31 @@ def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
 
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], *, source: str | os.PathLike) -> Any:
-    """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when the weights do not fit."""
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
-        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__}: "
-                              f"{state_dict_mismatch(error)}") from None
+    """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when the weights do not fit
+    (``state_dict_mismatch``)."""
+    problem = state_dict_mismatch(model.state_dict(), state)
+    if problem:
+        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__}: {problem}")
+    model.load_state_dict(state)
     return model
 
 
-def state_dict_mismatch(error: BaseException) -> str:
-    """torch's ``load_state_dict`` error (a list of every mismatch) as one clause: the first key whose shape
-    differs, with both shapes, else the first missing and unexpected keys."""
-    text = str(error)
-    shapes = re.search(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
-                       r"checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
-    if shapes:
-        key, found, wanted = shapes.groups()
-        return f"weights for another architecture, {key} is ({found}) in the file but ({wanted}) in the model"
-    parts = []
-    for label, pattern in (("missing", r"Missing key\(s\) in state_dict: ([^\n]*)"),
-                           ("unexpected", r"Unexpected key\(s\) in state_dict: ([^\n]*)")):
-        found = re.search(pattern, text)
-        keys = re.findall(r'"([^"]+)"', found.group(1)) if found else []
-        if keys:
-            parts.append(f"{len(keys)} {label} keys, e.g. {keys[0]}")
-    if parts:
-        return f"weights for another architecture ({'; '.join(parts)})"
-    return (text.strip().splitlines() or [type(error).__name__])[0]
+def state_dict_mismatch(expected: Mapping[str, Any], found: Mapping[str, Any]) -> str | None:
+    """Why the weights ``found`` do not fit a model whose ``state_dict()`` is ``expected``, as one clause (None
+    when they fit, key for key): the first of its keys whose value in ``found`` is no tensor or has another shape,
+    with both shapes, else how many keys are missing and unexpected, with the first of each."""
+    for key, tensor in expected.items():
+        value = found.get(key)
+        if key in found and not isinstance(value, Tensor):
+            return f"weights for another architecture, {key} is a {type(value).__name__} in the file, not a tensor"
+        if isinstance(value, Tensor) and value.shape != tensor.shape:
+            return (f"weights for another architecture, {key} is ({', '.join(map(str, value.shape))}) in the file "
+                    f"but ({', '.join(map(str, tensor.shape))}) in the model")
+    missing = [key for key in expected if key not in found]
+    unexpected = [key for key in found if key not in expected]
+    parts = [f"{len(keys)} {label} keys, e.g. {keys[0]}" for label, keys in (("missing", missing),
+                                                                             ("unexpected", unexpected)) if keys]
+    return f"weights for another architecture ({'; '.join(parts)})" if parts else None
 
 
 def capture_rng_state() -> dict[str, Any]:

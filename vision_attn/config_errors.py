@@ -1,200 +1,362 @@
-"""What LightningCLI (jsonargparse) refuses in ``fit``, ``validate``, ``test`` and ``cache-features``, as one line
-naming the option or the config file, with the closest valid option where there is one.
+"""What LightningCLI (jsonargparse) refuses in ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``,
+as one line naming the option or the config file, with the closest valid option where there is one.
 
-jsonargparse reports a refusal with the whole usage block and, for a model's or DataModule's option, a dump of
-the classes it tried; ``trainer_cli`` has it raise instead (``exit_on_error=False``) and raises
-``config_error(...)``, which ``errors.exit_on_user_error`` prints as ``error: ...``. The config files are read
-first (``check_config_files``): one that is not UTF-8 text, not YAML, empty, not a mapping or tagged with a
-Python object is refused naming it, before anything is parsed.
+jsonargparse says what it refuses in prose only (its ``ArgumentError`` names no option), and prints it with the
+whole usage block. So the parser raises instead of printing (``exit_on_error=False``), and the options the user
+gave, on the command line and in the config files, are then checked here in order, against what the parsers
+themselves accept (their options, ``get_defaults``) and what the configured classes' signatures say:
+
+- an option no parser has (``no such option``), with the closest valid name (difflib over the parsers' options,
+  or over the options of the class a ``model``/``data`` ``class_path`` names);
+- a ``class_path`` that cannot be imported, or names a class of another kind;
+- a value the option refuses: the command's own options and the Trainer's by the parser itself (``validate`` of
+  that one option), a model's or DataModule's plain value (a number, a flag, a string, one of a few choices) by
+  jsonargparse on a parser of that one option, typed as the class's signature says; the type wanted is named
+  where the signature gives a plain one.
+
+The first found is the message; where none is found, it is jsonargparse's own message, in one line. The config
+files were read first (``config_files.check_config_files``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import importlib
-import re
 import sys
+import types
+import typing
 from argparse import ArgumentError
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
-CONFIG_FLAGS = ("--config", "-c")
-SECTION_FLAGS = ("--trainer", "--model", "--data")  # these take a config file of their section too
-MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KB; more is not one
+from vision_attn.config_files import CONFIG_FLAGS, SECTION_FLAGS, check_config_files, read_config
+
 ABBREVIATIONS = {"lr": "learning_rate"}  # what a user may spell out when guessing a name
-NOT_OPTIONS = {"help", "config", "print_config"}
+NOT_OPTIONS = {"help", "config", "print_config", "subcommand"}  # flags that set no option
+SUBCLASS_ROOTS = ("model", "data")  # the options LightningCLI fills with a class_path and its init_args
+PLAIN_TYPES = (int, float, str, bool, Path)  # the types whose values are checked here
 MAX_DETAIL = 400  # characters of jsonargparse's own words kept in a message
 
 
 class OneLineErrors:
-    """Mixed into LightningCLI (``trainer_cli.VisionAttnCLI``): the config files checked first, and what
-    jsonargparse refuses raised as one ``config_error`` line instead of printed with the usage block."""
+    """Mixed into LightningCLI (``trainer_cli.VisionAttnCLI``): the config files checked first, a command that
+    does not exist refused, and what jsonargparse refuses raised as one line instead of printed with the usage
+    block. It uses LightningCLI's public ``init_parser`` and ``parse_arguments`` hooks and its ``subcommands``,
+    ``trainer_class``, ``model_class`` and ``datamodule_class``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         argv = kwargs.get("args")
         argv = list(sys.argv[1:] if argv is None else argv) if isinstance(argv, list | tuple | None) else []
         check_config_files(argv)
+        runs = kwargs.get("run", True)
+        if runs:
+            refuse_unknown_command(argv, list(self.subcommands()))
+        self.option_parsers: list[Any] = []
+        self.command = next((arg for arg in argv if arg in self.subcommands()), "") if runs else "cache-features"
         try:
             super().__init__(*args, **kwargs)
-        except ArgumentError as error:
-            subcommand = next((arg for arg in argv if arg in self.subcommands()), None)
-            parser = getattr(self, "_subcommand_parsers", {}).get(subcommand) or getattr(self, "parser", None)
-            keys = [action.dest for action in getattr(parser, "_actions", ())]
-            command = subcommand or ("" if hasattr(self, "_subcommand_parsers") else "cache-features")
-            raise config_error(str(error), argv, keys, command) from None
+        except ArgumentError as error:  # refused after parsing (the checkpoint's hyper-parameters, a link)
+            raise ValueError(f"{in_one_line(error)}; {help_hint(self.command)}") from None
 
     def init_parser(self, **kwargs: Any) -> Any:
-        """LightningCLI's parser, raising what it refuses (``__init__`` words it) instead of printing the usage."""
+        """LightningCLI's parser, raising what it refuses instead of printing the usage; each parser made (the
+        main one and one per command) is kept, to know the options."""
         kwargs.setdefault("exit_on_error", False)
-        return super().init_parser(**kwargs)
+        parser = super().init_parser(**kwargs)
+        self.option_parsers.append(parser)
+        return parser
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """LightningCLI's parsing; what jsonargparse refuses becomes the one line ``refusal`` finds."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
+            options = Options(
+                parsers=[(each, parser_options(each)) for each in self.option_parsers],
+                trainer_class=self.trainer_class,
+                bases={"model": self.model_class, "data": self.datamodule_class},
+                commands=tuple(self.subcommands()))
+            raise ValueError(refusal(argv, options, self.command) or
+                             f"{in_one_line(error)}; {help_hint(self.command)}") from None
 
 
-def config_files(args: Sequence[str]) -> list[tuple[str, Path]]:
-    """The config files named in ``args``, in order, with the flag that named each: every ``--config``/``-c``
-    value, and a ``--trainer``/``--model``/``--data`` value that is an existing file."""
-    found = []
-    for index, arg in enumerate(args):
+def parser_options(parser: Any) -> list[str]:
+    """The dotted options of a jsonargparse ``parser`` (none where its defaults cannot be had)."""
+    try:
+        return list(parser.get_defaults().keys())
+    except Exception:  # noqa: BLE001 - on the way to an error message: without its options, no suggestion
+        return []
+
+
+def in_one_line(error: BaseException) -> str:
+    """An error's message in one line, at most ``MAX_DETAIL`` characters."""
+    text = " ".join(str(error).split())
+    return f"{text[:MAX_DETAIL]}..." if len(text) > MAX_DETAIL else text
+
+
+def help_hint(command: str) -> str:
+    """Where to find the valid options of ``command`` ("": the commands)."""
+    return f"`vision-attn {command} --help` lists the options" if command else "`vision-attn --help` lists the commands"
+
+
+def refuse_unknown_command(argv: Sequence[str], commands: Sequence[str]) -> None:
+    """Refuse a first argument that is neither an option nor one of ``commands``, with the closest command."""
+    if not argv or argv[0].startswith("-") or argv[0] in commands:
+        return
+    found = difflib.get_close_matches(argv[0], commands, n=1)
+    raise ValueError(f"{argv[0]}: no such command; " + (f"did you mean {found[0]}?" if found else help_hint("")))
+
+
+class Options(NamedTuple):
+    """What a command accepts: its parsers (each with its dotted options), the Trainer class (whose arguments
+    are ``trainer.*``, and whose method of the command takes the command's own options), the class each of
+    ``SUBCLASS_ROOTS`` must be (or subclass), and the command names."""
+
+    parsers: list[tuple[Any, list[str]]]
+    trainer_class: Any
+    bases: dict[str, Any]
+    commands: tuple[str, ...]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every option of the parsers, sorted."""
+        return sorted({key for _, keys in self.parsers for key in keys} - NOT_OPTIONS)
+
+    def validates(self, key: str, value: Any) -> bool:
+        """Whether a parser that has the option ``key`` accepts ``value`` for it (``ArgumentParser.validate`` on
+        that one option)."""
+        import jsonargparse
+
+        for parser, keys in self.parsers:
+            if key in keys:
+                namespace = jsonargparse.Namespace()
+                namespace[key] = value
+                try:
+                    parser.validate(namespace, skip_required=True)
+                except (TypeError, ValueError, KeyError):
+                    return False
+        return True
+
+
+class Given(NamedTuple):
+    """An option the user gave: its dotted key (``init_args`` where it belongs), the value as given, the config
+    file that set it (None: the command line), how the user wrote its name (``--flag``, or the dotted key in the
+    file), and whether the value is a command-line string (else what YAML made of it)."""
+
+    key: str
+    value: Any
+    source: Path | None
+    shown: str
+    raw: bool = False
+
+
+def full_key(key: str) -> str:
+    """``key`` with ``init_args`` where a ``model``/``data`` option leaves it out (``model.lr``)."""
+    root, _, rest = key.partition(".")
+    if root in SUBCLASS_ROOTS and rest and rest.partition(".")[0] not in ("class_path", "init_args", "dict_kwargs"):
+        return f"{root}.init_args.{rest}"
+    return key
+
+
+def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Given]:
+    """The options of ``argv``, in the order jsonargparse reads them: a config file's where it is named, and the
+    options of a mapping given on the command line (``--model.init_args.decoder '{...}'``) one by one."""
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if not arg.startswith("-"):
+            continue  # the command
         flag, equals, value = arg.partition("=")
         if not equals:
-            value = args[index + 1] if index + 1 < len(args) else ""
+            takes_value = index < len(argv) and not argv[index].startswith("--") and argv[index] not in commands
+            value = argv[index] if takes_value else None
+            index += takes_value
+        key = flag.lstrip("-").removesuffix("+")
         if flag in CONFIG_FLAGS or (flag in SECTION_FLAGS and value and Path(value).is_file()):
-            found.append((flag, Path(value)))
-    return found
+            path = Path(str(value))
+            yield from mapping_options(read_config(path), "" if flag in CONFIG_FLAGS else key, "", path, commands)
+        elif key.rpartition(".")[2] not in NOT_OPTIONS:
+            mapping = yaml_value(value) if value is not None else None
+            if isinstance(mapping, dict):
+                yield from mapping_options(mapping, key, flag, None, commands)
+            else:
+                yield Given(full_key(key), value, None, flag, raw=True)
 
 
-def check_config_files(args: Sequence[str]) -> None:
-    """Refuse, in one line naming it, a config file that does not exist or is not readable, not UTF-8 text,
-    larger than ``MAX_CONFIG_BYTES``, not YAML, empty, not a mapping, or tagged with a Python object."""
+def mapping_options(node: Any, prefix: str, shown: str, source: Path | None,
+                    commands: Sequence[str]) -> Iterator[Given]:
+    """The options a mapping ``node`` (a config file's, or one given on the command line as ``shown``) sets under
+    ``prefix``, as dotted keys: a mapping is followed down to its values (a ``class_path`` before its
+    ``init_args``); a command's block in a config file holds options too."""
+    if not isinstance(node, dict):
+        if prefix:
+            yield Given(full_key(prefix), node, source, shown or prefix)
+        return
+    for name in sorted(node, key=lambda name: name != "class_path"):
+        key = f"{prefix}.{name}" if prefix else str(name)
+        named = f"{shown}.{name}" if shown else key
+        if not prefix and name in commands:
+            yield from mapping_options(node[name], "", "", source, commands)
+        elif isinstance(node[name], dict) and name != "dict_kwargs":
+            yield from mapping_options(node[name], key, named, source, commands)
+        elif name not in NOT_OPTIONS:
+            yield Given(full_key(key), node[name], source, named)
+
+
+def yaml_value(text: str) -> Any:
+    """What jsonargparse reads a command-line value as: YAML (the text itself where it is not YAML)."""
     import yaml
 
-    for flag, path in config_files(args):
-        if not path.is_file():
-            where = "no such file" if not path.exists() else "not a file"
-            raise ValueError(f"{path}: {where}; {flag} takes a YAML config file")
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{path}: {path.stat().st_size / 2**20:.0f} MiB is not a config file (the limit is "
-                             f"{MAX_CONFIG_BYTES // 2**20} MiB)")
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}: not a YAML config file, byte {error.start} is not UTF-8 text (a binary "
-                             "file?)") from None
-        except OSError as error:
-            raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as error:
-            mark = error.problem_mark or error.context_mark
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            tag = re.search(r"for the tag '([^']+)'", str(error.problem))
-            if tag:
-                raise ValueError(f"{path}: {where}the YAML tag {tag.group(1).replace('tag:yaml.org,2002:', '!!')} "
-                                 "is refused: a config holds plain values (classes are named by class_path "
-                                 "and init_args)") from None
-            raise ValueError(f"{path}: not valid YAML, {where}{error.problem}") from None
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
-        if loaded is None:
-            raise ValueError(f"{path}: the config file is empty; it holds options such as trainer:, model: and "
-                             "data:")
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: a config file holds a mapping of options (trainer:, model:, data:), not a "
-                             f"{type(loaded).__name__}")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
-def config_error(message: str, args: Sequence[str], keys: Iterable[str], command: str = "fit") -> ValueError:
-    """jsonargparse's refusal ``message`` of ``args`` as a one-line ``ValueError``: the option, where it was set
-    (the command line or the config file), what is wrong, and the closest of ``keys`` (the command's options)
-    where one is close. ``command``: the subcommand parsed ("" when none was found)."""
-    keys = [key for key in keys if key.rpartition(".")[2] not in NOT_OPTIONS]
-    help_hint = (f"`vision-attn {command} --help` lists the options" if command
-                 else "`vision-attn --help` lists the commands")
-    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-    if choice:
-        found = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']+)'", choice.group(2)), n=1)
-        return ValueError(f"{choice.group(1)}: no such command; "
-                          + (f"did you mean {found[0]}?" if found else help_hint))
-    key, class_path, unknown, detail = analyse(message)
-    if len(detail) > MAX_DETAIL:
-        detail = f"{detail[:MAX_DETAIL]}..."
-    if key is None:
-        return ValueError(f"{detail}; {help_hint}")
-    where, shown = origin(key, args)
-    if not unknown:
-        return ValueError(f"{where}{shown}: {detail}")
-    if class_path:
-        root = key.partition(".init_args.")[0]
-        keys = [f"{root}.init_args.{option}" for option in class_options(class_path)]
-    suggestion = closest(key, keys)
-    owner = f" of {class_path}" if class_path else ""
-    found = f"no option {shown}{owner}" if where else f"{shown}: no such option{owner}"
-    if suggestion:
-        return ValueError(f"{where}{found}; did you mean {'' if where else '--'}{suggestion}?")
-    return ValueError(f"{where}{found}; {help_hint}")
+def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
+    """The first problem with the options of ``argv`` (None where none is found here), in one line."""
+    classes: dict[str, tuple[str, Any]] = {}  # root -> (class_path as given, the class or None)
+    for given in given_options(argv, options.commands):
+        root, _, rest = given.key.partition(".")
+        where = f"{given.source}: " if given.source else ""
+        if root in SUBCLASS_ROOTS and rest in ("", "class_path") and isinstance(given.value, str):
+            found, problem = class_named(given.value, options.bases.get(root))
+            if problem:
+                return f"{where}{given.shown.removesuffix('.class_path')}: class_path {given.value}: {problem}"
+            classes[root] = (given.value, found)
+            continue
+        if root in SUBCLASS_ROOTS:
+            class_path, found = classes.get(root, ("", None))
+            if found is None or not rest.startswith("init_args."):
+                continue  # a class not known here, or a dict of options (dict_kwargs): jsonargparse's word
+            keys = [f"{root}.init_args.{option}" for option in class_options(found)]
+            hint, owner = option_type(found, rest.removeprefix("init_args.")), f" of {class_path}"
+        else:
+            keys, owner = options.keys, ""
+            hint = option_type(options.trainer_class, rest) if root == "trainer" else \
+                option_type(getattr(options.trainer_class, command, None), given.key, method=True)
+        if not accepts_key(given.key, keys):
+            suggestion = closest(given.key, keys)
+            dashes = "" if given.source else "--"
+            found_text = f"no option {given.shown}{owner}" if given.source else f"{given.shown}: no such option{owner}"
+            return f"{where}{found_text}; " + (f"did you mean {dashes}{suggestion}?" if suggestion
+                                                else help_hint(command))
+        if given.value is None or isinstance(given.value, dict | list):
+            continue  # jsonargparse's word on a whole class, list or mapping
+        if root in SUBCLASS_ROOTS:
+            refused = plain(hint) and not accepts(hint, given.value, given.raw)
+        else:
+            refused = not options.validates(given.key, yaml_value(given.value) if given.raw else given.value) and \
+                not (given.raw and options.validates(given.key, given.value))
+        if refused:
+            return f"{where}{given.shown}: " + (f"expected {describe(hint)}, got {given.value}" if plain(hint) else
+                                                f"{given.value} is not a value it takes; {help_hint(command)}")
+    return None
 
 
-UNKNOWN = (r"Option '([^']+)' is not accepted", r"unrecognized arguments: -*([^\s=]+)",
-           r"does not accept option '([^']+)'", r"Key '([^']+)' is not expected")
-NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value",
-         "Expected a <class 'NoneType'>", "Expected a path but")
+def accepts_key(key: str, keys: Iterable[str]) -> bool:
+    """Whether ``key`` is one of ``keys``, a group of them (``trainer``), or inside one whose value has options
+    of its own (``trainer.logger.init_args.save_dir``)."""
+    return any(key == option or option.startswith(f"{key}.") or key.startswith(f"{option}.") for option in keys)
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
+def class_named(class_path: str, base: Any) -> tuple[Any, str | None]:
+    """(the class ``class_path`` names, None) or (None, why it cannot be used where a ``base`` is wanted). A name
+    without a module is looked for among the subclasses of ``base`` already imported."""
+    module_name, _, name = class_path.rpartition(".")
+    if not module_name:
+        found = [cls for cls in subclasses(base) if cls.__name__ == name] if isinstance(base, type) else []
+        return (found[0], None) if len(found) == 1 else (None, None)  # jsonargparse resolves or refuses it
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except Exception as error:  # noqa: BLE001 - whatever importing it raises is why it cannot be used
+        return None, str(error)
+    if isinstance(base, type) and not (isinstance(found, type) and issubclass(found, base)):
+        return None, f"not a {base.__name__}"
+    return found, None
 
 
-def analyse(text: str, prefix: str = "") -> tuple[str | None, str | None, bool, str]:
-    """What a jsonargparse error ``text`` is about: the dotted key (None when it names none), the class_path whose
-    option it is (None: the command's own), whether the option is unknown, and what is wrong, in one line."""
-    text = text.strip()
-    root = re.match(r'Parser key "([^"]+)":\s*', text)
-    key = f"{prefix}{root.group(1)}" if root else (prefix.removesuffix(".init_args.") or None)
-    body = text[root.end():] if root else text
-    lines = body.splitlines()
-    for index, line in enumerate(lines):
-        found = re.search(r"Problem with given class_path '([^']+)':\s*$", line)
-        if found:
-            inner = []
-            for following in lines[index + 1:]:
-                if following.strip() and _indent(following) <= _indent(line):
-                    break
-                inner.append(following)
-            sub_key, sub_class, unknown, detail = analyse("\n".join(inner), f"{key}.init_args." if key else "")
-            if sub_key is None or sub_key == key:
-                return key, None, False, f"class_path {found.group(1)}: {detail}"
-            return sub_key, sub_class or found.group(1), unknown, detail
-    group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", body)
-    if group:
-        return f"{prefix}{group.group(1)}.{group.group(2)}", None, True, ""
-    if not (root and "Parser key" in body):
-        for pattern in UNKNOWN:
-            found = re.search(pattern, body)
-            if found:
-                return f"{prefix}{found.group(1)}", None, True, ""
-    reasons = [line.strip().removeprefix("- ").strip() for line in lines
-               if line.strip() and not any(noise in line for noise in NOISE)]
-    detail = "; ".join(reasons) or " ".join(body.split())
-    detail = re.sub(r"<class '([^']+)'>", r"\1", detail).replace("Expected a ", "expected ")
-    detail = re.sub(r"typing\.Literal\[(.*)\]", lambda found: f"one of {found.group(1)}", detail)
-    given = re.search(r"Given value: (.*)", body)
-    if given and "value" not in detail.lower() and len(given.group(1)) < 100:
-        detail = f"{detail}, got {given.group(1).strip()}"
-    return key, None, False, detail.replace(". Got value:", ", got")
+def subclasses(base: type) -> Iterator[type]:
+    """Every subclass of ``base`` imported so far, at any depth."""
+    for cls in base.__subclasses__():
+        yield cls
+        yield from subclasses(cls)
 
 
-def class_options(class_path: str) -> list[str]:
-    """The dotted option names of the class ``class_path`` names (its init_args), as jsonargparse reads them."""
+@functools.cache
+def class_options(cls: type) -> list[str]:
+    """The dotted option names of ``cls``'s ``__init__`` (its init_args), as jsonargparse reads them."""
     import jsonargparse
 
-    module_name, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), name)
         parser = jsonargparse.ArgumentParser(exit_on_error=False)
         parser.add_class_arguments(cls, fail_untyped=False)
+        return [key for key in parser_options(parser) if key.rpartition(".")[2] not in NOT_OPTIONS]
     except Exception:  # noqa: BLE001 - without its options there is only no suggestion
         return []
-    return [action.dest for action in parser._actions if not action.dest.endswith("help")]
+
+
+def option_type(cls: Any, dotted: str, *, method: bool = False) -> Any:
+    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument (an argument of ``cls`` itself
+    with ``method``), then the fields of the option groups (dataclasses) under it. None where it cannot be told."""
+    first, *rest = dotted.split(".")
+    try:
+        hint = typing.get_type_hints(cls if method else cls.__init__).get(first)
+        for name in rest:
+            group = next((member for member in members(hint) if dataclasses.is_dataclass(member)), None)
+            hint = typing.get_type_hints(group).get(name) if group is not None else None
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: nothing to check here
+        return None
+    return hint
+
+
+def members(hint: Any) -> tuple[Any, ...]:
+    """The types a union ``hint`` allows, less None (the type itself when it is no union)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(member for member in typing.get_args(hint) if member is not type(None))
+    return (hint,)
+
+
+def plain(hint: Any) -> bool:
+    """Whether ``hint`` allows only plain values (``PLAIN_TYPES``, choices, and None), whose check is certain."""
+    return hint is not None and all(typing.get_origin(member) is Literal or member in PLAIN_TYPES
+                                    for member in members(hint))
+
+
+def accepts(hint: Any, value: Any, from_command_line: bool) -> bool:
+    """Whether jsonargparse accepts ``value`` for an option of type ``hint``, on a parser of that one option
+    (a command-line string is parsed as the command line is, a config file's value as a config's is)."""
+    import jsonargparse
+
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    try:
+        parser.add_argument("--value", type=hint)
+    except (ValueError, TypeError):  # a type jsonargparse takes no option of: nothing to check here
+        return True
+    try:
+        if from_command_line:
+            parser.parse_args(["--value", str(value)])
+        else:
+            parser.parse_object({"value": value})
+    except (ArgumentError, TypeError, ValueError):
+        return False
+    return True
+
+
+def describe(hint: Any) -> str:
+    """A plain type in words: ``int``, ``one of 'soft', 'hard'``, ``int or str``."""
+    words = []
+    for member in members(hint):
+        if typing.get_origin(member) is Literal:
+            words.append("one of " + ", ".join(repr(choice) for choice in typing.get_args(member)))
+        else:
+            words.append(getattr(member, "__name__", str(member)))
+    return " or ".join(words)
 
 
 def _spelled_out(key: str) -> str:
@@ -202,64 +364,32 @@ def _spelled_out(key: str) -> str:
 
 
 def closest(bad: str, keys: Sequence[str]) -> str | None:
-    """The option of ``keys`` closest to ``bad`` (difflib): over whole dotted names first, then over their last
-    part within the same group; abbreviations (``lr``) also match spelled out (``learning_rate``)."""
-    candidates: dict[str, str] = {}
-    for key in keys:
-        candidates.setdefault(key, key)
-        candidates.setdefault(_spelled_out(key), key)
-    for wanted in (bad, _spelled_out(bad)):
-        found = difflib.get_close_matches(wanted, list(candidates), n=1, cutoff=0.8)
-        if found:
-            return candidates[found[0]]
+    """The option of ``keys`` closest to ``bad``: the one option of the same section with the same last name
+    (``model.lr`` is ``model.init_args.optimiser.lr``), else by difflib the closest last name within the same group
+    (``trainer.max_epocks``), else the closest whole name in another group (``trainr.max_epochs``); abbreviations
+    (``lr``) also match spelled out (``learning_rate``)."""
     group, _, leaf = bad.rpartition(".")
+    same_leaf = [key for key in keys if key.partition(".")[0] == bad.partition(".")[0]
+                 and key.rpartition(".")[2] in (leaf, _spelled_out(leaf))]
+    if len(same_leaf) == 1:
+        return same_leaf[0]
     in_group = [key for key in keys if key.startswith(f"{group}.")] if group else list(keys)
     leaves: dict[str, str] = {}
     for key in in_group:
-        tail = key[len(group) + 1:] if group else key
-        for name in (tail.rpartition(".")[2], _spelled_out(tail.rpartition(".")[2])):
-            leaves.setdefault(name, key)
-    found = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8)
-    return leaves[found[0]] if found else None
-
-
-def origin(key: str, args: Sequence[str]) -> tuple[str, str]:
-    """Where ``key`` was set: ``("", "--key")`` as the user wrote it on the command line, or
-    ``("<file>: ", "key")`` for the last config file in ``args`` that sets it, else ``("", "--key")``."""
-    short = key.replace(".init_args.", ".")
-    for arg in args:
-        flag = arg.partition("=")[0]
-        if flag in (f"--{key}", f"--{short}"):
-            return "", flag
-    for _, path in reversed(config_files(args)):
-        if _sets(path, key):
-            return f"{path}: ", key
-    return "", f"--{key}"
-
-
-def _sets(path: Path, key: str) -> bool:
-    """Whether the YAML config ``path`` sets ``key`` (``init_args`` may be left out, a subcommand may hold it)."""
-    import yaml
-
-    try:
-        loaded: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    parts = key.split(".")
-    for start in (loaded, *(loaded.values() if isinstance(loaded, dict) else ())):
-        if _holds(start, parts):
-            return True
-    return False
-
-
-def _holds(node: Any, parts: list[str]) -> bool:
-    if not parts:
-        return True
-    if not isinstance(node, dict):
-        return False
-    if parts[0] in node and _holds(node[parts[0]], parts[1:]):
-        return True
-    if parts[0] == "init_args":
-        return _holds(node, parts[1:])
-    dotted = ".".join(parts)
-    return dotted in node
+        name = key.rpartition(".")[2]
+        leaves.setdefault(name, key)
+        leaves.setdefault(_spelled_out(name), key)
+    for wanted in (leaf, _spelled_out(leaf)):
+        found = difflib.get_close_matches(wanted, list(leaves), n=1, cutoff=0.8)
+        if found:
+            return leaves[found[0]]
+    elsewhere: dict[str, str] = {}
+    for key in keys:
+        if key not in in_group:
+            elsewhere.setdefault(key, key)
+            elsewhere.setdefault(_spelled_out(key), key)
+    for wanted in (bad, _spelled_out(bad)):
+        found = difflib.get_close_matches(wanted, list(elsewhere), n=1, cutoff=0.8)
+        if found:
+            return elsewhere[found[0]]
+    return None

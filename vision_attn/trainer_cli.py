@@ -1,23 +1,19 @@
-"""``vision-attn fit | validate | test | predict``: LightningCLI with the DataModule → model links, the option
-groups' docs in ``--help``, atomic checkpoint writes, a ``last.ckpt`` that holds the final weights, a progress bar
-redrawn at most 5 times a second, and ``--ckpt_path`` checked and read safely. A run that restores a checkpoint
-(``--ckpt_path``) never reads the files its fit started from (the options of ``checkpoint.INITIAL_WEIGHTS``):
-the checkpoint holds those weights, so it runs anywhere with only the data.
+"""``vision-attn fit | validate | test | predict`` and ``cache-features``: LightningCLI with the DataModule → model
+links, the option groups' docs in ``--help``, ``--ckpt_path`` checked and read by us (``ckpt_path.py``), the
+Trainer's additions (``trainer_callbacks.py``) and its refusals in one line (``config_errors.py``).
 
-LightningCLI's public hooks are overridden (``parse_arguments``, ``add_arguments_to_parser``,
-``instantiate_trainer``), and two private methods of Lightning 2.6, each with a test: ``_parse_ckpt_path``, which
-reads a checkpoint's hyper-parameters into the model's config (here weights-only, upgraded to today's groups, and
-without the options that only matter when a fit starts), and ``TQDMProgressBar._should_update`` (the paced bar).
+Only LightningCLI's public hooks are overridden: ``add_arguments_to_parser``, ``parse_arguments``,
+``before_instantiate_classes``, ``instantiate_trainer`` and the ``before_<subcommand>`` hooks. Lightning (2.6)
+also reads ``--ckpt_path``'s hyper-parameters into the model's config itself, between ``parse_arguments`` and
+``before_instantiate_classes``, with no public switch to stop it: it would take them as the checkpoint holds
+them, not upgraded, and with the options of the files a fit started from. So ``parse_arguments`` reads them
+itself, then holds the path back from the config until ``before_instantiate_classes`` puts it back, and Lightning
+finds no checkpoint to read there.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import re
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jsonargparse
@@ -26,28 +22,23 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import (
-    LearningRateMonitor,
-    ModelCheckpoint,
-    OnExceptionCheckpoint,
-    ProgressBar,
-    TQDMProgressBar,
-)
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vision_attn.checkpoint import (
-    INITIAL_WEIGHTS,
-    KIND_KEY,
-    load_file,
-    local_path,
-    require_kind,
-    upgrade,
-    without_initial_weights,
+from vision_attn.checkpoint import local_path
+from vision_attn.ckpt_path import (
+    NAMED_CHECKPOINTS,
+    checkpoint_folder,
+    clear_initial_weights,
+    model_class,
+    model_kind,
+    require_last_checkpoint,
+    restored_model,
 )
 from vision_attn.config_errors import OneLineErrors
-from vision_attn.io import replace_atomically
+from vision_attn.hardware import bf16_warning, cpu_flags
+from vision_attn.trainer_callbacks import FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
 
 # A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -62,160 +53,13 @@ LINKED_FROM_DATA = {
     "vocab_tokens": "vocabulary",
     "object_names": "objects",
 }
-NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 arithmetic
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file), less those whose
-    kernels torch and oneDNN were told not to use: ``ATEN_CPU_CAPABILITY`` below AVX-512 or ``ONEDNN_MAX_CPU_ISA``
-    below AVX512_CORE drop the AVX-512 and AMX flags, an ``ONEDNN_MAX_CPU_ISA`` of AVX-512 without BF16, FP16 or
-    AMX drops the bf16 and AMX ones (``scripts/slower_cpu.sh`` runs an AVX-512 machine as one without)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    flags = set(line.partition(":")[2].split())
-    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    below_avx512 = aten in ("default", "avx2") or (
-        onednn not in ("", "ALL") and not onednn.startswith(("AVX512", "AVX10")) and "AMX" not in onednn)
-    if below_avx512:
-        return {flag for flag in flags if not flag.startswith(("avx512", "amx"))}
-    if onednn.startswith("AVX512") and not any(part in onednn for part in ("BF16", "FP16", "AMX")):
-        return {flag for flag in flags if flag != "avx512_bf16" and not flag.startswith("amx")}
-    return flags
-
-
-def bf16_warning(precision: str, on_cpu: bool, flags: set[str]) -> str | None:
-    """What to tell a user who trains in bf16 on a CPU without bf16 arithmetic (None when it does not apply).
-    There every bf16 convolution and matmul is emulated: VGG-19 at 224 px ran 80× slower than in fp32 on an
-    AVX2 machine (114.7 s against 1.43 s for 4 images)."""
-    if not on_cpu or "bf16" not in str(precision) or not flags or flags & set(NATIVE_BF16_FLAGS):
-        return None
-    return (f"precision {precision} on a CPU without bf16 arithmetic (none of {', '.join(NATIVE_BF16_FLAGS)} in "
-            "its flags): bf16 convolutions and matmuls are emulated here and can run tens of times slower than "
-            "fp32 (VGG-19 at 224 px: 80× slower on an AVX2 CPU); use --trainer.precision 32-true")
-
-
-class SafeCheckpointIO(TorchCheckpointIO):
-    """Checkpoints read only through ``checkpoint.load_file`` (weights-only, local), and written to a temporary
-    file beside the target, then renamed: a crash (even SIGKILL) mid-write leaves the previous checkpoint whole.
-    Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read."""
-
-    def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
-        """Write ``checkpoint`` to a local ``path`` atomically (a remote one with Lightning's writer)."""
-        if "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        replace_atomically(path, lambda file: torch.save(checkpoint, file))
-
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
-        """Read a local checkpoint weights-only with ``checkpoint.load_file`` (on the CPU unless told otherwise)."""
-        return load_file(path, map_location=map_location or "cpu")
-
-
-class PacedProgressBar(TQDMProgressBar):
-    """Lightning's tqdm bars, redrawn at most every ``interval`` seconds (and at each bar's end) instead of at
-    every batch. Redrawing a bar and its metrics took ~2 ms of each ~30 ms step of the scene encoder's
-    pretraining on 2 cores, time its 4-minute budget then did not train. The CLI uses it in place of
-    Lightning's default bar; a progress bar set in the config is kept as it is."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        super().__init__()
-        self.interval = interval
-        self._drawn_at = float("-inf")
-
-    def _should_update(self, current: int, total: int) -> bool:
-        if not super()._should_update(current, total):
-            return False
-        now = time.monotonic()
-        if current == total or now - self._drawn_at >= self.interval:
-            self._drawn_at = now
-            return True
-        return False
-
-
-class FinalWeightsInLast(L.Callback):
-    """``last.ckpt`` holds the weights the fit ended with. Lightning (2.6) writes a ModelCheckpoint's ``last``
-    only at a validation where its monitored top-k checkpoint is written too, so a fit that ``max_time`` stops
-    after a validation that did not improve on the best kept an earlier step as "last" (on the slower machine's
-    stand-in, the scenes captioner's step 1,250 of 1,543). At the end of fitting, when no checkpoint was
-    written at the final step, each ModelCheckpoint with ``save_last: true`` writes its ``last`` again (a
-    ``save_last: link`` is a link to a top-k file, left as it is)."""
-
-    def __init__(self) -> None:
-        self.saved_at_step = -1
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        """Note the step of the checkpoint being written."""
-        self.saved_at_step = trainer.global_step
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Write each ``save_last: true`` checkpoint's ``last`` again unless one was written at the final step."""
-        if trainer.fast_dev_run or self.saved_at_step == trainer.global_step:
-            return
-        for callback in trainer.checkpoint_callbacks:
-            if getattr(callback, "save_last", None) is True and getattr(callback, "last_model_path", ""):
-                trainer.save_checkpoint(callback.last_model_path)
-
-
-def model_class(class_path: str) -> type | None:
-    """The class a config's ``model.class_path`` names (None if it cannot be imported)."""
-    module_name, _, class_name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError):
-        return None  # LightningCLI reports a class it cannot import in its own words
-
-
-def model_kind(class_path: str) -> str | None:
-    """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
-    return getattr(model_class(class_path), "kind", None)
-
-
-def clear_initial_weights(model: Any, kind: str | None) -> None:
-    """Clear, in a config's ``model`` (class path and init args), the options that say where a fit's first
-    weights come from (``checkpoint.INITIAL_WEIGHTS`` of ``kind``): None, or False for a flag."""
-    for target in INITIAL_WEIGHTS.get(kind or "", ()):
-        key = f"init_args.{target}"
-        try:
-            value = model[key]
-        except (KeyError, TypeError):
-            continue
-        model[key] = False if isinstance(value, bool) else None
-
-
-def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
-    """(the checkpoints ``--ckpt_path last`` resumes from, the folders looked in), as Lightning (2.6) finds them:
-    each ModelCheckpoint's ``last`` files (``last.ckpt``, ``last-v1.ckpt`` ...) in its folder, and the
-    files of the OnExceptionCheckpoints."""
-    found, folders = [], []
-    for callback in trainer.callbacks:
-        if isinstance(callback, OnExceptionCheckpoint):
-            found += [Path(callback.ckpt_path)] if Path(callback.ckpt_path).is_file() else []
-        elif isinstance(callback, ModelCheckpoint):
-            folder = checkpoint_folder(trainer, callback)
-            folders.append(folder)
-            last = re.compile(rf"^{re.escape(callback.CHECKPOINT_NAME_LAST)}(-(\d+))?")
-            found += [path for path in sorted(folder.iterdir()) if path.suffix == callback.FILE_EXTENSION
-                      and last.match(path.stem)] if folder.is_dir() else []
-    return found, folders
-
-
-def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
-    """Where a ModelCheckpoint will write, as Lightning resolves it: its ``dirpath``, else the first logger's
-    ``log_dir/checkpoints`` (a versioned logger picks a new version), else ``default_root_dir/checkpoints``."""
-    if getattr(callback, "dirpath", None):
-        return Path(callback.dirpath)
-    if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None):
-        return Path(trainer.loggers[0].log_dir) / "checkpoints"
-    return Path(trainer.default_root_dir) / "checkpoints"
 
 
 class VisionAttnCLI(OneLineErrors, LightningCLI):
-    """LightningCLI with the links of ``LINKED_FROM_DATA``, a ``--ckpt_path`` check, and its refusals in one line
-    naming the option or the config file (``config_errors.OneLineErrors``)."""
+    """LightningCLI with the links of ``LINKED_FROM_DATA``, ``--ckpt_path`` read by us, the Trainer's additions,
+    and its refusals in one line naming the option or the config file (``config_errors.OneLineErrors``)."""
+
+    held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -225,31 +69,58 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                             help="fit: start anew over the checkpoints of an earlier run in the same folder, "
                                  "replacing them (without it, such a fit is refused)")
 
-    def require_last_checkpoint(self) -> None:
-        """Refuse ``--ckpt_path last`` when there is no last checkpoint, naming where it was looked for: Lightning
-        would only warn, then fit from scratch (or evaluate untrained weights)."""
-        if self.config[self.subcommand].get("ckpt_path") != "last":
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse, then read ``--ckpt_path``: ``predict`` needs one, and a task that writes predictions; a file must
+        be a weights-only checkpoint of the model family the config trains (else the config's data meets another
+        model), and its hyper-parameters, in today's groups, become the model's config (``ckpt_path.py``). The
+        initial-weight options are cleared for every ``--ckpt_path``, ``last`` and the other names Lightning
+        resolves later too. The path is then held back from the config (``held_ckpt_path``) until
+        ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
             return
-        found, folders = last_checkpoints(self.trainer)
-        if found:
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if subcommand == "predict":
+            require_predictions(config, ckpt_path)
+        if not ckpt_path:
             return
-        where = f"in {', '.join(str(folder) for folder in folders)}" if folders else \
-            "to look for: the config has no ModelCheckpoint (trainer.callbacks) that writes one"
-        raise FileNotFoundError(f"--ckpt_path last: no last checkpoint {where}; pass the checkpoint's path, or "
-                                + ("fit without --ckpt_path to start anew" if self.subcommand == "fit" else
-                                   f"{self.subcommand} another run's checkpoint"))
+        model = config.get("model")
+        class_path = str(model.get("class_path", "")) if model is not None else ""
+        if model is not None:
+            clear_initial_weights(model, model_kind(class_path))
+        if ckpt_path not in NAMED_CHECKPOINTS:
+            local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
+            restored = restored_model(local, class_path, source=ckpt_path)
+            if restored and class_path:
+                self.config = parser.parse_object({subcommand: {"model": restored}}, self.config)
+            ckpt_path = local
+        self.held_ckpt_path = ckpt_path
+        self.config[subcommand]["ckpt_path"] = None
+
+    def before_instantiate_classes(self) -> None:
+        """Put ``--ckpt_path`` back into the config (``parse_arguments`` held it back)."""
+        if self.held_ckpt_path is not None:
+            self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
+            self.held_ckpt_path = None
+
+    def refuse_last_without_checkpoint(self) -> None:
+        """Refuse ``--ckpt_path last`` with no last checkpoint (``ckpt_path.require_last_checkpoint``)."""
+        if self.config[self.subcommand].get("ckpt_path") == "last":
+            require_last_checkpoint(self.trainer, self.subcommand)
 
     def before_validate(self) -> None:
-        """Refuse ``--ckpt_path last`` with no last checkpoint (``require_last_checkpoint``)."""
-        self.require_last_checkpoint()
+        """Refuse ``--ckpt_path last`` with no last checkpoint."""
+        self.refuse_last_without_checkpoint()
 
     before_test = before_predict = before_validate
 
     def before_fit(self) -> None:
-        """Refuse ``--ckpt_path last`` with nothing to resume (``require_last_checkpoint``), and a fresh fit whose
-        checkpoint folder holds an earlier run's checkpoints: replacing them silently loses that run. Resuming
-        (``--ckpt_path``) and ``--overwrite true`` go ahead."""
-        self.require_last_checkpoint()
+        """Refuse ``--ckpt_path last`` with nothing to resume, and a fresh fit whose checkpoint folder holds an
+        earlier run's checkpoints: replacing them silently loses that run. Resuming (``--ckpt_path``) and
+        ``--overwrite true`` go ahead."""
+        self.refuse_last_without_checkpoint()
         config = self.config[self.subcommand]
         if config.get("ckpt_path") or config.get("overwrite"):
             return
@@ -261,60 +132,22 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                                       "it with --ckpt_path last, move it away to keep it, or replace it with "
                                       "--overwrite true")
 
-    def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse, then check ``--ckpt_path`` before LightningCLI takes the model's hyper-parameters from it: the
-        file must be a weights-only checkpoint of the model family the config trains (else the config's data
-        meets another model). ``predict`` needs a checkpoint, and a task that writes predictions."""
-        super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if subcommand == "predict":
-            require_predictions(self.config[subcommand], ckpt_path)
-        if ckpt_path and ckpt_path not in NAMED_CHECKPOINTS:
-            local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
-            self.config[subcommand]["ckpt_path"] = local
-            found = load_file(local).get(KIND_KEY)
-            model = self.config[subcommand].get("model") or {}
-            class_path = model.get("class_path", "") if isinstance(model, dict) else getattr(model, "class_path", "")
-            wanted = model_kind(str(class_path))
-            if wanted:
-                require_kind(found, wanted, source=ckpt_path, training=True)
-
-    def _parse_ckpt_path(self) -> None:
-        """Lightning's own (2.6) puts the checkpoint's hyper-parameters into the model's config, read with
-        ``torch.load``; here they are read weights-only (``checkpoint.load_file``), brought to today's groups
-        (a checkpoint written before them still tests), and the options that say where a fit's first weights come
-        from are cleared: the checkpoint's weights replace them, so it runs on any machine with only the data.
-        They are cleared in the config too, for ``last`` and the other names Lightning resolves later."""
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path:
-            return
-        model = self.config[subcommand].get("model")
-        if model is not None:
-            clear_initial_weights(model, model_kind(str(model.get("class_path", ""))))
-        if not Path(ckpt_path).is_file():
-            return
-        loaded = upgrade(load_file(ckpt_path))
-        hparams = loaded.get("hyper_parameters") or {}
-        if hparams:
-            hparams = without_initial_weights(loaded.get(KIND_KEY), hparams)
-            model = {"class_path": self.config[subcommand]["model"]["class_path"], "init_args": hparams}
-            self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
-
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The configured Trainer, whose checkpoints are read safely and written atomically by ``SafeCheckpointIO``
-        (added to the config's plugins unless they hold a CheckpointIO of their own)."""
-        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        plugins = (config.get("trainer") or {}).get("plugins") or []
+        (added to the config's plugins unless they hold a CheckpointIO of their own), with a ``PacedProgressBar``
+        where the config sets no bar of its own, ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no
+        LearningRateMonitor without a logger, and a warning for bf16 on a CPU without bf16 arithmetic."""
+        config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
+        plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
-        configured_bar = holds_progress_bar((config.get("trainer") or {}).get("callbacks"))  # read before Lightning
-        trainer = super().instantiate_trainer(**kwargs)  # ... adds its default bar to that same list
-        bar = trainer.progress_bar_callback
-        if type(bar) is TQDMProgressBar and bar.refresh_rate == 1 and not configured_bar:
-            trainer.callbacks[trainer.callbacks.index(bar)] = PacedProgressBar()  # Lightning's default bar
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
+                not any(isinstance(callback, ProgressBar) for callback in callbacks):
+            kwargs["callbacks"] = [*callbacks, PacedProgressBar()]  # in place of Lightning's default bar
+        trainer = super().instantiate_trainer(**kwargs)
         if any(getattr(callback, "save_last", None) is True for callback in trainer.checkpoint_callbacks):
             trainer.callbacks.append(FinalWeightsInLast())
         if not trainer.loggers:  # the trainer bases log the learning rate; with --trainer.logger false, nowhere to
@@ -339,14 +172,8 @@ def require_predictions(config: Any, ckpt_path: str | None) -> None:
                          "(e.g. runs/<run>/checkpoints/best.ckpt)")
 
 
-def holds_progress_bar(callbacks: Any) -> bool:
-    """Whether the configured callbacks (a callback, a list of them, or None) hold a progress bar."""
-    callbacks = callbacks if isinstance(callbacks, list | tuple) else [callbacks]
-    return any(isinstance(callback, ProgressBar) for callback in callbacks)
-
-
 def run_lightning(args: Sequence[str] | None) -> None:
-    """LightningCLI on ``args`` (``sys.argv`` when None): the model and data are picked by ``class_path``.
+    """LightningCLI on ``args`` (``sys.argv[1:]`` when None): the model and data are picked by ``class_path``.
     Lightning's refusal of a setting (``MisconfigurationException``) becomes a one-line user error."""
     try:
         VisionAttnCLI(

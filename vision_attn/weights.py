@@ -31,14 +31,20 @@ import urllib.error
 import urllib.parse
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
-from vision_attn.checkpoint import state_dict_mismatch, torch_file_problem, unreadable_reason
+from vision_attn.checkpoint import (
+    extract_state_dict,
+    load_file,
+    state_dict_mismatch,
+    torch_file_problem,
+    unreadable_reason,
+)
 from vision_attn.errors import CheckpointError
 
 IMAGENET = "imagenet"
@@ -133,8 +139,8 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
         try:
             yield cached
         except UNREADABLE as error:
-            raise CheckpointError(f"{cached}: {_unreadable(error, what)}; delete it and put the file from {url} "
-                                  "there") from None
+            raise CheckpointError(f"{cached}: {_unreadable(error, what, cached)}; delete it and put the file from "
+                                  f"{url} there") from None
         return
     if offline():
         raise CheckpointError(f"{what} is not in torch.hub's cache: no file {cached}, and HF_HUB_OFFLINE is set; "
@@ -147,8 +153,8 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
         raise CheckpointError(f"{what}: no file {cached}, and downloading it failed ({_first_line(error)}); "
                               f"{fetch}") from None
     except RuntimeError as error:
-        if "hash" not in str(error):
-            raise
+        if cached.exists():
+            raise  # the download was kept: torch.hub keeps no file whose hash is not the one its name says
         raise CheckpointError(f"{what}: the download from {url} is damaged ({_first_line(error)}); "
                               f"{fetch}") from None
     finally:
@@ -221,22 +227,37 @@ def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwarg
             raise CheckpointError(f"{what}: timm could not build it with its weights ({_first_line(error)})") \
                 from None
         folder = " (and its snapshot folder)" if "snapshots" in cached.parts else ""
-        raise CheckpointError(f"{cached}: {_unreadable(error, what)}; delete it{folder} and download it again") \
-            from None
+
+        def expected() -> Mapping[str, Tensor]:
+            """The state dict of the model timm builds, to compare the file's with."""
+            return timm.create_model(pretrained_name, pretrained=False, **kwargs).state_dict()
+
+        raise CheckpointError(f"{cached}: {_unreadable(error, what, cached, expected)}; delete it{folder} and "
+                              "download it again") from None
 
 
 UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, zipfile.BadZipFile)
 
 
-def _unreadable(error: BaseException, what: str) -> str:
-    """Why a cached weights file failed to load as ``what``: weights of another architecture (the first key whose
-    shape differs, with both shapes), or a file that is not a checkpoint, truncated or damaged. Never torch's
-    advice to load with ``weights_only=False``."""
-    if "state_dict" in str(error):
-        return f"not {what}: {state_dict_mismatch(error)}"
+def _unreadable(error: BaseException, what: str, cached: Path,
+                expected: Callable[[], Mapping[str, Tensor]] | None = None) -> str:
+    """Why the cached weights file ``cached`` failed to load as ``what``, from what we see of it ourselves: a
+    file that reads but whose weights do not fit the model that ``expected`` builds the state dict of (the first
+    key whose shape differs, with both shapes), else a file that is not a checkpoint, truncated or damaged. Never
+    torch's advice to load with ``weights_only=False``."""
     if type(error).__name__ == "SafetensorError":
         return f"not a readable safetensors file, truncated or damaged ({_first_line(error)})"
-    return unreadable_reason(error)
+    if expected is not None and isinstance(error, RuntimeError):
+        try:
+            found = extract_state_dict(load_file(cached))
+        except CheckpointError:
+            found = None
+        if found is not None:  # it reads: its weights did not fit
+            mismatch = state_dict_mismatch(expected(), found)
+            return f"not {what}: {mismatch or 'its weights do not load into the model'}"
+    if cached.suffix == ".safetensors":
+        return f"not a readable safetensors file, truncated or damaged ({type(error).__name__})"
+    return unreadable_reason(error, cached)
 
 
 def _check_hub_files(hub_id: str, what: str) -> Path | None:

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vision_attn.checkpoint import VIT, read_model_checkpoint
+from vision_attn.checkpoint import VIT, load_weights, read_model_checkpoint
 from vision_attn.data.classification_datasets import eval_transform
 from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, open_image, readable_batches, to_tensor
 from vision_attn.errors import CheckpointError
@@ -75,9 +75,9 @@ class Classifier:
         saved = read_model_checkpoint(path, kind=VIT, loaded=loaded)
         try:
             model = vit_from_hparams(saved.hparams)
-            model.load_state_dict(saved.state_dict)
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"{path}: not the weights of a ViT ({str(error).splitlines()[0]})") from None
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: not the weights of a ViT ({type(error).__name__}: {error})") from None
+        load_weights(model, saved.state_dict, source=path)
         return cls.from_hparams(model.to(device).eval(), saved.hparams)
 
     @property

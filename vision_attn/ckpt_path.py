@@ -1,0 +1,111 @@
+"""``--ckpt_path``: the checkpoint a ``fit``, ``validate``, ``test`` or ``predict`` restores, read by us before
+LightningCLI builds anything (weights-only, refused when another model family wrote it), and its hyper-parameters,
+upgraded to today's groups, as the model's config. The options that say where a fit's first weights come from
+(``checkpoint.INITIAL_WEIGHTS``) are cleared: the checkpoint holds those weights, so it runs anywhere with only the
+data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+from vision_attn.checkpoint import (
+    INITIAL_WEIGHTS,
+    KIND_KEY,
+    hyper_parameters,
+    load_file,
+    require_kind,
+    without_initial_weights,
+)
+
+NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+
+
+def model_class(class_path: str) -> type | None:
+    """The class a config's ``model.class_path`` names (None if it cannot be imported)."""
+    module_name, _, class_name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # LightningCLI reports a class it cannot import in its own words
+
+
+def model_kind(class_path: str) -> str | None:
+    """The checkpoint kind of the task a config's ``model.class_path`` names (None if it is not ours)."""
+    return getattr(model_class(class_path), "kind", None)
+
+
+def clear_initial_weights(model: Any, kind: str | None) -> None:
+    """Clear, in a config's ``model`` (class path and init args), the options that say where a fit's first
+    weights come from (``checkpoint.INITIAL_WEIGHTS`` of ``kind``): None, or False for a flag, in each entry of an
+    extension list too."""
+    for target in INITIAL_WEIGHTS.get(kind or "", ()):
+        *path, name = target.split(".")
+        try:
+            holder = model[".".join(["init_args", *path])]
+        except (KeyError, TypeError):
+            continue
+        for item in holder if isinstance(holder, list) else [holder]:  # a list of extensions: each entry
+            if not isinstance(item, str) and item is not None and name in item:
+                item[name] = False if isinstance(item[name], bool) else None
+
+
+def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[str, Any] | None:
+    """The model config (``class_path`` and ``init_args``) that the checkpoint at the local ``path`` was written
+    with: read weights-only, refused (naming ``source``, as the user gave it) when it is of another model family
+    than the config's ``class_path`` trains, its hyper-parameters in today's groups and without the initial-weight
+    options. None when it holds no hyper-parameters."""
+    loaded = load_file(path)
+    kind = loaded.get(KIND_KEY)
+    wanted = model_kind(class_path)
+    if wanted:
+        require_kind(kind, wanted, source=source, training=True)
+    hparams = hyper_parameters(loaded)
+    if not hparams:
+        return None
+    return {"class_path": class_path, "init_args": without_initial_weights(kind, hparams)}
+
+
+def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
+    """Where a ModelCheckpoint will write, by the rule its documentation gives: its ``dirpath``, else the first
+    logger's ``log_dir/checkpoints`` (a versioned logger picks a new version), else
+    ``default_root_dir/checkpoints``. Lightning resolves it only when the fit starts; the CLI needs it before."""
+    if getattr(callback, "dirpath", None):
+        return Path(callback.dirpath)
+    if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None):
+        return Path(trainer.loggers[0].log_dir) / "checkpoints"
+    return Path(trainer.default_root_dir) / "checkpoints"
+
+
+def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
+    """(the checkpoints ``--ckpt_path last`` resumes from, the folders looked in), as Lightning (2.6) finds them:
+    each ModelCheckpoint's ``last`` files (``last.ckpt``, ``last-v1.ckpt`` ...: its ``CHECKPOINT_NAME_LAST``
+    followed by anything, with its ``FILE_EXTENSION``) in its folder, and the files of the OnExceptionCheckpoints."""
+    found, folders = [], []
+    for callback in trainer.callbacks:
+        if isinstance(callback, OnExceptionCheckpoint):
+            found += [Path(callback.ckpt_path)] if Path(callback.ckpt_path).is_file() else []
+        elif isinstance(callback, ModelCheckpoint):
+            folder = checkpoint_folder(trainer, callback)
+            folders.append(folder)
+            found += [path for path in sorted(folder.iterdir()) if path.suffix == callback.FILE_EXTENSION
+                      and path.stem.startswith(callback.CHECKPOINT_NAME_LAST)] if folder.is_dir() else []
+    return found, folders
+
+
+def require_last_checkpoint(trainer: L.Trainer, subcommand: str) -> None:
+    """Refuse ``--ckpt_path last`` when there is no last checkpoint, naming where it was looked for: Lightning
+    would only warn, then fit from scratch (or evaluate untrained weights)."""
+    found, folders = last_checkpoints(trainer)
+    if found:
+        return
+    where = f"in {', '.join(str(folder) for folder in folders)}" if folders else \
+        "to look for: the config has no ModelCheckpoint (trainer.callbacks) that writes one"
+    raise FileNotFoundError(f"--ckpt_path last: no last checkpoint {where}; pass the checkpoint's path, or "
+                            + ("fit without --ckpt_path to start anew" if subcommand == "fit" else
+                               f"{subcommand} another run's checkpoint"))
