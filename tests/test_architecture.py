@@ -25,6 +25,7 @@ LAYERS = [
      "vision_attn.captioning.vit_trunk", "vision_attn.captioning.seams", "vision_attn.captioning.extensions.*",
      "vision_attn.captioning.fast_additive", "vision_attn.captioning.product_attention",
      "vision_attn.captioning.decoder", "vision_attn.captioning.compiled", "vision_attn.captioning.beam_search",
+     "vision_attn.captioning.upgrades",
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce",
      "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.self_attention",
      "vision_attn.vit.classifier_options",

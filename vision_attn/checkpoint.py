@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 import warnings
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from vision_attn import __version__
+from vision_attn.captioning.upgrades import extension_weight_name, upgrade_extensions
 from vision_attn.checkpoint_files import inspect_torch_file
 from vision_attn.errors import CheckpointError
 from vision_attn.io import input_file
@@ -220,56 +221,6 @@ def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str,
     return grouped
 
 
-def _flag_entries(group: dict[str, Any], flags: Sequence[tuple[str, str]]) -> list[str]:
-    """The extension names of the boolean ``flags`` (option, name) that ``group`` had on; the options removed."""
-    return [name for option, name in flags if group.pop(option, False)]
-
-
-def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
-    """A captioner's groups from before the extension lists (flags and weights in the decoder, decoding, aids and
-    self-critical groups) as today's lists (``captioning/seams.py``), in place; today's are left as they are. The
-    attention inputs keep the order their weights were made in (the additive score made the coverage's first)."""
-    decoder, decoding = hparams.get("decoder"), hparams.get("decoding")
-    if isinstance(decoder, dict) and "attention_inputs" not in decoder:
-        flags = [("coverage", "coverage"), ("attend_with_word", "previous_word")]
-        if decoder.get("attention_score", "additive") != "additive":
-            flags.reverse()
-        decoder["attention_inputs"] = _flag_entries(decoder, flags)
-        context = decoder.pop("word_count_context", False)
-        decoder["output_terms"] = [{"name": "word_counts", "context": context}] if decoder.pop("word_counts", False) \
-            else []
-    if isinstance(decoding, dict) and "processors" not in decoding:
-        endings, penalty, words = (decoding.pop(key, default) for key, default in
-                                   (("bad_endings", []), ("revisit_penalty", 0.0), ("object_words", [])))
-        decoding["processors"] = ([{"name": "blocked_endings", "words": endings}] if endings else []) + \
-            ([{"name": "revisit_penalty", "penalty": penalty, "words": words}] if penalty else [])
-    aids = hparams.pop("aids", None)
-    if isinstance(aids, dict):
-        auxiliary = [{"name": name, "weight": aids[f"{name}_weight"]} for name in ("concept", "object", "grounding")
-                     if aids.get(f"{name}_weight")]
-        for entry in auxiliary:
-            if entry["name"] == "object":
-                entry["heads_from_encoder"] = bool(aids.get("object_heads_from_encoder", False))
-            if entry["name"] == "grounding":
-                entry["target"] = aids.get("grounding_target", "box")
-        hparams.setdefault("objective", {})["auxiliary"] = auxiliary
-    critical = hparams.get("self_critical")
-    if isinstance(critical, dict) and "rewards" not in critical:
-        critical["rewards"] = [{"name": name, "weight": weight} for option, name in (
-            ("repeat_penalty", "repeat"), ("hallucination_penalty", "hallucination"), ("recall_reward", "recall"))
-            if (weight := critical.pop(option, 0.0))]
-    return hparams
-
-
-# A captioner's weights from before the extension lists, under today's names
-_EXTENSION_WEIGHTS = {"model.decoder.attention.coverage_proj.": "model.decoder.attention_inputs.coverage.proj.",
-                      "model.decoder.attention.word_proj.": "model.decoder.attention_inputs.previous_word.proj.",
-                      "model.decoder.repeat_weight": "model.decoder.output_terms.word_counts.weight",
-                      "model.decoder.repeat_context.": "model.decoder.output_terms.word_counts.context.",
-                      "aids.concept_head.": "auxiliary.concept.head.", "aids.object_head.": "auxiliary.object.head.",
-                      "aids.object_colour_head.": "auxiliary.object.colour_head."}
-
-
 def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A captioner's weights under today's names: under ``model.`` (0.1's first checkpoints had the encoder and
     decoder at the top), the auxiliary terms' heads under ``auxiliary.``, the extensions' weights under their
@@ -284,8 +235,7 @@ def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
         elif key == "reward_baseline":
             key = "reinforce.baseline"
         key = re.sub(r"^(model\.encoder\.trunk\.\d+)\.block\.", r"\1.", key)
-        old = next((prefix for prefix in _EXTENSION_WEIGHTS if key.startswith(prefix)), None)
-        renamed[key if old is None else _EXTENSION_WEIGHTS[old] + key.removeprefix(old)] = value
+        renamed[extension_weight_name(key)] = value
     return renamed
 
 
