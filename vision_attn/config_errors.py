@@ -1,21 +1,12 @@
 """What LightningCLI (jsonargparse) refuses in ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``,
 as one line naming the option or the config file, with the closest valid option where there is one.
 
-jsonargparse says what it refuses in prose only (its ``ArgumentError`` names no option), and prints it with the
-whole usage block. So the parser raises instead of printing (``exit_on_error=False``), and the options the user
-gave, on the command line and in the config files, are then checked here in order, against what the parsers
-themselves accept (their options, ``get_defaults``) and what the configured classes' signatures say:
-
-- an option no parser has (``no such option``), with the closest valid name (difflib over the parsers' options,
-  or over the options of the class a ``model``/``data`` ``class_path`` names);
-- a ``class_path`` that cannot be imported, or names a class of another kind;
-- a value the option refuses: the command's own options and the Trainer's by the parser itself (``validate`` of
-  that one option), a model's or DataModule's plain value (a number, a flag, a string, one of a few choices) by
-  jsonargparse on a parser of that one option, typed as the class's signature says; the type wanted is named
-  where the signature gives a plain one.
-
-The first found is the message; where none is found, it is jsonargparse's own message, in one line. The config
-files were read first (``config_files.check_config_files``).
+jsonargparse's ``ArgumentError`` names no option, so the parser raises instead of printing its usage
+(``exit_on_error=False``) and the options the user gave are checked here, in order, against what the parsers
+accept (``get_defaults``) and what the configured classes' signatures say: an option no parser has (with the
+closest valid name, by difflib); a ``class_path`` that cannot be imported or is of another kind; a value the option
+refuses (checked by a parser of that one option); a required argument of the class not given. The first found is
+the message; where none is, jsonargparse's own, in one line. Config files are read first (``config_files``).
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import sys
 import types
 import typing
@@ -192,13 +184,14 @@ def mapping_options(node: Any, prefix: str, shown: str, source: Path | None,
                     commands: Sequence[str]) -> Iterator[Given]:
     """The options a mapping ``node`` (a config file's, or one given on the command line as ``shown``) sets under
     ``prefix``, as dotted keys: a mapping is followed down to its values (a ``class_path`` before its
-    ``init_args``); a command's block in a config file holds options too."""
+    ``init_args``); a command's block in a config file holds options too; ``name+`` appends to the list ``name``."""
     if not isinstance(node, dict):
         if prefix:
             yield Given(full_key(prefix), node, source, shown or prefix)
         return
     for name in sorted(node, key=lambda name: name != "class_path"):
-        key = f"{prefix}.{name}" if prefix else str(name)
+        plain_name = str(name).removesuffix("+")  # "callbacks+": jsonargparse's append to a list
+        key = f"{prefix}.{plain_name}" if prefix else plain_name
         named = f"{shown}.{name}" if shown else key
         if not prefix and name in commands:
             yield from mapping_options(node[name], "", "", source, commands)
@@ -221,9 +214,12 @@ def yaml_value(text: str) -> Any:
 def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
     """The first problem with the options of ``argv`` (None where none is found here), in one line."""
     classes: dict[str, tuple[str, Any]] = {}  # root -> (class_path as given, the class or None)
+    given_arguments: dict[str, set[str]] = {}  # root -> the init_args given
     for given in given_options(argv, options.commands):
         root, _, rest = given.key.partition(".")
         where = f"{given.source}: " if given.source else ""
+        if rest.startswith("init_args."):
+            given_arguments.setdefault(root, set()).add(rest.split(".")[1])
         if root in SUBCLASS_ROOTS and rest in ("", "class_path") and isinstance(given.value, str):
             found, problem = class_named(given.value, options.bases.get(root))
             if problem:
@@ -256,7 +252,21 @@ def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
         if refused:
             return f"{where}{given.shown}: " + (f"expected {describe(hint)}, got {given.value}" if plain(hint) else
                                                 f"{given.value} is not a value it takes; {help_hint(command)}")
+    for root, (class_path, found) in classes.items():
+        missing = [name for name in required_arguments(found) if name not in given_arguments.get(root, set())]
+        if missing:
+            return f"{root}: class_path {class_path}: the following arguments are required: {', '.join(missing)}"
     return None
+
+
+def required_arguments(cls: Any) -> list[str]:
+    """The arguments of ``cls``'s constructor that have no default (none when it cannot be read)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [parameter.name for parameter in parameters if parameter.default is parameter.empty
+            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
 
 
 def accepts_key(key: str, keys: Iterable[str]) -> bool:
@@ -350,13 +360,9 @@ def accepts(hint: Any, value: Any, from_command_line: bool) -> bool:
 
 def describe(hint: Any) -> str:
     """A plain type in words: ``int``, ``one of 'soft', 'hard'``, ``int or str``."""
-    words = []
-    for member in members(hint):
-        if typing.get_origin(member) is Literal:
-            words.append("one of " + ", ".join(repr(choice) for choice in typing.get_args(member)))
-        else:
-            words.append(getattr(member, "__name__", str(member)))
-    return " or ".join(words)
+    return " or ".join("one of " + ", ".join(repr(choice) for choice in typing.get_args(member))
+                       if typing.get_origin(member) is Literal else getattr(member, "__name__", str(member))
+                       for member in members(hint))
 
 
 def _spelled_out(key: str) -> str:
@@ -374,22 +380,15 @@ def closest(bad: str, keys: Sequence[str]) -> str | None:
     if len(same_leaf) == 1:
         return same_leaf[0]
     in_group = [key for key in keys if key.startswith(f"{group}.")] if group else list(keys)
-    leaves: dict[str, str] = {}
-    for key in in_group:
-        name = key.rpartition(".")[2]
-        leaves.setdefault(name, key)
-        leaves.setdefault(_spelled_out(name), key)
-    for wanted in (leaf, _spelled_out(leaf)):
-        found = difflib.get_close_matches(wanted, list(leaves), n=1, cutoff=0.8)
-        if found:
-            return leaves[found[0]]
-    elsewhere: dict[str, str] = {}
-    for key in keys:
-        if key not in in_group:
-            elsewhere.setdefault(key, key)
-            elsewhere.setdefault(_spelled_out(key), key)
-    for wanted in (bad, _spelled_out(bad)):
-        found = difflib.get_close_matches(wanted, list(elsewhere), n=1, cutoff=0.8)
-        if found:
-            return elsewhere[found[0]]
+    for candidates, names in ((in_group, (leaf, _spelled_out(leaf))), ([key for key in keys if key not in in_group],
+                                                                      (bad, _spelled_out(bad)))):
+        by_name: dict[str, str] = {}  # a name (the last part within the group, else the whole), spelled out too
+        for key in candidates:
+            name = key.rpartition(".")[2] if candidates is in_group else key
+            by_name.setdefault(name, key)
+            by_name.setdefault(_spelled_out(name), key)
+        for wanted in names:
+            found = difflib.get_close_matches(wanted, list(by_name), n=1, cutoff=0.8)
+            if found:
+                return by_name[found[0]]
     return None
