@@ -1,16 +1,14 @@
 """Fashion-MNIST items drawn one at a time, as the Fashion scenes draw them: the classification set the scene
 captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
 
-Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
-resized by up to the style's ``scale_jitter`` (or within its ``scale``), and put at a random place on a
-``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid): black, or the style's
-``background``, one drawn per item, with the item pasted over it with its own pixels as alpha, as scenes paste.
-The drawing is ``scenes.draw_item`` itself, so the encoder learns on exactly the pixels a scene holds (training
-batches are drawn all at once, ``__getitems__``, with torch's antialiased bilinear resize in place of PIL's: the
-same pixels within a grey level, at a tenth of the cost). The style's layout, object count and overlap do not
-apply to one item.
-Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
-object, as Anderson et al. (2018) pretrain on object classes and attributes.
+Each item is tinted with one of the scene colours, resized within the style's range and put at a random place on a
+``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid), over black or the style's
+``background`` (one per item, pasted under the item's own pixels as alpha). The drawing is ``scenes.draw_item``
+itself, so the encoder learns on the pixels a scene holds; training batches are drawn all at once
+(``__getitems__``), with torch's antialiased bilinear resize in place of PIL's (the same pixels within a grey
+level, far cheaper). The style's layout, object count and overlap do not apply to one item. Each item's targets
+are its class and its colour name: the encoder is to keep what a caption says of an object, as Anderson et al.
+(2018) pretrain on object classes and attributes.
 """
 
 from __future__ import annotations
@@ -62,11 +60,6 @@ def paste(canvases: Tensor, rows: np.ndarray, corners: np.ndarray, items: Tensor
     canvases.view(-1).put_(starts.view(-1, 1, 1, 1) + offsets, items)
 
 
-def divide_by_255(products: Tensor) -> Tensor:
-    """⌊n / 255⌋ of int32 products of two bytes (0 ≤ n ≤ 255²), exactly, by shifts: (n + (n >> 8) + 1) >> 8."""
-    return (products + (products >> 8) + 1) >> 8
-
-
 class SceneItemDataset(Dataset):
     """Grey 28×28 items of ``source`` (a dataset of ``(uint8 (1, 28, 28), label)``) drawn as scenes draw them:
     ``(uint8 (3, canvas_size, canvas_size), targets)``, where ``targets`` is ``[label, colour]`` and colour
@@ -74,10 +67,8 @@ class SceneItemDataset(Dataset):
 
     ``seed=None`` draws each item afresh every time it is read (training: a new colour, shade, size and place
     each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
-    An int draws item ``i`` the same way every time, from ``(seed, i)`` (validation and test), so each is
-    drawn once and kept (a 32-pixel item is 3 KB; drawing them all again at every validation took time from
-    the pretraining's budget). ``background_reuse`` > 1 takes training items'
-    backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
+    An int draws item ``i`` from ``(seed, i)`` (validation and test), once, and keeps it. ``background_reuse`` > 1
+    takes training items' backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
     """
 
     def __init__(self, source: Dataset, *, style: SceneStyle | None = None, canvas_size: int = 32,
@@ -125,7 +116,8 @@ class SceneItemDataset(Dataset):
             if size != ITEM_SIZE:  # bilinear, antialiased when shrinking, as PIL's resize
                 items = F.interpolate(items.float(), size=(int(size), int(size)), mode="bilinear",
                                       align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)
-            tinted = divide_by_255(items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)).to(torch.uint8)  # n,3,s,s
+            products = items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)  # (n, 3, s, s), each 0 to 255²
+            tinted = ((products + (products >> 8) + 1) >> 8).to(torch.uint8)  # ⌊product / 255⌋ exactly, by shifts
             paste(canvases, rows, corners[rows], tinted)
         canvases = fill_canvases(canvases, greys, noise=0, background=self.background, pool=self.pool)
         targets = torch.stack([labels, torch.from_numpy(colours)], dim=1)
