@@ -42,9 +42,8 @@ def random_pad_crop(images: Tensor, padding: int, generator: torch.Generator | N
     """Per-image random crop of the zero-padded batch (B, C, H, W) back to (H, W)."""
     batch, _, height, width = images.shape
     padded = F.pad(images, (padding,) * 4)  # (B, C, H + 2p, W + 2p)
-    shape = (batch,)
-    top = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
-    left = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
+    top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device, generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device, generator=generator)
     rows = (top[:, None] + torch.arange(height, device=images.device))[:, None, :, None]  # (B, 1, H, 1)
     cols = (left[:, None] + torch.arange(width, device=images.device))[:, None, None, :]  # (B, 1, 1, W)
     batch_index = torch.arange(batch, device=images.device)[:, None, None, None]
@@ -92,20 +91,17 @@ def eval_transform(image_size: int) -> v2.Compose:
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
 
 
-def train_transform(image_size: int, *, min_scale: float = 0.35) -> v2.Compose:
-    """Random-resized crop to a ``image_size`` square."""
-    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True)])
-
-
 class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``."""
+    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``: in training a random-resized
+    crop, else the centre square (``eval_transform``)."""
 
     def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
                  on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
         self.samples = samples
         self.mode = "L" if in_chans == 1 else "RGB"
         self.max_side = 2 * image_size
-        self.transform = train_transform(image_size) if train else eval_transform(image_size)
+        self.transform = v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True) if train \
+            else eval_transform(image_size)
         self.on_bad_image = on_bad_image
         self.bad_images = bad_images
 

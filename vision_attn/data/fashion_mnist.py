@@ -7,7 +7,7 @@ the configured root, then fetched with torchvision's downloader; when all three 
 from __future__ import annotations
 
 import gzip
-import logging
+import math
 from pathlib import Path
 
 import torch
@@ -15,8 +15,6 @@ from torch import Tensor
 
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import OwnedFolder
-
-log = logging.getLogger(__name__)
 
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
@@ -66,9 +64,7 @@ def read_idx(path: Path) -> Tensor:
     ndim = data[3]
     header = 4 + 4 * ndim
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = 1
-    for size in dims:
-        expected *= size
+    expected = math.prod(dims)
     if len(data) - header != expected:
         raise ValueError(f"{path}: header says {dims} ({expected} bytes) but holds {len(data) - header} bytes")
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(dims)
