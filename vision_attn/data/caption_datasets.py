@@ -96,11 +96,9 @@ class _CaptionImages(Dataset):
 
 
 class CaptionTrainDataset(_CaptionImages):
-    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length).
-
-    With ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)),
-    so the encoder sees each image once per epoch while the decoder still sees every caption.
-    """
+    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length); with
+    ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)), so the
+    encoder sees each image once per epoch while the decoder still sees every caption."""
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
                  image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",

@@ -110,14 +110,10 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,
                    canvas_size: int = 28, overwrite: bool = False) -> list[Path]:
-    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``.
-
-    ``out`` is a folder the command owns (``io.OwnedFolder``): PNGs an earlier ``export-samples`` wrote there are
-    replaced, a folder holding other files is refused unless ``overwrite`` (which keeps them).
-
-    With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
-    and the name ends with the garment's box, ``_at<left>-<top>``: a test of whether attention finds it.
-    """
+    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png`` into ``out``, a folder
+    the command owns (``io.OwnedFolder``: a folder holding other files is refused unless ``overwrite``, which keeps
+    them). With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
+    and the name ends with the garment's place, ``_at<left>-<top>``: a test of whether attention finds it."""
     from PIL import Image
 
     if count < 1:

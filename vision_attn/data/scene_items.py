@@ -60,6 +60,11 @@ def paste(canvases: Tensor, rows: np.ndarray, corners: np.ndarray, items: Tensor
     canvases.view(-1).put_(starts.view(-1, 1, 1, 1) + offsets, items)
 
 
+def divide_by_255(products: Tensor) -> Tensor:
+    """⌊n / 255⌋ of int32 products of two bytes (0 ≤ n ≤ 255²), exactly, by shifts: (n + (n >> 8) + 1) >> 8."""
+    return (products + (products >> 8) + 1) >> 8
+
+
 class SceneItemDataset(Dataset):
     """Grey 28×28 items of ``source`` (a dataset of ``(uint8 (1, 28, 28), label)``) drawn as scenes draw them:
     ``(uint8 (3, canvas_size, canvas_size), targets)``, where ``targets`` is ``[label, colour]`` and colour
@@ -116,8 +121,7 @@ class SceneItemDataset(Dataset):
             if size != ITEM_SIZE:  # bilinear, antialiased when shrinking, as PIL's resize
                 items = F.interpolate(items.float(), size=(int(size), int(size)), mode="bilinear",
                                       align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)
-            products = items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)  # (n, 3, s, s), each 0 to 255²
-            tinted = ((products + (products >> 8) + 1) >> 8).to(torch.uint8)  # ⌊product / 255⌋ exactly, by shifts
+            tinted = divide_by_255(items.to(torch.int32) * tints[rows].view(-1, 3, 1, 1)).to(torch.uint8)  # n,3,s,s
             paste(canvases, rows, corners[rows], tinted)
         canvases = fill_canvases(canvases, greys, noise=0, background=self.background, pool=self.pool)
         targets = torch.stack([labels, torch.from_numpy(colours)], dim=1)

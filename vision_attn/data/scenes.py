@@ -114,10 +114,8 @@ class _Captioner:
         return template.format(*(self.names[slot] for slot in order), **phrases)
 
     def captions(self, orders: list[list[int]], flags: list[tuple[bool, bool]]) -> list[tuple[str, list]]:
-        """The five (caption, relations it states as (subject id, phrase, object id)).
-
-        Caption k names the objects in ``orders[k]``, a permutation of the three object slots (slots past the
-        scene's object count are dropped), with the axis flags ``flags[k]``.
+        """The five (caption, relations it states as (subject id, phrase, object id)): caption k names the objects
+        in ``orders[k]``, a permutation of the object slots (those past the scene's count dropped), with ``flags[k]``.
         """
         orders = [[slot for slot in order if slot < len(self.names)] for order in orders]
         if len(self.names) == 2:
@@ -322,12 +320,10 @@ def make_scenes(
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
     ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, the default scenes' by default;
-    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``.
-    A dataset is never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the
-    dataset there (the files its manifest lists, or, written before manifests, its annotation files and numbered
-    PNGs, ``dataset_files``) and keeps every other file. The splits are drawn into a staging folder and moved into
-    place at the end, so a failure leaves the old dataset, or nothing.
-    """
+    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``. A dataset is
+    never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the dataset there
+    (its manifest's files, or ``dataset_files``) and keeps every other file; the splits are staged and moved into
+    place at the end, so a failure leaves the old dataset, or nothing."""
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
     unknown = set(styles or {}) - set(counts)
