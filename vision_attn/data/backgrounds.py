@@ -155,9 +155,8 @@ def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path
     while halvings + 1 < len(levels) and side >> (halvings + 1) >= 2 * size:
         halvings += 1
     top, left, side = top >> halvings, left >> halvings, max(1, side >> halvings)
-    photo = levels[halvings]
-    crop = Image.fromarray(np.ascontiguousarray(photo[top : top + side, left : left + side])).resize(
-        (size, size), Image.Resampling.BILINEAR)
+    crop = Image.fromarray(np.ascontiguousarray(levels[halvings][top : top + side, left : left + side]))
+    crop = crop.resize((size, size), Image.Resampling.BILINEAR)
     texture = np.asarray(crop, dtype=np.float64)
     if rng.random() < 0.5:
         texture = texture[:, ::-1]

@@ -19,10 +19,8 @@ from vision_attn.io import OwnedFolder
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                "Ankle boot"]
-FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
+FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 MEAN, STD = 0.2860, 0.3530  # over the 60k training images
 ITEM_SIZE = 28
 
@@ -93,10 +91,9 @@ def find_fashion_mnist(root: str | Path, *, download: bool = True) -> Path:
             download_error = "download finished without the files"
         except Exception as error:  # noqa: BLE001 - any network failure means "not there"
             download_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-    raise DatasetNotFoundError(
-        f"Fashion-MNIST not found: looked in {SYSTEM_DIR} (apt-get install dataset-fashion-mnist), "
-        f"in {root} (the configured root), and torchvision's download failed ({download_error})"
-    )
+    raise DatasetNotFoundError(f"Fashion-MNIST not found: looked in {SYSTEM_DIR} (apt-get install "
+                               f"dataset-fashion-mnist), in {root} (the configured root), and torchvision's download "
+                               f"failed ({download_error})")
 
 
 def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:

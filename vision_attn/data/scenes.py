@@ -197,10 +197,8 @@ def _free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tupl
 
 
 def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` compactly, via a temporary file so a reader never sees half a file."""
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(data, separators=(",", ":")))
-    temporary.replace(path)
+    """Write ``data`` compactly (into the staging folder, which ``OwnedFolder`` moves into place whole)."""
+    path.write_text(json.dumps(data, separators=(",", ":")))
 
 
 def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style: SceneStyle) -> dict:
@@ -216,7 +214,8 @@ def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style
 
 def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, labels: np.ndarray, seed: int,
                 canvas_size: int, grid_size: int, style: SceneStyle) -> dict[str, int]:
-    """Draw and write one split's scenes from its pool of Fashion-MNIST ``images`` (M, 28, 28) and ``labels``."""
+    """Draw and write one split's scenes under ``root`` (a fresh staging folder) from its pool of Fashion-MNIST
+    ``images`` (M, 28, 28) and ``labels``."""
     cell_size = canvas_size // grid_size
     rng = np.random.default_rng([seed, SPLIT_CODES[split]])
     layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE, style.objects)
@@ -282,8 +281,6 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
             relations += [{"caption_id": caption_id, "subject_id": subject, "relation": phrase, "object_id": obj}
                           for subject, phrase, obj in stated]
         file_name = f"{image_id}.png"
-        # A new file rather than an overwrite: ext4 flushes truncated files on close, which is slow.
-        (image_dir / file_name).unlink(missing_ok=True)
         Image.fromarray(canvas).save(image_dir / file_name, compress_level=PNG_COMPRESS_LEVEL)
         if kind != "black":  # the background alone, each item's pixels distinct from what lies under them
             Image.fromarray(distinguish(under, canvas, visible)).save(root / "backgrounds" / split / file_name,
@@ -298,24 +295,16 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     _write_json(annotations / f"attributes_{split}.json",
                 {"info": info, "colours": colour_names, "relation_phrases": list(RELATIONS),
                  "instances": attributes, "relations": relations})
-    # The captions file last: its presence is what marks a split as complete.
     _write_json(annotations / f"captions_{split}.json", {"info": info, "images": image_entries,
                                                          "annotations": captions})
     return {"images": count, "captions": len(captions), "instances": len(instances)}
 
 
-def make_scenes(
-    root: str | Path,
-    *,
-    counts: Mapping[str, int] | None = None,
-    seed: int = 0,
-    canvas_size: int = 96,
-    grid_size: int = 3,
-    style: SceneStyle | Mapping | None = None,
-    styles: Mapping[str, SceneStyle | Mapping] | None = None,
-    fashion_mnist_root: str | Path = "data/fashion_mnist",
-    overwrite: bool = False,
-) -> dict[str, dict[str, int]]:
+def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, seed: int = 0, canvas_size: int = 96,
+                grid_size: int = 3, style: SceneStyle | Mapping | None = None,
+                styles: Mapping[str, SceneStyle | Mapping] | None = None,
+                fashion_mnist_root: str | Path = "data/fashion_mnist", overwrite: bool = False,
+                ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).

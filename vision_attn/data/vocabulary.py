@@ -147,11 +147,9 @@ class Vocabulary:
         if saved and saved != self._tokens:
             where = next((i for i, (a, b) in enumerate(zip(saved, self._tokens, strict=False)) if a != b),
                          min(len(saved), len(self._tokens)))
-            raise CheckpointError(
-                f"the checkpoint's vocabulary ({len(saved)} tokens) does not match the data's ({len(self)} "
-                f"tokens; first difference at id {where}); pass the vocab.json saved beside the checkpoint as "
-                "--data.init_args.vocab_file"
-            )
+            raise CheckpointError(f"the checkpoint's vocabulary ({len(saved)} tokens) does not match the data's "
+                                  f"({len(self)} tokens; first difference at id {where}); pass the vocab.json saved "
+                                  "beside the checkpoint as --data.init_args.vocab_file")
 
     def to_json(self, path: str | Path) -> None:
         """Save as ``{"tokens": [...], "min_count": n}`` (the folder is made if needed)."""
