@@ -1,19 +1,16 @@
-"""A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding
-the image and running the encoder again: the paper keeps its encoder fixed (Xu et al. 2015 §4.3, a VGG net
-pretrained on ImageNet), so its output for an image never changes, yet costs far more than the decoder.
+"""A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding the
+image and running the encoder again (``docs/guides/coco.md``, "The feature cache"): the paper keeps its encoder
+fixed (Xu et al. 2015 §4.3), so its output for an image never changes, yet costs far more than the decoder.
 
-Layout, under ``root/<key digest>/``:
-
-- ``key.json``: everything the features depend on (the frozen modules' tensors, image size, normalisation,
-  grid pooling, the images with their sizes and modification times, the stored shape and dtype). The folder name
-  is a digest of it, so a changed setting or image gets a new folder: a stale cache is never read. A ``key.json``
-  that is not the one its folder's name stands for (edited, damaged or deleted) makes the folder's shards stale:
-  they count as missing (so ``cache-features`` prints the number it fills), and the fill deletes them, saying so.
-- ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and ``shard_NNNNN.valid.npy``
-  (which of them could be read), each written to a temporary name and renamed into place, the flags first: a
-  shard exists only whole, so a killed fill resumes at the first missing one. Under DDP rank r fills the shards
-  i with i % world_size == r. A shard is checked for non-finite values when first read (a fill stores only
-  finite ones): a damaged one is refused in one line naming the file, to delete and refill.
+Under ``root/<key digest>/``: ``key.json``, everything the features depend on (the frozen modules' tensors, image
+size, normalisation, grid pooling, the images with their sizes and modification times, the stored shape and
+dtype), whose digest names the folder, so a stale cache is never read; a ``key.json`` that is not the one its
+folder's name stands for (edited, damaged or deleted) makes the folder's shards stale: missing, and deleted by the
+fill, which says so. Then ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and
+``shard_NNNNN.valid.npy`` (which of them could be read), each written to a temporary name and renamed into place,
+the flags first: a shard exists only whole, so a killed fill resumes at the first missing one. Under DDP rank r
+fills the shards i with i % world_size == r. A shard holding non-finite values (a fill stores none) is refused
+when first read, in one line naming the file, to delete and refill.
 """
 
 from __future__ import annotations
