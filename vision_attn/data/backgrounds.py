@@ -1,21 +1,11 @@
 """What lies under the items: the background families of the Fashion scenes and of the ViT's Fashion-MNIST canvas.
 
 A model that only ever saw items on black learns "an object is whatever is not black". A ``Background`` draws
-something else under them, from a random generator, one image at a time (``docs/formats/scenes.md``):
-
-- ``black``: zeros (the default scenes and canvases; draws nothing from the generator).
-- ``noise``: grey or coloured (even odds) uniform noise at a level drawn from 0 to ``level`` (a share of white),
-  with a grain drawn from 1 to ``MAX_GRAIN`` pixels: noise drawn on a canvas that many times smaller, then
-  resized up (bilinear, so a coarse grain is also a blur).
-- ``texture``: a crop of a real photograph shipped inside an installed package (``TEXTURE_SOURCES``; read from
-  the package's own folder, never fetched): a random square crop of a random image, resized to the canvas,
-  mirrored left-right and up-down with even odds each, and dimmed to a level drawn from 0 to ``level``.
-- ``distractors``: clutter that is none of the ten classes, on black: 3 to 10 random strokes, arcs, blobs and
-  fragments of items (a crop of 8 to 16 pixels of a random item, cut in four tiles that are shuffled, then
-  turned by a multiple of 90 degrees: never a whole garment), each in a random colour at a level drawn from 0
-  to ``level``.
-- ``mixed``: each image draws one of the four above, with ``weights`` (black, noise, texture, distractors;
-  equal by default).
+something else under them, from a random generator, one image at a time (``docs/formats/scenes.md``, "Backgrounds"):
+``black`` (zeros, drawing nothing from the generator), ``noise`` (grey or coloured, with a grain of 1 to
+``MAX_GRAIN`` pixels), ``texture`` (a crop of a photograph shipped inside an installed package, never fetched),
+``distractors`` (strokes, arcs, blobs and shuffled fragments of items: never a whole garment), or ``mixed`` (one of
+the four per image, with ``weights``). Each is drawn at a level from 0 to ``level`` (a share of white).
 """
 
 from __future__ import annotations
@@ -25,16 +15,13 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
-if TYPE_CHECKING:
-    import torch
-
-BACKGROUNDS = ("black", "noise", "texture", "distractors", "mixed")
 DRAWN = ("black", "noise", "texture", "distractors")  # what ``mixed`` draws from, in the order of its weights
+BACKGROUNDS = (*DRAWN, "mixed")
 # The photographs each texture source offers: (package, folder inside it, files). All ship in the packages' wheels
 # (scikit-image's are the images ``skimage.data`` reads without downloading them), so nothing is fetched.
 TEXTURE_SOURCES = {
@@ -168,9 +155,8 @@ def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path
     while halvings + 1 < len(levels) and side >> (halvings + 1) >= 2 * size:
         halvings += 1
     top, left, side = top >> halvings, left >> halvings, max(1, side >> halvings)
-    photo = levels[halvings]
-    crop = Image.fromarray(np.ascontiguousarray(photo[top : top + side, left : left + side])).resize(
-        (size, size), Image.Resampling.BILINEAR)
+    crop = Image.fromarray(np.ascontiguousarray(levels[halvings][top : top + side, left : left + side]))
+    crop = crop.resize((size, size), Image.Resampling.BILINEAR)
     texture = np.asarray(crop, dtype=np.float64)
     if rng.random() < 0.5:
         texture = texture[:, ::-1]
@@ -227,8 +213,6 @@ def _distractors(rng: np.random.Generator, size: int, level: float, fragments: n
 def draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
     """One ``background`` per item of ``items`` (B, C, 28, 28) uint8, (B, C, size, size) uint8, its fragments cut
     from those items."""
-    import torch  # here: the scenes draw backgrounds without torch
-
     pool = items.amax(dim=1).cpu().numpy()
     drawn = np.stack([background.draw(rng, size, channels=items.shape[1], fragments=pool)[0] for _ in items])
     return torch.from_numpy(drawn).permute(0, 3, 1, 2)
@@ -246,7 +230,6 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     ``background``, one drawn per image (from a numpy generator seeded from torch's, so ``seed_everything`` fixes
     it too), whose fragments are cut from the batch's ``items`` (B, C, 28, 28), or taken from ``pool`` (of the
     same background) where one is given. A black background and no noise leave them as they are."""
-    import torch  # here: the scenes draw backgrounds without torch
     around = uncovered(canvases)
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
@@ -267,13 +250,11 @@ def check_reuse(reuse: object) -> None:
 
 
 class BackgroundPool:
-    """Training backgrounds drawn a few at a time and reused (``reuse`` > 1): each batch draws
-    ⌈B / ``reuse``⌉ new backgrounds of ``background`` (fragments cut from the batch's items) into a pool of
-    ``capacity``, replacing random ones, and gives each of its B images a random background of the pool turned
-    and mirrored at random (one of the square's eight symmetries, each as likely). The pool is filled at its
-    first batch. A background is Python and PIL work, a large share of the scene items' pretraining step;
-    reused, each costs ``reuse`` times less, and each is seen about ``reuse`` times, under other items and
-    turned. Everything is drawn from the batch's numpy generator ``rng``."""
+    """Training backgrounds drawn a few at a time and reused (``reuse`` > 1), as a background is Python and PIL work:
+    each batch draws ⌈B / ``reuse``⌉ new backgrounds of ``background`` (fragments cut from the batch's items) into a
+    pool of ``capacity`` (filled at its first batch), replacing random ones, and gives each of its B images a random
+    background of the pool under one of the square's eight symmetries, each as likely. Everything is drawn from
+    the batch's numpy generator ``rng``."""
 
     def __init__(self, background: Background, *, reuse: int, capacity: int = 4096) -> None:
         check_reuse(reuse)
@@ -282,8 +263,6 @@ class BackgroundPool:
 
     def draw(self, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
         """Backgrounds (B, C, size, size) uint8 for a batch of ``items`` (B, C, 28, 28)."""
-        import torch  # here: the scenes draw backgrounds without torch
-
         count = len(items)
         if self.pool is None or self.pool.shape[1:] != (items.shape[1], size, size):
             fill = [draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
@@ -307,8 +286,6 @@ class TestCanvasFill:
     (fragments cut from the batch's items)."""
 
     def __init__(self, seed: int, *, noise: int = 0, background: Background | None = None) -> None:
-        import torch  # here: the scenes draw backgrounds without torch
-
         self.check(noise, background)
         self.noise, self.background = noise, background or Background()
         self.generator = torch.Generator().manual_seed(seed + 1)
@@ -328,8 +305,6 @@ class TestCanvasFill:
     def fill(self, canvases: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``canvases`` (B, C, S, S) uint8 of ``items`` (B, C, 28, 28) with every pixel but their items' filled,
         and the backgrounds alone."""
-        import torch  # here: the scenes draw backgrounds without torch
-
         if self.noise:
             drawn = torch.randint(0, self.noise + 1, canvases.shape, generator=self.generator, dtype=torch.uint8)
         elif self.background.kind != "black":

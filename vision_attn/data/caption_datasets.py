@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -79,25 +80,36 @@ class EvalCaptionBatch(NamedTuple):
     features: bool = False
 
 
-class CaptionTrainDataset(Dataset):
-    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length).
+class _CaptionImages(Dataset):
+    """What both caption datasets read an image with: its file decoded, or its cached features."""
 
-    With ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)),
-    so the encoder sees each image once per epoch while the decoder still sees every caption.
-    """
+    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
+
+    def __init__(self, *, image_size: int, on_bad_image: OnBadImage, bad_images: BadImageCounter | None) -> None:
+        self.image_size, self.on_bad_image, self.bad_images = image_size, on_bad_image, bad_images
+
+    def _image(self, image_index: int, path: Path) -> Tensor | None:
+        """The image, uint8 (3, S, S); or, with a feature cache, its cached features (fp16)."""
+        if self.features is not None:
+            return self.features[image_index]
+        return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
+
+
+class CaptionTrainDataset(_CaptionImages):
+    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length); with
+    ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)), so the
+    encoder sees each image once per epoch while the decoder still sees every caption."""
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
                  image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",
                  bad_images: BadImageCounter | None = None, objects: ObjectTargets | None = None) -> None:
+        super().__init__(image_size=image_size, on_bad_image=on_bad_image, bad_images=bad_images)
         self.group_captions = group_captions
         empty = torch.zeros(0, 6)  # an image the instances file has no object of
         self.objects = None if objects is None else [objects.per_image.get(r.image_id, empty) for r in records]
-        self.on_bad_image = on_bad_image
-        self.bad_images = bad_images
         counts = torch.tensor([len(record.captions) for record in records])
         self.caption_starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])  # (images + 1,)
         self.paths = [record.path for record in records]
-        self.image_size = image_size
         self.image_index = torch.tensor([index for index, record in enumerate(records)
                                          for _ in record.captions], dtype=torch.int64)  # (N,)
         captions, self.lengths = vocab.encode_batch([c for record in records for c in record.captions],
@@ -110,54 +122,31 @@ class CaptionTrainDataset(Dataset):
     def __len__(self) -> int:
         return len(self.paths) if self.group_captions else len(self.lengths)
 
-    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
-
-    def _image(self, image_index: int) -> Tensor | None:
-        """The image, uint8 (3, S, S); or, with a feature cache, its cached features (fp16)."""
-        if self.features is not None:
-            return self.features[image_index]
-        path = self.paths[image_index]
-        return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
-
     def __getitem__(self, index: int) -> CaptionItem | None:
         """The item, or None for an unreadable image under the "skip" policy (the collate drops it)."""
         if self.group_captions:
-            start, end = int(self.caption_starts[index]), int(self.caption_starts[index + 1])
-            image = self._image(index)
-            return None if image is None else CaptionItem(image, self.captions[start:end], self.lengths[start:end],
-                                                          self._objects(index))
-        image_index = int(self.image_index[index])
-        image = self._image(image_index)
-        return None if image is None else CaptionItem(image, self.captions[index], self.lengths[index],
-                                                      self._objects(image_index))
-
-    def _objects(self, image_index: int) -> Tensor | None:
-        return None if self.objects is None else self.objects[image_index]
+            image_index, captions = index, slice(int(self.caption_starts[index]), int(self.caption_starts[index + 1]))
+        else:
+            image_index, captions = int(self.image_index[index]), index
+        image = self._image(image_index, self.paths[image_index])
+        objects = None if self.objects is None else self.objects[image_index]
+        return None if image is None else CaptionItem(image, self.captions[captions], self.lengths[captions], objects)
 
 
-class CaptionEvalDataset(Dataset):
+class CaptionEvalDataset(_CaptionImages):
     """One item per image: (image uint8 (3, S, S), image id, raw reference captions, objects or None)."""
 
     def __init__(self, records: list[CaptionedImage], *, image_size: int, on_bad_image: OnBadImage = "skip",
                  bad_images: BadImageCounter | None = None) -> None:
+        super().__init__(image_size=image_size, on_bad_image=on_bad_image, bad_images=bad_images)
         self.records = records
-        self.image_size = image_size
-        self.on_bad_image = on_bad_image
-        self.bad_images = bad_images
 
     def __len__(self) -> int:
         return len(self.records)
 
-    features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
-
     def __getitem__(self, index: int) -> EvalCaptionItem | None:
         record = self.records[index]
-        if self.features is not None:
-            features = self.features[index]
-            return None if features is None else EvalCaptionItem(features, record.image_id, record.captions,
-                                                                 record.objects, str(record.path))
-        image = load_or_skip(lambda: load_caption_image(record.path, self.image_size), self.on_bad_image,
-                             self.bad_images)
+        image = self._image(index, record.path)
         return None if image is None else EvalCaptionItem(image, record.image_id, record.captions, record.objects,
                                                           str(record.path))
 
@@ -169,22 +158,18 @@ def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
     if not items:
         return None
     images, captions, lengths, objects = zip(*items, strict=True)
-    objects = None if objects[0] is None else pad_objects(objects)
-    if captions[0].ndim == 2:  # grouped: every caption of each image
-        counts = torch.tensor([len(group) for group in lengths])
-        lengths = torch.cat(lengths)  # (N,)
-        captions = torch.cat(captions)[:, : int(lengths.max())].long()  # (N, T)
-        caption_images = torch.repeat_interleave(torch.arange(len(images)), counts)  # (N,)
-        return CaptionBatch(torch.stack(images), captions, lengths, caption_images, objects,
-                            features=is_features(images[0]))
-    lengths = torch.stack(lengths)  # (B,)
-    captions = torch.stack(captions)[:, : int(lengths.max())].long()  # (B, T)
-    return CaptionBatch(torch.stack(images), captions, lengths, objects=objects, features=is_features(images[0]))
+    grouped = captions[0].ndim == 2  # every caption of each image, (n, T) per item
+    counts = torch.tensor([len(group) for group in lengths]) if grouped else None
+    join = torch.cat if grouped else torch.stack
+    lengths = join(lengths)  # (N,)
+    captions = join(captions)[:, : int(lengths.max())].long()  # (N, T)
+    caption_images = torch.repeat_interleave(torch.arange(len(images)), counts) if grouped else None  # (N,)
+    return CaptionBatch(torch.stack(images), captions, lengths, caption_images,
+                        None if objects[0] is None else pad_objects(objects), features=is_features(images[0]))
 
 
 def is_features(item: Tensor) -> bool:
-    """Whether a dataset item is cached encoder features (a feature cache stores fp16) rather than an image's
-    pixels (uint8)."""
+    """Whether a dataset item is cached encoder features (fp16) rather than an image's pixels (uint8)."""
     return item.dtype != torch.uint8
 
 

@@ -24,12 +24,8 @@ RECORD_BYTES = 1 + 3 * 32 * 32
 
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
-    ALLOWED = {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-    }
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct")}
 
     def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle's own signature
         if (module, name) in self.ALLOWED:
@@ -69,17 +65,13 @@ def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tup
         try:
             CIFAR10(str(root), train=True, download=True)
         except Exception as error:  # noqa: BLE001 - any network failure means "not there"
-            raise DatasetNotFoundError(
-                f"CIFAR-10 not found under {root} (cifar-10-batches-bin or cifar-10-batches-py) and the "
-                f"download failed ({str(error).splitlines()[0]})"
-            ) from None
+            raise DatasetNotFoundError(f"CIFAR-10 not found under {root} (cifar-10-batches-bin or cifar-10-batches-py) "
+                                       f"and the download failed ({str(error).splitlines()[0]})") from None
     if binary.is_dir():
         parts = [_read_binary_batch(binary / f"{name}.bin") for name in names]
     elif python.is_dir():
         parts = [_read_python_batch(python / name) for name in names]
     else:
-        raise DatasetNotFoundError(
-            f"CIFAR-10 not found under {root}: expected cifar-10-batches-bin/ or cifar-10-batches-py/ "
-            "(or set download: true)"
-        )
+        raise DatasetNotFoundError(f"CIFAR-10 not found under {root}: expected cifar-10-batches-bin/ or "
+                                   "cifar-10-batches-py/ (or set download: true)")
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -19,6 +19,8 @@ from torchvision.transforms import v2
 from vision_attn.data.images import BadImageCounter, OnBadImage, list_images, load_or_skip, open_image, to_tensor
 from vision_attn.errors import DatasetNotFoundError
 
+ERASE_AREA, ERASE_LOG_ASPECT = (0.02, 0.33), 1.2  # Random Erasing's shares of the image, and aspects 0.3 to 3.3
+
 
 class TensorImageDataset(Dataset):
     """Images held in memory as one uint8 tensor (N, C, H, W) with integer labels (N,)."""
@@ -38,13 +40,12 @@ class TensorImageDataset(Dataset):
         return self.images[index], self.labels[index]
 
 
-def random_pad_crop(images: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
+def random_pad_crop(images: Tensor, padding: int) -> Tensor:
     """Per-image random crop of the zero-padded batch (B, C, H, W) back to (H, W)."""
     batch, _, height, width = images.shape
     padded = F.pad(images, (padding,) * 4)  # (B, C, H + 2p, W + 2p)
-    shape = (batch,)
-    top = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
-    left = torch.randint(0, 2 * padding + 1, shape, device=images.device, generator=generator)
+    top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
+    left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
     rows = (top[:, None] + torch.arange(height, device=images.device))[:, None, :, None]  # (B, 1, H, 1)
     cols = (left[:, None] + torch.arange(width, device=images.device))[:, None, None, :]  # (B, 1, 1, W)
     batch_index = torch.arange(batch, device=images.device)[:, None, None, None]
@@ -52,28 +53,24 @@ def random_pad_crop(images: Tensor, padding: int, generator: torch.Generator | N
     return padded[batch_index, channel_index, rows, cols]
 
 
-def random_hflip(images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def random_hflip(images: Tensor) -> Tensor:
     """Flip a random half of the batch (B, C, H, W) left-right."""
-    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+    flip = torch.rand(images.shape[0], device=images.device) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
-def random_erase(images: Tensor, probability: float, generator: torch.Generator | None = None,
-                 area: tuple[float, float] = (0.02, 0.33), log_aspect: float = 1.2) -> Tensor:
-    """Random Erasing (Zhong et al. 2017): with ``probability``, blank one rectangle per image (B, C, H, W).
-
-    The rectangle covers a uniform fraction ``area`` of the image with an aspect ratio drawn log-uniformly
-    from [e^-log_aspect, e^log_aspect] (about 0.3 to 3.3, the paper's setting), clipped to the image, and
-    is filled with zeros (black, Fashion-MNIST's background).
-    """
+def random_erase(images: Tensor, probability: float, generator: torch.Generator | None = None) -> Tensor:
+    """Random Erasing (Zhong et al. 2017): with ``probability``, blank one rectangle per image (B, C, H, W), of a
+    uniform share ``ERASE_AREA`` of the image and an aspect ratio drawn log-uniformly from e^-``ERASE_LOG_ASPECT``
+    to e^``ERASE_LOG_ASPECT`` (the paper's setting), clipped to the image, filled with zeros (Fashion-MNIST's black)."""
     batch, _, height, width = images.shape
     device = images.device
 
     def uniform(low: float, high: float) -> Tensor:
         return low + (high - low) * torch.rand(batch, device=device, generator=generator)
 
-    target = uniform(*area) * height * width
-    aspect = torch.exp(uniform(-log_aspect, log_aspect))
+    target = uniform(*ERASE_AREA) * height * width
+    aspect = torch.exp(uniform(-ERASE_LOG_ASPECT, ERASE_LOG_ASPECT))
     box_h = (target * aspect).sqrt().round().clamp(1, height)
     box_w = (target / aspect).sqrt().round().clamp(1, width)
     top = (uniform(0.0, 1.0) * (height - box_h + 1)).floor()
@@ -92,20 +89,17 @@ def eval_transform(image_size: int) -> v2.Compose:
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
 
 
-def train_transform(image_size: int, *, min_scale: float = 0.35) -> v2.Compose:
-    """Random-resized crop to a ``image_size`` square."""
-    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True)])
-
-
 class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``."""
+    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``: in training a random-resized
+    crop, else the centre square (``eval_transform``)."""
 
     def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
                  on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
         self.samples = samples
         self.mode = "L" if in_chans == 1 else "RGB"
         self.max_side = 2 * image_size
-        self.transform = train_transform(image_size) if train else eval_transform(image_size)
+        self.transform = v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True) if train \
+            else eval_transform(image_size)
         self.on_bad_image = on_bad_image
         self.bad_images = bad_images
 
@@ -128,9 +122,8 @@ def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor,
 
 class PlacedItems(Dataset):
     """A split's items for prediction, each followed by its place in the split, ``(index, name)``: the name is its
-    file (an ``ImageFileDataset``'s, also through a ``Subset``), else ``<split>/<index>`` for images held in
-    memory. An unreadable image stays None (the collate drops it), so every prediction keeps its own image's
-    place."""
+    file (an ``ImageFileDataset``'s, also through a ``Subset``), else ``<split>/<index>``. An unreadable image
+    stays None (the collate drops it), so every prediction keeps its own image's place."""
 
     def __init__(self, dataset: Dataset, split: str) -> None:
         self.dataset, self.split = dataset, split

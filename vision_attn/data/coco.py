@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from PIL import Image
@@ -27,8 +27,8 @@ from vision_attn.errors import DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("train", "val", "test")
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}  # restval joins train
+
 
 class SceneObject(NamedTuple):
     """An object of an image: its class name, its box [x, y, w, h] in the image file's pixels, and its colour
@@ -37,7 +37,6 @@ class SceneObject(NamedTuple):
     name: str
     box: list[float]
     colour: str | None = None
-
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
         raise ValueError(f"{karpathy_file}: expected a Karpathy split file with an 'images' list")
     if not image_root.is_dir():
         raise DatasetNotFoundError(f"{image_root}: image folder not found (the images of {karpathy_file})")
-    splits: dict[str, list[CaptionedImage]] = {role: [] for role in ROLES}
+    splits: dict[str, list[CaptionedImage]] = {"train": [], "val": [], "test": []}
     wordless = 0
     for index, entry in enumerate(entries):
         where = f"{karpathy_file}: images[{index}]"
@@ -140,10 +139,13 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
     return splits
 
 
-def read_attributes(path: Path, coco: COCO) -> dict[str, Any]:
-    """The Fashion scenes' ``attributes_<split>.json`` that goes with the instances ``coco``, read by ``read_json``
-    and checked (``check_attributes``: every entry's id an annotation of the instances file)."""
-    return check_attributes(read_json(path, "a scenes attributes JSON"), path, set(coco.anns))
+def read_colours(path: Path, coco: COCO) -> tuple[dict[int, str | None], list[str]]:
+    """Per instance id its colour, and the colour names (the file's ``colours``, else those its instances have), of
+    the Fashion scenes' ``attributes_<split>.json`` that goes with the instances ``coco``, read by ``read_json`` and
+    checked (``check_attributes``: every entry's id an annotation of the instances file)."""
+    data = check_attributes(read_json(path, "a scenes attributes JSON"), path, set(coco.anns))
+    colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
+    return colour_of, list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
 
 
 class Instances(NamedTuple):
@@ -159,9 +161,7 @@ def read_instances(path: Path, attributes: Path | None = None) -> Instances:
     scenes' ``attributes_<split>.json``: ``{"instances": [{"id", "colour"}]}``) is given."""
     coco = load_coco(path, "instances")
     names = {category["id"]: category["name"] for category in coco.cats.values()}
-    colours: dict = {}
-    if attributes is not None:
-        colours = {entry["id"]: entry.get("colour") for entry in read_attributes(attributes, coco)["instances"]}
+    colours = read_colours(attributes, coco)[0] if attributes is not None else {}
     objects = {image_id: [SceneObject(names[a["category_id"]], [float(v) for v in a["bbox"]], colours.get(a["id"]))
                           for a in coco.imgToAnns.get(image_id, [])]
                for image_id in coco.imgs}
@@ -198,12 +198,7 @@ def read_object_targets(path: Path, attributes: Path | None = None) -> ObjectTar
             raise ValueError(f"{path}: images[{index}] (id {image['id']}) has no width and height, which the object "
                              "targets need to place its boxes")
     class_index = {category_id: index for index, category_id in enumerate(category_ids)}
-    colours: list[str] = []
-    colour_of: dict = {}
-    if attributes is not None:
-        data = read_attributes(attributes, coco)
-        colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
-        colours = list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
+    colour_of, colours = read_colours(attributes, coco) if attributes is not None else ({}, [])
     colour_index = {name: index for index, name in enumerate(colours)}
     per_image: dict[int | str, Tensor] = {}
     for image_id, image in coco.imgs.items():

@@ -7,7 +7,7 @@ the configured root, then fetched with torchvision's downloader; when all three 
 from __future__ import annotations
 
 import gzip
-import logging
+import math
 from pathlib import Path
 
 import torch
@@ -16,15 +16,11 @@ from torch import Tensor
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import OwnedFolder
 
-log = logging.getLogger(__name__)
-
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                "Ankle boot"]
-FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
+FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 MEAN, STD = 0.2860, 0.3530  # over the 60k training images
 ITEM_SIZE = 28
 
@@ -66,9 +62,7 @@ def read_idx(path: Path) -> Tensor:
     ndim = data[3]
     header = 4 + 4 * ndim
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = 1
-    for size in dims:
-        expected *= size
+    expected = math.prod(dims)
     if len(data) - header != expected:
         raise ValueError(f"{path}: header says {dims} ({expected} bytes) but holds {len(data) - header} bytes")
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(dims)
@@ -97,10 +91,9 @@ def find_fashion_mnist(root: str | Path, *, download: bool = True) -> Path:
             download_error = "download finished without the files"
         except Exception as error:  # noqa: BLE001 - any network failure means "not there"
             download_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-    raise DatasetNotFoundError(
-        f"Fashion-MNIST not found: looked in {SYSTEM_DIR} (apt-get install dataset-fashion-mnist), "
-        f"in {root} (the configured root), and torchvision's download failed ({download_error})"
-    )
+    raise DatasetNotFoundError(f"Fashion-MNIST not found: looked in {SYSTEM_DIR} (apt-get install "
+                               f"dataset-fashion-mnist), in {root} (the configured root), and torchvision's download "
+                               f"failed ({download_error})")
 
 
 def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
@@ -114,14 +107,10 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,
                    canvas_size: int = 28, overwrite: bool = False) -> list[Path]:
-    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png``.
-
-    ``out`` is a folder the command owns (``io.OwnedFolder``): PNGs an earlier ``export-samples`` wrote there are
-    replaced, a folder holding other files is refused unless ``overwrite`` (which keeps them).
-
-    With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
-    and the name ends with the garment's box, ``_at<left>-<top>``: a test of whether attention finds it.
-    """
+    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png`` into ``out``, a folder
+    the command owns (``io.OwnedFolder``: a folder holding other files is refused unless ``overwrite``, which keeps
+    them). With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
+    and the name ends with the garment's place, ``_at<left>-<top>``: a test of whether attention finds it."""
     from PIL import Image
 
     if count < 1:

@@ -1,24 +1,16 @@
-"""A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding
-the image and running the encoder again.
+"""A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding the
+image and running the encoder again (``docs/guides/coco.md``, "The feature cache"): the paper keeps its encoder
+fixed (Xu et al. 2015 §4.3), so its output for an image never changes, yet costs far more than the decoder.
 
-The paper keeps its encoder fixed ("we use the 14×14×512 feature map of the fourth convolutional layer before
-max pooling" of a VGG net pretrained on ImageNet, Xu et al. 2015 §4.3): its output for an image never changes,
-yet VGG-19 to conv5_4 at 224 px costs ~20 GMAC per image, far more than the decoder. Here it is computed once.
-
-Layout, under ``root/<key digest>/``:
-
-- ``key.json``: everything the features depend on (the frozen modules' tensors, image size, normalisation,
-  grid pooling, the list of images with their sizes and modification times, the stored shape and dtype). The
-  folder name is a digest of it, so a changed setting or a changed image gets a new folder: a stale cache is
-  never read, it is rebuilt beside. A ``key.json`` that is not the one its folder's name stands for (edited,
-  damaged or deleted) makes the folder's shards stale: they count as missing, so the number of shards to fill
-  that ``cache-features`` prints is the number it fills, and the fill deletes them and says so in a logged line.
-- ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and ``shard_NNNNN.valid.npy``
-  (which of them could be read). Each is written to a temporary name and renamed into place, the valid flags
-  first: a shard exists only whole, so a killed fill resumes at the first missing shard and never reads a
-  half-written one. Under DDP rank r fills the shards i with i % world_size == r: nothing is written twice.
-  Each shard is checked once, when it is first read, for non-finite values (a finite encoder output is all a
-  fill stores): a damaged one is refused in one line naming the file, to delete and refill.
+Under ``root/<key digest>/``: ``key.json``, everything the features depend on (the frozen modules' tensors, image
+size, normalisation, grid pooling, the images with their sizes and modification times, the stored shape and
+dtype), whose digest names the folder, so a stale cache is never read; a ``key.json`` that is not the one its
+folder's name stands for (edited, damaged or deleted) makes the folder's shards stale: missing, and deleted by the
+fill, which says so. Then ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and
+``shard_NNNNN.valid.npy`` (which of them could be read), each written to a temporary name and renamed into place,
+the flags first: a shard exists only whole, so a killed fill resumes at the first missing one. Under DDP rank r
+fills the shards i with i % world_size == r. A shard holding non-finite values (a fill stores none) is refused
+when first read, in one line naming the file, to delete and refill.
 """
 
 from __future__ import annotations
@@ -72,12 +64,10 @@ class FeatureCache:
             raise ValueError(f"shard_size must be at least 1, got {shard_size}")
         self.key = {"format": FORMAT, "dtype": np.dtype(DTYPE).name, "count": count, "shape": list(shape),
                     "shard_size": shard_size, **key}
-        text = json.dumps(self.key, sort_keys=True)
-        self.folder = Path(root) / hashlib.sha256(text.encode()).hexdigest()[:20]
+        self.folder = Path(root) / hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:20]
         self.count, self.shape, self.shard_size = count, tuple(shape), shard_size
         self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    # ------------------------------------------------------------------------------------- layout
     @property
     def num_shards(self) -> int:
         """How many shards the ``count`` images take, ``shard_size`` each (the last one maybe fewer)."""
@@ -111,12 +101,7 @@ class FeatureCache:
     def _key_text(self) -> str:
         return json.dumps(self.key, sort_keys=True, indent=1)
 
-    def is_done(self, shard: int) -> bool:
-        """Whether the shard is in place whole (its features file exists with the expected header; a shard
-        under a ``key.json`` that does not match is stale, not done: see ``key_matches``)."""
-        return self.key_matches and self._shard_whole(shard)
-
-    def _shard_whole(self, shard: int) -> bool:
+    def _shard_whole(self, shard: int) -> bool:  # its files in place, the features with the expected header
         features, valid = self._paths(shard)
         if not (features.is_file() and valid.is_file()):
             return False
@@ -139,7 +124,6 @@ class FeatureCache:
         """Whether every shard is in place."""
         return not self.missing()
 
-    # ------------------------------------------------------------------------------------- writing
     def prepare(self) -> None:
         """Create the folder and its ``key.json``; the shards of a folder whose key.json does not match (edited,
         damaged or deleted) are stale: deleted first, with a logged line saying so."""
@@ -158,16 +142,6 @@ class FeatureCache:
             path.unlink()
         _write_atomically(key_file, lambda handle: handle.write(self._key_text().encode()))
 
-    def write_shard(self, shard: int, features: np.ndarray, valid: np.ndarray) -> None:
-        """Store a shard's features (rows, *shape) as fp16 and its valid flags (rows,), each file atomically."""
-        rows = len(self.shard_rows(shard))
-        if features.shape != (rows, *self.shape) or valid.shape != (rows,):
-            raise ValueError(f"shard {shard}: got features {features.shape} and flags {valid.shape}, expected "
-                             f"{(rows, *self.shape)} and {(rows,)}")
-        features_path, valid_path = self._paths(shard)
-        _write_atomically(valid_path, lambda handle: np.save(handle, valid.astype(bool)))
-        _write_atomically(features_path, lambda handle: np.save(handle, features.astype(DTYPE, copy=False)))
-
     def fill(self, load: Callable[[int], Tensor | None], encode: Callable[[Tensor], Tensor], *, batch_size: int,
              rank: int = 0, world_size: int = 1, progress: Callable[[int], None] | None = None) -> int:
         """Fill this rank's missing shards: ``load(i)`` gives image i ready for ``encode`` (None if unreadable),
@@ -181,8 +155,7 @@ class FeatureCache:
             valid = np.zeros(len(rows), dtype=bool)
             for start in range(0, len(rows), batch_size):
                 indices = list(range(start, min(len(rows), start + batch_size)))
-                loaded = [(i, load(rows[i])) for i in indices]
-                readable = [(i, image) for i, image in loaded if image is not None]
+                readable = [(i, image) for i in indices if (image := load(rows[i])) is not None]
                 if readable:
                     encoded = encode(torch.stack([image for _, image in readable])).float().cpu()
                     largest = float(encoded.abs().max()) if encoded.numel() else 0.0
@@ -196,10 +169,11 @@ class FeatureCache:
                 if progress is not None:
                     progress(len(indices))
                 done += len(indices)
-            self.write_shard(shard, features, valid)
+            features_path, valid_path = self._paths(shard)
+            _write_atomically(valid_path, lambda handle, valid=valid: np.save(handle, valid))
+            _write_atomically(features_path, lambda handle, features=features: np.save(handle, features))
         return done
 
-    # ------------------------------------------------------------------------------------- reading
     def __getitem__(self, index: int) -> Tensor | None:
         """Image ``index``'s features as an fp16 tensor, or None for an image that could not be read."""
         if not 0 <= index < self.count:

@@ -1,12 +1,8 @@
-"""Every JSON file the tools read, read one way (``read_json``), and a validator for each of the formats
-documented in ``docs/formats/``: COCO captions, COCO instances, and the Fashion scenes' attributes (the results
-format's own checks are ``vision_attn.results``).
-
-``read_json`` checks the file (not a folder, a pipe or a device), bounds its size (``MAX_JSON_BYTES``), measures
-how deeply it nests without recursing (Python's decoder would raise RecursionError on 100,000 ``[``), and refuses
-one nested deeper than ``MAX_JSON_DEPTH``, all before decoding it. Every refusal is a one-line ValueError (a
-missing file: FileNotFoundError) naming the file; a validator's also names the list, the entry's index and id,
-and the field.
+"""Every JSON file the tools read, read one way (``read_json``: its size and nesting bounded before decoding, as
+Python's decoder would raise RecursionError on 100,000 ``[``), and a validator for each of the formats documented
+in ``docs/formats/``: COCO captions, COCO instances, and the Fashion scenes' attributes (the results format's own
+checks are ``vision_attn.results``). Every refusal is a one-line ValueError (a missing file: FileNotFoundError)
+naming the file; a validator's also names the list, the entry's index and id, and the field.
 """
 
 from __future__ import annotations
@@ -43,11 +39,10 @@ def nesting_depth(data: bytes) -> int:
     return deepest
 
 
-def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES,
-              max_depth: int = MAX_JSON_DEPTH) -> Any:
+def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """The decoded content of the JSON file ``path``; ``what`` names what it should be in the errors ("a COCO
     captions JSON"). Refused in one line naming the file: a missing file, a folder, a pipe or a device
-    (``input_file``), a file over ``max_bytes``, text that is not UTF-8, nesting deeper than ``max_depth``, and
+    (``input_file``), a file over ``max_bytes``, text that is not UTF-8, nesting deeper than ``MAX_JSON_DEPTH``, and
     anything Python's decoder refuses. ``NaN`` and ``Infinity`` are read as Python's ``json`` reads them; the
     validators refuse them where a finite number is needed."""
     path = input_file(path, what)
@@ -64,8 +59,8 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
         raise ValueError(f"{path}: not a readable JSON file (not UTF-8 text: byte {error.start}); expected "
                          f"{what}") from None
     depth = nesting_depth(data)
-    if depth > max_depth:
-        raise ValueError(f"{path}: JSON nested {depth} levels deep, more than the {max_depth} allowed; expected "
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{path}: JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} allowed; expected "
                          f"{what}")
     try:
         return json.loads(text)
@@ -76,10 +71,6 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_count(value: Any) -> bool:
-    return _is_id(value) and value > 0
 
 
 def _is_number(value: Any) -> bool:
@@ -107,12 +98,10 @@ class _Refusal:
         """The error, ``<file>: not a <what> file: <message>``."""
         return ValueError(f"{self.path}: not a {self.what} file: {message}")
 
-    def entries(self, data: Any, key: str, *, required: bool = True) -> list[dict[str, Any]]:
-        """``data[key]``: a list of objects (an absent optional list is empty)."""
+    def entries(self, data: Any, key: str) -> list[dict[str, Any]]:
+        """``data[key]``: a list of objects."""
         if not isinstance(data, dict):
             raise self(f"expected a JSON object with {key!r}, got a {type(data).__name__}")
-        if key not in data and not required:
-            return []
         entries = data.get(key)
         if not isinstance(entries, list):
             raise self(f"no {key!r} list" if key not in data else f"{key!r} must be a list, got {_short(entries)}")
@@ -147,7 +136,7 @@ def _check_images(refuse: _Refusal, data: Any, *, file_names: bool) -> dict[int,
         if (file_names or "file_name" in image) and not (isinstance(name, str) and name):
             raise refuse(f"{where}: 'file_name' must be a non-empty string, got {_short(name)}")
         for key in ("width", "height"):
-            if key in image and not _is_count(image[key]):
+            if key in image and not (_is_id(image[key]) and image[key] > 0):
                 raise refuse(f"{where}: {key!r} must be a positive whole number, got {_short(image[key])}")
     return ids
 
@@ -201,9 +190,9 @@ def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
     return data
 
 
-def check_attributes(data: Any, path: Path, annotation_ids: set[int] | None = None) -> dict[str, Any]:
+def check_attributes(data: Any, path: Path, annotation_ids: set[int]) -> dict[str, Any]:
     """A Fashion scenes attributes file's content, checked (``docs/formats/scenes.md``): ``instances``, each
-    with a whole-number ``id`` (one of ``annotation_ids``, the instances file's, when given) and a ``colour``
+    with a whole-number ``id`` (one of ``annotation_ids``, the instances file's) and a ``colour``
     string or null; ``colours``, where present, a list of strings holding every instance's colour. Returned
     as it is."""
     refuse = _Refusal(path, "scenes attributes")
@@ -218,7 +207,7 @@ def check_attributes(data: Any, path: Path, annotation_ids: set[int] | None = No
             raise refuse(f"{where}: 'colour' must be a colour word or null, got {_short(colour)}")
         if colours is not None and colour is not None and colour not in colours:
             raise refuse(f"{where}: colour {colour!r} is not one of 'colours' {colours}")
-        if annotation_ids is not None and entry["id"] not in annotation_ids:
+        if entry["id"] not in annotation_ids:
             raise refuse(f"{where}: no annotation of the instances file has this id (the attributes of "
                          "another split?)")
     return data

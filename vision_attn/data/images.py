@@ -33,17 +33,12 @@ MAX_PIXELS = 120_000_000
 # that, here 4 × MAX_PIXELS, before we can read the size ourselves.
 Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
 OnBadImage = Literal["skip", "error"]
 
 
 class BadImageCounter:
-    """Counts images skipped as unreadable, across DataLoader worker processes.
-
-    Each worker adds to its own slot of a shared-memory tensor, so there are no lost updates and no locks;
-    the main process reads the total. ``take()`` returns the count since the last ``take()``.
-    """
+    """Counts images skipped as unreadable, across DataLoader worker processes: each adds to its own slot of a
+    shared-memory tensor (no lost updates, no locks), and the main process reads the total."""
 
     SLOTS = 257  # the main process + up to 256 workers
 
@@ -89,11 +84,8 @@ def load_or_skip(load: Callable[[], Loaded], policy: OnBadImage, counter: BadIma
 def readable_batches(items: Sequence[Item], load: Callable[[Item], Tensor], *, batch_size: int,
                      on_bad_image: OnBadImage = "error",
                      bad_images: BadImageCounter | None = None) -> Iterator[tuple[list[Item], Tensor]]:
-    """``items`` in chunks of ``batch_size``: (the items that loaded, their tensors stacked), for inference.
-
-    An unreadable item raises, or under "skip" is left out of its chunk; a chunk with nothing readable is
-    not yielded.
-    """
+    """``items`` in chunks of ``batch_size``: (the items that loaded, their tensors stacked), for inference. An
+    unreadable item raises, or under "skip" is left out of its chunk; a chunk with nothing readable is not yielded."""
     for start in range(0, len(items), batch_size):
         loaded = [(item, load_or_skip(lambda item=item: load(item), on_bad_image, bad_images))
                   for item in items[start : start + batch_size]]
@@ -103,11 +95,8 @@ def readable_batches(items: Sequence[Item], load: Callable[[Item], Tensor], *, b
 
 
 def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
-    """Decode ``path`` upright (EXIF orientation applied) in ``mode`` ("RGB" or "L").
-
-    ``max_side`` lets JPEG decoding skip detail that resizing would throw away, so huge photos do not
-    cost their full size in memory.
-    """
+    """Decode ``path`` upright (EXIF orientation applied) in ``mode`` ("RGB" or "L"); ``max_side`` lets JPEG
+    decoding skip detail that resizing would throw away, so huge photos do not cost their full size in memory."""
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the decoder forever
         what = "a folder" if os.path.isdir(path) else "a pipe or a device?"
         raise BadImageError(f"{path}: not a regular file ({what}), so not an image")
@@ -173,20 +162,19 @@ def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]
     return found
 
 
+def _per_channel(values: list[float], images: Tensor) -> Tensor:
+    return torch.tensor(values, device=images.device).view(-1, 1, 1)  # (C, 1, 1)
+
+
 def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
     """uint8 images (B, C, H, W) or (C, H, W) -> float (x / 255 - mean) / std, per channel."""
-    shape = (-1, 1, 1)
-    mean_tensor = torch.tensor(mean, device=images.device).view(shape)
-    std_tensor = torch.tensor(std, device=images.device).view(shape)
-    return (images.float() / 255.0 - mean_tensor) / std_tensor
+    return (images.float() / 255.0 - _per_channel(mean, images)) / _per_channel(std, images)
 
 
 def denormalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
     """The inverse of ``normalize``: float images -> uint8 (B, C, H, W) or (C, H, W), for drawing."""
-    shape = (-1, 1, 1)
-    mean_tensor = torch.tensor(mean, device=images.device).view(shape)
-    std_tensor = torch.tensor(std, device=images.device).view(shape)
-    return ((images.float() * std_tensor + mean_tensor) * 255.0).round().clamp(0, 255).to(torch.uint8)
+    restored = (images.float() * _per_channel(std, images) + _per_channel(mean, images)) * 255.0
+    return restored.round().clamp(0, 255).to(torch.uint8)
 
 
 def to_pil(image: Tensor) -> Image.Image:

@@ -1,11 +1,9 @@
-"""Cluttered Fashion scenes: items painted over a background, in order, each later one on top; free layouts of up
-to five items, or of items that overlap; the captions of one, four and five items; the visible masks.
-
-``scenes.py`` draws the default scenes through the same painting: on black, items whose squares never overlap
-come out as they always did. With a background (``backgrounds.py``), an item is pasted with its own pixels as
-alpha (the pixels its tint leaves non-zero), so its pixels are exact and its box true. With ``overlap``, each
-later item is outlined where it lies over an earlier one: a 1-pixel black ring (8-connected) round its pixels.
-An item's mask is its visible pixels: its own, less those a later item or outline hides.
+"""Cluttered Fashion scenes: items painted over a background in order, each later one on top (``compose``), and
+placed anywhere (``place_free``: up to five items, or items that overlap); the captions of one, four and five
+items; the visible masks. On black, items whose squares never overlap come out as the default scenes always did.
+An item is pasted with its own non-zero pixels as alpha, so its pixels are exact and its box true; with
+``overlap``, each later item is ringed in black (1 pixel, 8-connected) where it lies over an earlier one. An
+item's mask is its visible pixels: its own, less those a later item or outline hides.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ ONE_ITEM_FORMS = ("a {}", "there is a {}", "a single {}", "a {} on its own", "ju
 
 
 class Captioner(Protocol):
-    """What the extra caption forms need of ``scenes._Captioner``: the objects' names, and its two- and
-    three-object forms (whose relation phrases it records)."""
+    """What the extra caption forms need of ``scenes._Captioner``: the names, and the two- and three-object forms."""
 
     names: list[str]
 

@@ -1,16 +1,14 @@
 """Fashion-MNIST items drawn one at a time, as the Fashion scenes draw them: the classification set the scene
 captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
 
-Each item is tinted with one of the scene colours (another shade of it under the style's ``shade_jitter``),
-resized by up to the style's ``scale_jitter`` (or within its ``scale``), and put at a random place on a
-``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid): black, or the style's
-``background``, one drawn per item, with the item pasted over it with its own pixels as alpha, as scenes paste.
-The drawing is ``scenes.draw_item`` itself, so the encoder learns on exactly the pixels a scene holds (training
-batches are drawn all at once, ``__getitems__``, with torch's antialiased bilinear resize in place of PIL's: the
-same pixels within a grey level, at a tenth of the cost). The style's layout, object count and overlap do not
-apply to one item.
-Each item's targets are its class and its colour name: the encoder is to keep what a caption says of an
-object, as Anderson et al. (2018) pretrain on object classes and attributes.
+Each item is tinted with one of the scene colours, resized within the style's range and put at a random place on a
+``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid), over black or the style's
+``background`` (one per item, pasted under the item's own pixels as alpha). The drawing is ``scenes.draw_item``
+itself, so the encoder learns on the pixels a scene holds; training batches are drawn all at once
+(``__getitems__``), with torch's antialiased bilinear resize in place of PIL's (the same pixels within a grey
+level, far cheaper). The style's layout, object count and overlap do not apply to one item. Each item's targets
+are its class and its colour name: the encoder is to keep what a caption says of an object, as Anderson et al.
+(2018) pretrain on object classes and attributes.
 """
 
 from __future__ import annotations
@@ -74,10 +72,8 @@ class SceneItemDataset(Dataset):
 
     ``seed=None`` draws each item afresh every time it is read (training: a new colour, shade, size and place
     each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
-    An int draws item ``i`` the same way every time, from ``(seed, i)`` (validation and test), so each is
-    drawn once and kept (a 32-pixel item is 3 KB; drawing them all again at every validation took time from
-    the pretraining's budget). ``background_reuse`` > 1 takes training items'
-    backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
+    An int draws item ``i`` from ``(seed, i)`` (validation and test), once, and keeps it. ``background_reuse`` > 1
+    takes training items' backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
     """
 
     def __init__(self, source: Dataset, *, style: SceneStyle | None = None, canvas_size: int = 32,

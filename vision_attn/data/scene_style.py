@@ -1,34 +1,11 @@
 """How the Fashion scenes draw their items: the colour words' RGB values, and the ``SceneStyle`` of a split.
 
-A ``SceneStyle`` says how a split is drawn (``docs/formats/scenes.md``; the default scenes are ``SceneStyle()``):
-
-- ``layout``: ``grid`` puts each item on its own cell of a G×G grid, at a random offset inside the cell, and
-  relations follow from the cells; ``free`` puts items anywhere on the canvas without overlap, and relations
-  follow from the box centres (along an axis on which the two items are clearly apart); ``mixed`` draws each
-  scene one way or the other, with even odds.
-- ``shade_jitter`` (0 to 1): each item's tint is another shade of its named colour instead of the pure RGB
-  value: the named colour's channels are lowered by up to 80 (and apart by up to 20), the others raised by up
-  to 45, scaled by the jitter. 0 gives the exact tints.
-- ``hue_jitter`` (0 to 1): each item's tint is drawn from its named colour's family instead, in HSV: a hue within
-  the colour's band (red 0° ± 18°, yellow 58° ± 10°, green 120° ± 25°, blue 225° ± 25°), saturation from 0.5
-  and value from 0.5–0.75 (by colour: a dark yellow is olive) up to 1; white a grey of value from 0.75 and
-  saturation up to 0.1, any hue. The bands and ranges scale with the jitter. A style sets this or
-  ``shade_jitter``, not both.
-- ``scale_jitter`` (0 to 0.5): each item is resized by a factor drawn from [1 − j, 1 + j] (bilinear).
-- ``palette``: the RGB value each colour word names, ``exact`` (pure: red (255, 0, 0), ...) by default, or
-  another maker's: ``css`` (CSS's named colours: green is (0, 128, 0)), ``tab10`` (matplotlib's tab:red,
-  tab:green, tab:blue, gold and a light grey), ``dark`` (each pure colour at 160 of 255), ``pale`` (pastels).
-  Scenes that check colour naming on tints the training never drew; the jitters apply to ``exact`` only.
-- ``background``: what lies under the items (``backgrounds.py``): ``black`` (the default scenes), ``noise``,
-  ``texture`` (crops of photographs shipped with ``texture_source``: ``skimage`` or ``matplotlib``),
-  ``distractors`` (strokes, arcs, blobs and scrambled item fragments), or ``mixed`` (one of the four per scene,
-  with ``background_weights``: black, noise, texture, distractors; equal when null). ``background_level``
-  (0 to 1 of white) is the brightest it is drawn. Items are pasted over it with their own pixels as alpha.
-- ``objects``: [min, max] items per scene, within 1 to 5 (default [2, 3]).
-- ``scale``: [min, max] factors an item's side is drawn from (bilinear), instead of ``scale_jitter``: items are
-  at least 10 pixels (min ≥ 0.34) and at most 56 (max ≤ 2).
-- ``overlap`` (0 to 0.5; free and mixed layouts): items may overlap, each later one on top with a 1-pixel black
-  outline where it lies over an earlier one, hiding at most this share of any item's pixels.
+A ``SceneStyle`` says how a split is drawn; the default scenes are ``SceneStyle()``. Its fields (their meaning,
+ranges and the equations of the jitters are in ``docs/formats/scenes.md``, "Styles" and "Clutter"): ``layout``
+(``grid``, ``free`` or ``mixed``), ``shade_jitter`` or ``hue_jitter`` (other shades, or the whole HSV family, of
+each named colour), ``scale_jitter`` or ``scale`` (the range of item sizes), ``palette`` (another maker's RGB for
+the five words; the jitters apply to ``exact`` only), the ``background`` under the items (``backgrounds.py``:
+its ``background_level``, ``background_weights`` and ``texture_source``), ``objects`` per scene and ``overlap``.
 """
 
 from __future__ import annotations
@@ -47,8 +24,7 @@ COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yello
            "white": (255, 255, 255)}
 PALETTES = {  # other makers' RGB for the same five words (the ``palette`` style option)
     "exact": COLOURS,
-    "css": {"red": (255, 0, 0), "green": (0, 128, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0),
-            "white": (255, 255, 255)},
+    "css": {**COLOURS, "green": (0, 128, 0)},
     "tab10": {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 119, 180), "yellow": (255, 215, 0),
               "white": (230, 230, 230)},
     "dark": {"red": (160, 0, 0), "green": (0, 160, 0), "blue": (0, 0, 160), "yellow": (160, 160, 0),
@@ -57,9 +33,9 @@ PALETTES = {  # other makers' RGB for the same five words (the ``palette`` style
              "white": (255, 255, 255)},
 }
 LAYOUTS = ("grid", "free", "mixed")
-SHADE_DEPTH, SHADE_SPREAD, SHADE_FLOOR = 80, 20, 45  # at shade_jitter 1: how far a tint may stray (see above)
+SHADE_DEPTH, SHADE_SPREAD, SHADE_FLOOR = 80, 20, 45  # at shade_jitter 1: how far a tint may stray (``tints``)
 # hue_jitter 1: each colour's family in HSV, (hue centre, hue half-width in degrees, lowest saturation, lowest
-# value); white takes any hue and its saturation from 0 up to that of the table (see above)
+# value); white takes any hue and its saturation from 0 up to that of the table
 HUE_FAMILIES = {"red": (0.0, 18.0, 0.5, 0.6), "yellow": (58.0, 10.0, 0.5, 0.75), "green": (120.0, 25.0, 0.5, 0.5),
                 "blue": (225.0, 25.0, 0.5, 0.6), "white": (0.0, 180.0, 0.1, 0.75)}
 MAX_SCALE_JITTER = 0.5
@@ -73,7 +49,7 @@ FIRST_FIELDS = ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette
 
 @dataclass(frozen=True)
 class SceneStyle:
-    """How a split's scenes are drawn (see the module's docstring); the default draws the default scenes."""
+    """How a split's scenes are drawn (the module's docstring); the default draws the default scenes."""
 
     layout: str = "grid"
     shade_jitter: float = 0.0
@@ -123,14 +99,14 @@ class SceneStyle:
         return bool(self.scale_jitter) or tuple(self.scale) != (1.0, 1.0)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
-        """Refuse, in one line, an unknown layout or palette, a jitter out of range or that does not fit the
-        palette, or a canvas too small for the layout's largest items."""
+        """Refuse, in one line, a field out of range or that does not fit another (a jitter with a palette, both
+        jitters, ``scale`` with ``scale_jitter``, overlap on the grid), or a canvas too small for the layout's
+        largest items or too crowded to place them."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
-        if not 0 <= self.shade_jitter <= 1:
-            raise ValueError(f"shade_jitter must be between 0 and 1, got {self.shade_jitter}")
-        if not 0 <= self.hue_jitter <= 1:
-            raise ValueError(f"hue_jitter must be between 0 and 1, got {self.hue_jitter}")
+        for name in ("shade_jitter", "hue_jitter"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         if self.palette not in PALETTES:
             raise ValueError(f"palette must be one of {list(PALETTES)}, got {self.palette!r}")
         if self.palette != "exact" and (self.hue_jitter or self.shade_jitter):
@@ -140,19 +116,6 @@ class SceneStyle:
                              "of each named colour, shade_jitter shades of its exact RGB value")
         if not 0 <= self.scale_jitter <= MAX_SCALE_JITTER:
             raise ValueError(f"scale_jitter must be between 0 and {MAX_SCALE_JITTER}, got {self.scale_jitter}")
-        self.check_clutter(canvas_size)
-        largest = self.item_sizes()[1]
-        if self.layout != "free" and canvas_size // grid_size < largest:
-            raise ValueError(f"canvas_size // grid_size must be at least {largest} (the largest item size), got "
-                             f"{canvas_size} // {grid_size} = {canvas_size // grid_size}; use a larger "
-                             "canvas_size or less scale_jitter")
-        if self.layout != "grid" and canvas_size < 2 * largest:
-            raise ValueError(f"a free layout needs canvas_size of at least {2 * largest} (two of the largest "
-                             f"items side by side), got {canvas_size}")
-
-    def check_clutter(self, canvas_size: int) -> None:
-        """Refuse, in one line, a background, object count, scale range or overlap out of range, and free
-        layouts too crowded to place their items."""
         self.background_spec().check("background")
         low, high = _pair(self.objects, "objects")
         if not (float(low).is_integer() and float(high).is_integer() and 1 <= low <= high <= MAX_OBJECTS_PER_SCENE):
@@ -175,6 +138,13 @@ class SceneStyle:
             raise ValueError(f"a free layout of up to {most} items of up to {largest} pixels needs canvas_size of at "
                              f"least {math.ceil(largest * math.sqrt(2 * most))} (their squares on half the canvas), "
                              f"got {canvas_size}; use a larger canvas_size, fewer objects, smaller items or overlap")
+        if self.layout != "free" and canvas_size // grid_size < largest:
+            raise ValueError(f"canvas_size // grid_size must be at least {largest} (the largest item size), got "
+                             f"{canvas_size} // {grid_size} = {canvas_size // grid_size}; use a larger "
+                             "canvas_size or less scale_jitter")
+        if self.layout != "grid" and canvas_size < 2 * largest:
+            raise ValueError(f"a free layout needs canvas_size of at least {2 * largest} (two of the largest "
+                             f"items side by side), got {canvas_size}")
 
     def item_sizes(self) -> tuple[int, int]:
         """The smallest and largest side an item may be drawn at, in pixels."""
@@ -193,11 +163,10 @@ class SceneStyle:
         exact = np.array([PALETTES[self.palette][colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
         if not self.shade_jitter:
             return exact.astype(np.uint16)
-        on = exact > 0
         level = 255 - rng.uniform(0, SHADE_DEPTH * self.shade_jitter, size=(len(exact), 1))
         spread = rng.uniform(0, SHADE_SPREAD * self.shade_jitter, size=(len(exact), 3))
         floor = rng.uniform(0, SHADE_FLOOR * self.shade_jitter, size=(len(exact), 3))
-        return np.rint(np.where(on, level - spread, floor)).astype(np.uint16)
+        return np.rint(np.where(exact > 0, level - spread, floor)).astype(np.uint16)
 
 
 def _pair(value: object, name: str) -> tuple[float, float]:
@@ -209,7 +178,7 @@ def _pair(value: object, name: str) -> tuple[float, float]:
 
 
 def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:
-    """The RGB tints (n, 3) of ``hue_jitter``: each drawn from its named colour's family in HSV (module docstring)."""
+    """The RGB tints (n, 3) of ``hue_jitter``: each drawn from its named colour's family in HSV (``HUE_FAMILIES``)."""
     count = len(colours)
     centre, width, saturation, value = np.array([HUE_FAMILIES[colour] for colour in colours]).T
     white = np.array([colour == "white" for colour in colours])
@@ -223,14 +192,8 @@ def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: f
 
 
 def draw_item(item: np.ndarray, tint: np.ndarray, size: int = ITEM_SIZE) -> np.ndarray:
-    """A 28×28 grey item as a scene draws it: resized to size×size, then tinted with ``tint`` (RGB) -> (size,
-    size, 3) uint8."""
-    resized = resized_item(item, size)
-    return (resized[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)
-
-
-def resized_item(item: np.ndarray, size: int) -> np.ndarray:
-    """A 28×28 item resized to size×size (bilinear); the item itself when the size is unchanged."""
-    if size == ITEM_SIZE:
-        return item
-    return np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
+    """A 28×28 grey item as a scene draws it: resized to size×size (bilinear), then tinted with ``tint`` (RGB) ->
+    (size, size, 3) uint8."""
+    if size != ITEM_SIZE:
+        item = np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
+    return (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)

@@ -3,27 +3,20 @@
 A default scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, tinted with
 one colour each. Five captions per scene name every item with its colour, and relation phrases ("to the left
 of", "above", ...) are true of the items' bounding boxes. Layout is decided per split from ``(seed, split)``;
-the same arguments always write the same bytes.
+the same arguments always write the same bytes. A ``SceneStyle`` (``scene_style.py``) says how a split is drawn:
+its layout, tints, item sizes and counts, its background (``backgrounds.py``) and overlap (``scene_clutter.py``
+paints the items and captions 1, 4 or 5 of them).
 
-A ``SceneStyle`` (``scene_style.py``) says how a split is drawn: its layout, tints, item sizes and counts, its
-background (``backgrounds.py``) and overlap (``scene_clutter.py`` paints the items and captions 1, 4 or 5).
-
-Files under ``<root>/`` (``docs/formats/scenes.md``):
-
-- ``images/<split>/<id>.png``
-- ``annotations/captions_<split>.json``: COCO captions.
-- ``annotations/instances_<split>.json``: COCO instances; ``bbox`` is the tight box of the item's
-  drawn pixels, ``area`` the count of its visible ones (their RLE ``segmentation`` too, on a background or with
-  overlap), ``category_id`` the Fashion-MNIST label + 1 (COCO ids start at 1).
-- ``annotations/attributes_<split>.json``: per instance its ``colour``, the ``rgb`` it was tinted with, its
-  grid ``cell`` [row, col] (null in free layouts) and source Fashion-MNIST image; per caption the relation
-  phrases it states, as (subject instance id, relation, object instance id), so each phrase can be checked
-  against the boxes.
-- ``backgrounds/<split>/<id>.png``: a scene's background alone, when it is not black.
+Under ``<root>/`` (``docs/formats/scenes.md``): ``images/<split>/<id>.png``; ``annotations/captions_<split>.json``
+and ``instances_<split>.json`` (COCO: ``bbox`` the tight box of the item's drawn pixels, ``area`` the count of its
+visible ones, ``category_id`` the Fashion-MNIST label + 1); ``attributes_<split>.json`` (per instance its colour,
+tint, grid cell and source image; per caption the relation phrases it states, as (subject id, relation, object
+id), to check against the boxes); ``backgrounds/<split>/<id>.png`` (a scene's background alone, when not black).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -56,6 +49,15 @@ PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is far smaller than 
 # The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
 # times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 5 items.
 MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
+# Caption forms 0..4 of two and of three objects: a template of their names in the caption's order ({0}, {1},
+# {2}) and of relation phrases {r0}, {r1}, with the (subject, object) places in that order each phrase relates.
+CAPTION_FORMS = {
+    2: (("a {0} {r0} a {1}", ((0, 1),)), ("a {0} {r0} a {1}", ((0, 1),)), ("there is a {0} and a {1}", ()),
+        ("a {0} next to a {1}", ()), ("the {0} is {r0} the {1}", ((0, 1),))),
+    3: (("a {0} {r0} a {1} and a {2} {r1} the {1}", ((0, 1), (2, 1))), ("there is a {0}, a {1} and a {2}", ()),
+        ("a {0} {r0} a {1} and {r1} a {2}", ((0, 1), (0, 2))), ("a {0} next to a {1} and a {2}", ()),
+        ("the {0} is {r0} the {1} and the {2} is {r1} the {0}", ((0, 1), (2, 0)))),
+}
 
 
 def category_id(label: int) -> int:
@@ -103,35 +105,17 @@ class _Captioner:
         return phrase
 
     def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-        """Caption ``form`` (0..4) naming the objects in ``order``; ``flags`` choose the axis of diagonal pairs."""
-        n, rel = self.names, self.rel
-        if len(order) not in (2, 3):  # one, four or five objects
+        """Caption ``form`` (0..4) naming the objects in ``order``; ``flags`` choose the axis of diagonal pairs
+        (relation phrase k takes ``flags[k]``)."""
+        if len(order) not in CAPTION_FORMS:  # one, four or five objects
             return more_caption(self, form, order, flags)
-        if len(order) == 2:
-            a, b = order
-            if form in (0, 1):
-                return f"a {n[a]} {rel(a, b, flags[0])} a {n[b]}"
-            if form == 2:
-                return f"there is a {n[a]} and a {n[b]}"
-            if form == 3:
-                return f"a {n[a]} next to a {n[b]}"
-            return f"the {n[a]} is {rel(a, b, flags[0])} the {n[b]}"
-        a, b, c = order
-        if form == 0:
-            return f"a {n[a]} {rel(a, b, flags[0])} a {n[b]} and a {n[c]} {rel(c, b, flags[1])} the {n[b]}"
-        if form == 1:
-            return f"there is a {n[a]}, a {n[b]} and a {n[c]}"
-        if form == 2:
-            return f"a {n[a]} {rel(a, b, flags[0])} a {n[b]} and {rel(a, c, flags[1])} a {n[c]}"
-        if form == 3:
-            return f"a {n[a]} next to a {n[b]} and a {n[c]}"
-        return f"the {n[a]} is {rel(a, b, flags[0])} the {n[b]} and the {n[c]} is {rel(c, a, flags[1])} the {n[a]}"
+        template, pairs = CAPTION_FORMS[len(order)][form]
+        phrases = {f"r{k}": self.rel(order[a], order[b], flags[k]) for k, (a, b) in enumerate(pairs)}
+        return template.format(*(self.names[slot] for slot in order), **phrases)
 
     def captions(self, orders: list[list[int]], flags: list[tuple[bool, bool]]) -> list[tuple[str, list]]:
-        """The five (caption, relations it states as (subject id, phrase, object id)).
-
-        Caption k names the objects in ``orders[k]``, a permutation of the three object slots (slots past the
-        scene's object count are dropped), with the axis flags ``flags[k]``.
+        """The five (caption, relations it states as (subject id, phrase, object id)): caption k names the objects
+        in ``orders[k]``, a permutation of the object slots (those past the scene's count dropped), with ``flags[k]``.
         """
         orders = [[slot for slot in order if slot < len(self.names)] for order in orders]
         if len(self.names) == 2:
@@ -139,8 +123,7 @@ class _Captioner:
         result = []
         for form, (order, flag_pair) in enumerate(zip(orders, flags, strict=True)):
             self.stated = []
-            text = self.caption(form, order, flag_pair)
-            result.append((text, self.stated))
+            result.append((self.caption(form, order, flag_pair), self.stated))
         return result
 
 
@@ -204,24 +187,18 @@ def _free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tupl
                    for size in sizes]
         centres = [(y + (top + bottom) / 2, x + (left + right) / 2)
                    for (y, x), (top, left, bottom, right) in zip(corners, tight, strict=True)]
-        fits = True
-        for i in range(len(sizes)):
-            for j in range(i):
-                (yi, xi), (yj, xj) = corners[i], corners[j]
-                overlap = yi < yj + sizes[j] and yj < yi + sizes[i] and xi < xj + sizes[j] and xj < xi + sizes[i]
-                separated = max(abs(centres[i][0] - centres[j][0]), abs(centres[i][1] - centres[j][1]))
-                fits = fits and not overlap and separated >= MIN_SEPARATION
-        if fits:
+        if all(max(abs(centres[i][0] - centres[j][0]), abs(centres[i][1] - centres[j][1])) >= MIN_SEPARATION
+               and not (corners[i][0] < corners[j][0] + sizes[j] and corners[j][0] < corners[i][0] + sizes[i]
+                        and corners[i][1] < corners[j][1] + sizes[j] and corners[j][1] < corners[i][1] + sizes[i])
+               for i, j in itertools.combinations(range(len(sizes)), 2)):
             return corners
     raise ValueError(f"could not place items of sizes {sizes} on a {canvas_size}-pixel canvas without overlap "
                      f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
 
 
 def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` compactly, via a temporary file so a reader never sees half a file."""
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(data, separators=(",", ":")))
-    temporary.replace(path)
+    """Write ``data`` compactly (into the staging folder, which ``OwnedFolder`` moves into place whole)."""
+    path.write_text(json.dumps(data, separators=(",", ":")))
 
 
 def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style: SceneStyle) -> dict:
@@ -237,7 +214,8 @@ def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style
 
 def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, labels: np.ndarray, seed: int,
                 canvas_size: int, grid_size: int, style: SceneStyle) -> dict[str, int]:
-    """Draw and write one split's scenes from its pool of Fashion-MNIST ``images`` (M, 28, 28) and ``labels``."""
+    """Draw and write one split's scenes under ``root`` (a fresh staging folder) from its pool of Fashion-MNIST
+    ``images`` (M, 28, 28) and ``labels``."""
     cell_size = canvas_size // grid_size
     rng = np.random.default_rng([seed, SPLIT_CODES[split]])
     layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE, style.objects)
@@ -260,58 +238,42 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
             (np.zeros((canvas_size, canvas_size, 3), dtype=np.uint8), "black")
         n_objects = int(layout["n_objects"][index])
         free = style.layout == "free" or (style.layout == "mixed" and style_rng.random() < 0.5)
-        items, sizes, tints, tight = [], [], [], []
+        items, sizes, tints = [], [], []
         for slot in range(n_objects):
-            size = int(style_rng.integers(smallest, largest + 1)) if style.scaled else ITEM_SIZE
-            tint = style.tint(style_rng, colour_names[int(layout["colours"][index, slot])])
-            tinted = draw_item(images[int(layout["sources"][index, slot])], tint, size)
-            items.append(tinted)
-            sizes.append(size)
-            tints.append(tint)
-            tight.append(_tight_box(tinted.any(axis=2)))
-        cells: list[tuple[int, int] | None] = []
+            sizes.append(int(style_rng.integers(smallest, largest + 1)) if style.scaled else ITEM_SIZE)
+            tints.append(style.tint(style_rng, colour_names[int(layout["colours"][index, slot])]))
+            items.append(draw_item(images[int(layout["sources"][index, slot])], tints[-1], sizes[-1]))
+        tight = [_tight_box(item.any(axis=2)) for item in items]
+        cells: list[tuple[int, int] | None] = [None] * n_objects
         if free and (style.overlap or int(style.objects[1]) > MAX_OBJECTS):
             corners = place_free(style_rng, items, tight, canvas_size, style.overlap)
-            cells = [None] * n_objects
         elif free:
             corners = _free_positions(style_rng, sizes, tight, canvas_size)
-            cells = [None] * n_objects
-        else:
-            corners = []
-            for slot, size in enumerate(sizes):
-                row, col = divmod(int(layout["cells"][index, slot]), grid_size)
-                if size == ITEM_SIZE:
-                    dy, dx = (int(v) for v in layout["offsets"][index, slot])
-                else:
-                    dy, dx = (int(v) for v in style_rng.integers(0, cell_size - size + 1, size=2))
-                corners.append((row * cell_size + dy, col * cell_size + dx))
-                cells.append((row, col))
+        else:  # a 28-pixel item at its drawn offset in its cell, a resized one at an offset drawn for its size
+            cells = [divmod(int(cell), grid_size) for cell in layout["cells"][index, :n_objects]]
+            offsets = [layout["offsets"][index, slot] if size == ITEM_SIZE
+                       else style_rng.integers(0, cell_size - size + 1, size=2) for slot, size in enumerate(sizes)]
+            corners = [(row * cell_size + int(dy), col * cell_size + int(dx))
+                       for (row, col), (dy, dx) in zip(cells, offsets, strict=True)]
         canvas, visible = compose(under, items, corners, outline=bool(style.overlap))
-        names, boxes, instance_ids = [], [], []
-        for slot in range(n_objects):
+        boxes = [[x0 + left, y0 + top, right - left, bottom - top]
+                 for (y0, x0), (top, left, bottom, right) in zip(corners, tight, strict=True)]
+        instance_ids = [len(instances) + 1 + slot for slot in range(n_objects)]
+        names = []
+        for slot, (instance_id, box, cell) in enumerate(zip(instance_ids, boxes, cells, strict=True)):
             label, colour = int(layout["classes"][index, slot]), int(layout["colours"][index, slot])
-            source = int(layout["sources"][index, slot])
-            (y0, x0), (top, left, bottom, right) = corners[slot], tight[slot]
-            box = [x0 + left, y0 + top, right - left, bottom - top]
-            instance_id = len(instances) + 1
             instances.append({"id": instance_id, "image_id": image_id, "category_id": category_id(label),
                               "bbox": box, "area": int(visible[slot].sum()), "iscrowd": 0})
             if clutter:  # the visible pixels: under a background or a later item, no longer the non-zero ones
                 instances[-1]["segmentation"] = mask_rle(visible[slot])
-            cell = cells[slot]
             attributes.append({"id": instance_id, "image_id": image_id, "colour": colour_names[colour],
                                "rgb": [int(v) for v in tints[slot]], "cell": list(cell) if cell else None,
-                               "source_split": source_split, "source_index": source_slice.start + source})
+                               "source_split": source_split,
+                               "source_index": source_slice.start + int(layout["sources"][index, slot])})
             names.append(f"{colour_names[colour]} {CLASS_WORDS[label]}")
-            boxes.append(box)
-            instance_ids.append(instance_id)
-        if free:
-            def relate(subject: int, obj: int, prefer_vertical: bool, boxes: list = boxes) -> str:
-                return box_relation(boxes[subject], boxes[obj], prefer_vertical=prefer_vertical)
-        else:
-            def relate(subject: int, obj: int, prefer_vertical: bool, cells: list = cells) -> str:
-                return relation(cells[subject], cells[obj], prefer_vertical=prefer_vertical)
-        captioner = _Captioner(names, relate, instance_ids)
+        places, judge = (boxes, box_relation) if free else (cells, relation)
+        captioner = _Captioner(names, lambda s, o, v, at=places, judge=judge: judge(at[s], at[o], prefer_vertical=v),
+                               instance_ids)
         flags = [tuple(pair) for pair in layout["flags"][index].tolist()]
         for text, stated in captioner.captions(layout["orders"][index].tolist(), flags):
             caption_id = len(captions) + 1
@@ -319,8 +281,6 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
             relations += [{"caption_id": caption_id, "subject_id": subject, "relation": phrase, "object_id": obj}
                           for subject, phrase, obj in stated]
         file_name = f"{image_id}.png"
-        # A new file rather than an overwrite: ext4 flushes truncated files on close, which is slow.
-        (image_dir / file_name).unlink(missing_ok=True)
         Image.fromarray(canvas).save(image_dir / file_name, compress_level=PNG_COMPRESS_LEVEL)
         if kind != "black":  # the background alone, each item's pixels distinct from what lies under them
             Image.fromarray(distinguish(under, canvas, visible)).save(root / "backgrounds" / split / file_name,
@@ -335,34 +295,24 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     _write_json(annotations / f"attributes_{split}.json",
                 {"info": info, "colours": colour_names, "relation_phrases": list(RELATIONS),
                  "instances": attributes, "relations": relations})
-    # The captions file last: its presence is what marks a split as complete.
     _write_json(annotations / f"captions_{split}.json", {"info": info, "images": image_entries,
                                                          "annotations": captions})
     return {"images": count, "captions": len(captions), "instances": len(instances)}
 
 
-def make_scenes(
-    root: str | Path,
-    *,
-    counts: Mapping[str, int] | None = None,
-    seed: int = 0,
-    canvas_size: int = 96,
-    grid_size: int = 3,
-    style: SceneStyle | Mapping | None = None,
-    styles: Mapping[str, SceneStyle | Mapping] | None = None,
-    fashion_mnist_root: str | Path = "data/fashion_mnist",
-    overwrite: bool = False,
-) -> dict[str, dict[str, int]]:
+def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, seed: int = 0, canvas_size: int = 96,
+                grid_size: int = 3, style: SceneStyle | Mapping | None = None,
+                styles: Mapping[str, SceneStyle | Mapping] | None = None,
+                fashion_mnist_root: str | Path = "data/fashion_mnist", overwrite: bool = False,
+                ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
     ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
     ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, the default scenes' by default;
-    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``.
-    A dataset is never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the
-    dataset there (the files its manifest lists, or, written before manifests, its annotation files and numbered
-    PNGs, ``dataset_files``) and keeps every other file. The splits are drawn into a staging folder and moved into
-    place at the end, so a failure leaves the old dataset, or nothing.
-    """
+    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``. A dataset is
+    never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the dataset there
+    (its manifest's files, or ``dataset_files``) and keeps every other file; the splits are staged and moved into
+    place at the end, so a failure leaves the old dataset, or nothing."""
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
     unknown = set(styles or {}) - set(counts)
