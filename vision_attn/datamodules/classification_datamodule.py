@@ -38,9 +38,6 @@ class ClassificationDataModule(SplitDataModule):
         super().__init__()
         self.loader, self.augmentation = Loader.coerce(loader, LOADER), Augmentation.coerce(augmentation)
         self.set_bad_image_policy(self.loader.on_bad_image)
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
-        self.test_set: Dataset | None = None
         self.class_names: list[str] = []
         self.in_chans, self.image_size, self.mean, self.std = 3, 32, [0.5] * 3, [0.5] * 3
 
@@ -89,8 +86,7 @@ class ClassificationDataModule(SplitDataModule):
 
 class HeldOutValidationDataModule(ClassificationDataModule):
     """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
-
-    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+    Subclasses say how to read a split (``load_split``).
 
     Args:
         root: where to look for the dataset (after the system location), and where a download goes
