@@ -93,11 +93,8 @@ class CocoCaptionsDataModule(SplitDataModule):
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError(f"mean and std need 3 values each (RGB), got {self.mean} and {self.std}")
         self._records: dict[str, list[CaptionedImage]] = {}
-        self.train_set: CaptionTrainDataset | None = None
-        self.val_set: CaptionEvalDataset | None = None
-        self.test_set: CaptionEvalDataset | None = None
         if scenes.generate:
-            self._generate_scenes(scenes.counts, scenes.seed, scenes.styles)
+            self._generate_scenes(scenes)
         self.vocab = self._vocabulary()
         self._objects: ObjectTargets | None = self._read_object_targets() if object_targets else None
         self.object_classes = list(self._objects.classes) if self._objects else []
@@ -165,11 +162,11 @@ class CocoCaptionsDataModule(SplitDataModule):
         """The image folder of the split named ``split`` (``layout.image_dir_pattern``)."""
         return self.root / self.layout.image_dir_pattern.format(split=split)
 
-    def _generate_scenes(self, counts: dict[str, int] | None, seed: int, styles: dict[str, dict] | None) -> None:
+    def _generate_scenes(self, scenes: SceneGeneration) -> None:
         if self.layout.annotation_format != "coco":
             raise ValueError("scenes.generate needs layout.annotation_format 'coco' (the scenes are COCO-format "
                              "files)")
-        styles = {split: SceneStyle.of(style) for split, style in (styles or {}).items()}
+        styles = {split: SceneStyle.of(style) for split, style in (scenes.styles or {}).items()}
         unknown = set(styles) - set(SPLIT_CODES)
         if unknown:
             raise ValueError(f"scenes.styles names split(s) {sorted(unknown)}; use {list(SPLIT_CODES)}")
@@ -177,7 +174,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         if missing:
             log.info("no Fashion scenes in %s (missing %s): generating them", self.root,
                      ", ".join(str(self.captions_file(split)) for split in missing))
-            for split, written in make_scenes(self.root, counts=counts, seed=seed, styles=styles).items():
+            for split, written in make_scenes(self.root, counts=scenes.counts, seed=scenes.seed, styles=styles).items():
                 log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
             return
         for split in self.splits.values():  # scenes already there: they must be the ones this config asks for
