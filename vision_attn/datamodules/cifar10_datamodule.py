@@ -24,9 +24,7 @@ class CIFAR10DataModule(HeldOutValidationDataModule):
     def __init__(self, root: str = "data/cifar10", *, augmentation: Augmentation = CIFAR10_AUGMENTATION,
                  **options: Any) -> None:
         super().__init__(root, augmentation=Augmentation.coerce(augmentation, CIFAR10_AUGMENTATION), **options)
-        self.class_names = list(cifar10.CLASS_NAMES)
-        self.in_chans = 3
-        self.image_size = 32
+        self.class_names, self.in_chans, self.image_size = list(cifar10.CLASS_NAMES), 3, 32
         self.mean, self.std = list(cifar10.MEAN), list(cifar10.STD)
 
     def prepare_data(self) -> None:

@@ -1,10 +1,8 @@
 """The base of the classification DataModules, and of those with official train and test splits in memory.
 
-Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the cheap augmentations (random
-crop with padding, horizontal flip) run on whole batches after they reach the device, in
-``on_after_batch_transfer``: one vectorised op per batch instead of Python per sample, on the GPU when
-there is one. ``num_classes``, ``class_names``, ``in_chans``, ``image_size``, ``mean`` and ``std`` are
-known right after construction, so LightningCLI links them into the model.
+Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the augmentations run on whole batches on the
+device (``on_after_batch_transfer``): one vectorised op per batch instead of Python per sample. The images' metadata
+is known right after construction, so LightningCLI links it into the model.
 """
 
 from __future__ import annotations
@@ -38,17 +36,10 @@ class ClassificationDataModule(SplitDataModule):
 
     def __init__(self, *, loader: Loader = LOADER, augmentation: Augmentation = Augmentation()) -> None:
         super().__init__()
-        self.loader = Loader.coerce(loader, LOADER)
-        self.augmentation = Augmentation.coerce(augmentation)
+        self.loader, self.augmentation = Loader.coerce(loader, LOADER), Augmentation.coerce(augmentation)
         self.set_bad_image_policy(self.loader.on_bad_image)
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
-        self.test_set: Dataset | None = None
         self.class_names: list[str] = []
-        self.in_chans: int = 3
-        self.image_size: int = 32
-        self.mean: list[float] = [0.5] * 3
-        self.std: list[float] = [0.5] * 3
+        self.in_chans, self.image_size, self.mean, self.std = 3, 32, [0.5] * 3, [0.5] * 3
 
     @property
     def num_classes(self) -> int:
@@ -95,8 +86,7 @@ class ClassificationDataModule(SplitDataModule):
 
 class HeldOutValidationDataModule(ClassificationDataModule):
     """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
-
-    Subclasses say how to read a split (``load_split``); the splitting and loaders are shared.
+    Subclasses say how to read a split (``load_split``).
 
     Args:
         root: where to look for the dataset (after the system location), and where a download goes
@@ -108,10 +98,7 @@ class HeldOutValidationDataModule(ClassificationDataModule):
     def __init__(self, root: str, *, val_size: int = 5000, split_seed: int = 0, download: bool = True,
                  loader: Loader = HELD_OUT_LOADER, **options: Any) -> None:
         super().__init__(loader=Loader.coerce(loader, HELD_OUT_LOADER), **options)
-        self.root = root
-        self.val_size = val_size
-        self.split_seed = split_seed
-        self.download = download
+        self.root, self.val_size, self.split_seed, self.download = root, val_size, split_seed, download
 
     def load_split(self, split: str) -> tuple[Tensor, Tensor]:
         """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""

@@ -58,12 +58,8 @@ class CocoCaptionsDataModule(SplitDataModule):
     ``layout`` says, under ``root`` (which the config names: no dataset is a default). Images are squashed to
     ``image_size`` squares and normalised with ``mean`` and ``std`` (ImageNet's by default).
 
-    ``group_captions`` makes a training item one image with all its captions (the loader's ``batch_size`` then
-    counts images): every caption is still seen each epoch, and the encoder runs once per image instead of once
-    per caption. ``object_targets`` gives each training image its objects from the train split's instances file
-    (their category, their colour where an attributes file names it, and their box): ``object_names`` then name
-    what the model's object loss predicts (empty without it). ``scenes`` generates the Fashion scenes first,
-    ``feature_cache`` serves a frozen encoder part's cached output instead of the images.
+    With ``group_captions`` every caption is still seen each epoch, and the encoder runs once per image instead of
+    once per caption. With ``object_targets``, ``object_names`` name what the model's object loss predicts.
 
     Args:
         root: the dataset's folder (the layout's paths are under it)
@@ -74,21 +70,12 @@ class CocoCaptionsDataModule(SplitDataModule):
         object_targets: give training images their objects (boxes, classes, colours) from the instances file
     """
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        layout: CocoLayout = CocoLayout(),
-        image_size: int = 96,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
-        vocabulary: VocabularyOptions = VocabularyOptions(),
-        loader: Loader = Loader(batch_size=64),
-        group_captions: bool = False,
-        object_targets: bool = False,
-        scenes: SceneGeneration = SceneGeneration(),
-        feature_cache: FeatureCacheOptions = FeatureCacheOptions(),
-    ) -> None:
+    def __init__(self, root: str, *, layout: CocoLayout = CocoLayout(), image_size: int = 96,
+                 mean: list[float] | None = None, std: list[float] | None = None,
+                 vocabulary: VocabularyOptions = VocabularyOptions(), loader: Loader = Loader(batch_size=64),
+                 group_captions: bool = False, object_targets: bool = False,
+                 scenes: SceneGeneration = SceneGeneration(),
+                 feature_cache: FeatureCacheOptions = FeatureCacheOptions()) -> None:
         super().__init__()
         self.layout, self.loader = CocoLayout.coerce(layout), Loader.coerce(loader)
         self.vocabulary_options, scenes = VocabularyOptions.coerce(vocabulary), SceneGeneration.coerce(scenes)
@@ -98,26 +85,16 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.set_bad_image_policy(self.loader.on_bad_image)
         if image_size < 1:
             raise ValueError(f"image_size must be at least 1, got {image_size}")
-        self.root = Path(root)
-        self.annotation_format = self.layout.annotation_format
-        self.splits = self.layout.splits
-        self.karpathy_file = Path(self.layout.karpathy_file) if self.layout.karpathy_file \
-            else self.root / "dataset_coco.json"
+        self.root, self.splits = Path(root), self.layout.splits
+        self.karpathy_file = Path(self.layout.karpathy_file or self.root / "dataset_coco.json")
         self.karpathy_image_root = Path(self.layout.karpathy_image_root or self.root)
-        self.image_size = image_size
-        self.in_chans = 3
-        self.max_caption_length = self.vocabulary_options.max_caption_length
-        self.group_captions = group_captions
-        self.mean = list(mean) if mean is not None else list(IMAGENET_MEAN)
-        self.std = list(std) if std is not None else list(IMAGENET_STD)
+        self.image_size, self.in_chans, self.group_captions = image_size, 3, group_captions
+        self.mean, self.std = list(IMAGENET_MEAN if mean is None else mean), list(IMAGENET_STD if std is None else std)
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError(f"mean and std need 3 values each (RGB), got {self.mean} and {self.std}")
         self._records: dict[str, list[CaptionedImage]] = {}
-        self.train_set: CaptionTrainDataset | None = None
-        self.val_set: CaptionEvalDataset | None = None
-        self.test_set: CaptionEvalDataset | None = None
         if scenes.generate:
-            self._generate_scenes(scenes.counts, scenes.seed, scenes.styles)
+            self._generate_scenes(scenes)
         self.vocab = self._vocabulary()
         self._objects: ObjectTargets | None = self._read_object_targets() if object_targets else None
         self.object_classes = list(self._objects.classes) if self._objects else []
@@ -145,7 +122,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def _read_object_targets(self) -> ObjectTargets:
         """The training split's object targets, from its instances (and attributes) file."""
-        if self.annotation_format != "coco":
+        if self.layout.annotation_format != "coco":
             raise ValueError("object_targets needs layout.annotation_format 'coco' with an instances file for the "
                              "train split (layout.instances_file_pattern)")
         split = self.splits["train"]
@@ -185,11 +162,11 @@ class CocoCaptionsDataModule(SplitDataModule):
         """The image folder of the split named ``split`` (``layout.image_dir_pattern``)."""
         return self.root / self.layout.image_dir_pattern.format(split=split)
 
-    def _generate_scenes(self, counts: dict[str, int] | None, seed: int, styles: dict[str, dict] | None) -> None:
-        if self.annotation_format != "coco":
+    def _generate_scenes(self, scenes: SceneGeneration) -> None:
+        if self.layout.annotation_format != "coco":
             raise ValueError("scenes.generate needs layout.annotation_format 'coco' (the scenes are COCO-format "
                              "files)")
-        styles = {split: SceneStyle.of(style) for split, style in (styles or {}).items()}
+        styles = {split: SceneStyle.of(style) for split, style in (scenes.styles or {}).items()}
         unknown = set(styles) - set(SPLIT_CODES)
         if unknown:
             raise ValueError(f"scenes.styles names split(s) {sorted(unknown)}; use {list(SPLIT_CODES)}")
@@ -197,7 +174,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         if missing:
             log.info("no Fashion scenes in %s (missing %s): generating them", self.root,
                      ", ".join(str(self.captions_file(split)) for split in missing))
-            for split, written in make_scenes(self.root, counts=counts, seed=seed, styles=styles).items():
+            for split, written in make_scenes(self.root, counts=scenes.counts, seed=scenes.seed, styles=styles).items():
                 log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
             return
         for split in self.splits.values():  # scenes already there: they must be the ones this config asks for
@@ -213,7 +190,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         """The captioned images of the split playing ``role``, read once and cached. Validation and test images
         carry their objects when the split has an instances file (``instances_file_pattern``)."""
         if role not in self._records:
-            if self.annotation_format == "coco":
+            if self.layout.annotation_format == "coco":
                 split = self.splits[role]
                 self._records[role] = read_coco_captions(self.captions_file(split), self.image_dir(split))
             else:
@@ -232,7 +209,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features."""
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
-                                                 max_caption_length=self.max_caption_length,
+                                                 max_caption_length=self.vocabulary_options.max_caption_length,
                                                  group_captions=self.group_captions, objects=self._objects,
                                                  **self.bad_image_options)
         if stage in (None, "fit", "validate") and self.val_set is None:

@@ -1,7 +1,5 @@
-"""The DataModules' option groups (``option_groups`` says what a group is; ``Loader`` is there, as every DataModule
-takes it): where COCO-format captions are, the captioning vocabulary, generating the Fashion scenes, the feature
-cache, image augmentation, and the Fashion-MNIST canvas.
-"""
+"""The DataModules' option groups (``option_groups`` says what a group is and holds ``Loader``, which every DataModule
+takes): COCO-format captions' layout, vocabulary, the Fashion scenes, the feature cache, augmentation, the canvas."""
 
 from __future__ import annotations
 
@@ -83,8 +81,8 @@ class VocabularyOptions(OptionGroup):
         require(self.min_word_count >= 1, self.name, f"min_word_count must be at least 1, got {self.min_word_count}")
         require(self.max_caption_length >= 1, self.name,
                 f"max_caption_length must be at least 1, got {self.max_caption_length}")
-        at_most(self.name, "max_caption_length", self.max_caption_length, 200, "no caption is that long; each word "
-                                                                               "costs memory in every batch")
+        at_most(self.name, "max_caption_length", self.max_caption_length, 200,
+                "no caption is that long; each word costs memory in every batch")
 
 
 @dataclass(frozen=True)
@@ -107,8 +105,8 @@ class SceneGeneration(OptionGroup):
         require(self.counts is None or all(isinstance(v, int) and v >= 0 for v in self.counts.values()), self.name,
                 f"counts must be whole numbers of 0 or more, got {self.counts}")
         for split, count in (self.counts or {}).items():
-            at_most(self.name, f"counts.{split}", count, 100_000, "five times the default training set; more "
-                                                                  "scenes only fill the disk")
+            at_most(self.name, f"counts.{split}", count, 100_000,
+                    "five times the default training set; more scenes only fill the disk")
 
 
 @dataclass(frozen=True)
@@ -127,8 +125,8 @@ class FeatureCacheOptions(OptionGroup):
     def check(self) -> None:
         """Refuse a shard size below 1."""
         require(self.shard_size >= 1, self.name, f"shard_size must be at least 1, got {self.shard_size}")
-        at_most(self.name, "shard_size", self.shard_size, 65536, "a shard is read whole; a larger one only costs "
-                                                                 "memory")
+        at_most(self.name, "shard_size", self.shard_size, 65536,
+                "a shard is read whole; a larger one only costs memory")
 
 
 @dataclass(frozen=True)
@@ -147,8 +145,8 @@ class Augmentation(OptionGroup):
     def check(self) -> None:
         """Refuse a negative padding or an erase_prob outside [0, 1]."""
         require(self.pad_crop >= 0, self.name, f"pad_crop must be 0 or more pixels, got {self.pad_crop}")
-        at_most(self.name, "pad_crop", self.pad_crop, 256, "a larger padding only costs memory: the crops are "
-                                                           "mostly padding")
+        at_most(self.name, "pad_crop", self.pad_crop, 256,
+                "a larger padding only costs memory: the crops are mostly padding")
         require(finite(self.erase_prob) and 0.0 <= self.erase_prob <= 1.0, self.name,
                 f"erase_prob must be between 0 and 1, got {self.erase_prob}")
 
@@ -189,8 +187,8 @@ class Canvas(OptionGroup):
                 "background_noise is grey noise on black: set it or background, not both")
         self.background_spec().check(f"{self.name}.background")
         require(self.size >= item, self.name, f"size must be at least {item} (an item's side), got {self.size}")
-        at_most(self.name, "size", self.size, 1024, "a 28-pixel item is a speck on a larger canvas, which only "
-                                                    "costs memory")
+        at_most(self.name, "size", self.size, 1024,
+                "a 28-pixel item is a speck on a larger canvas, which only costs memory")
         window, step = self.train_window, self.window_step
         require(window is None or (step >= 1 and item + step - 1 <= window <= self.size
                                    and (self.size - window) % step == 0), self.name,

@@ -21,21 +21,16 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     a classifier that must find the item before it can name it, so that its attention can be checked against
     the item's mask (the item's pixels > 0).
 
-    Training items get a new place in every batch (drawn on the device, after the batch arrives; shifts and flips
-    act on the item before it is placed), and training batches are ``(images, labels, boxes)`` with each item's
-    place, (B, 4) [x, y, w, h] in pixels, for ``ViTTask``'s ``training.attention_grounding``. With
-    ``canvas.train_window`` a training image is only that square of its canvas around the item, at a random place
-    whose corner is a multiple of ``canvas.window_step`` (set it to the ViT's patch size), and the batch says where:
-    ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window. The ViT then
-    embeds only the window's patches, each with the position embedding of its place on the canvas: a 40-pixel
-    window of a 56-pixel canvas costs about half a step, the rest of the canvas being black.
-    ``canvas.background_noise`` fills every pixel of a training canvas but its item's with uniform grey noise up to
-    a level drawn per image from 0 to it, so that the model learns the item, not "whatever is not black";
-    ``canvas.background`` draws one of the scenes' backgrounds there instead (``data.backgrounds``: noise, textures,
-    distractors or mixed). Evaluation canvases stay black. Validation and test items get a fixed place from
-    ``canvas.seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's pixels >
-    0), so the ViT logs rollout mass and the pointing game as it validates and tests. Normalised by the canvases'
-    own mean and std. The other options are those of ``FashionMNISTDataModule``.
+    Training items get a new place in every batch (drawn on the device; shifts and flips act on the item before it
+    is placed), and training batches are ``(images, labels, boxes)``, boxes (B, 4) [x, y, w, h] in pixels for
+    ``ViTTask``'s ``training.attention_grounding``. With ``canvas.train_window`` a training image is only that
+    square of its canvas around the item, its corner a multiple of ``canvas.window_step``, and the batch says where:
+    ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window; the ViT embeds
+    only the window's patches, each with the position embedding of its place on the canvas. ``canvas.background``
+    and ``canvas.background_noise`` fill every pixel of a training canvas but its item's, so that the model learns
+    the item, not "whatever is not black"; evaluation canvases stay black. Validation and test items get a fixed
+    place from ``canvas.seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's
+    pixels > 0), for the rollout mass and the pointing game. Normalised by the canvases' own mean and std.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
@@ -44,9 +39,6 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     def __init__(self, root: str = "data/fashion_mnist", *, canvas: Canvas = Canvas(), **options: Any) -> None:
         super().__init__(root, **options)
         self.canvas = Canvas.coerce(canvas)
-        self.canvas_size, self.train_window, self.window_step = (self.canvas.size, self.canvas.train_window,
-                                                                 self.canvas.window_step)
-        self.background_noise, self.seed = self.canvas.background_noise, self.canvas.seed
         self.background = self.canvas.background_spec()
         self.image_size = self.canvas.size
         mean, std = fashion_mnist.canvas_mean_std(self.canvas.size)
@@ -56,18 +48,18 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         """A split's items at fixed places drawn from ``seed``, as one in-memory tensor of canvases."""
         items, labels = (torch.stack(column) for column in zip(*(dataset[i] for i in range(len(dataset))),
                                                                strict=True))
-        places = fashion_mnist.random_places(len(items), self.canvas_size,
-                                             generator=torch.Generator().manual_seed(seed))
-        return TensorImageDataset(fashion_mnist.place_on_canvas(items, places, self.canvas_size), labels)
+        generator = torch.Generator().manual_seed(seed)
+        places = fashion_mnist.random_places(len(items), self.canvas.size, generator=generator)
+        return TensorImageDataset(fashion_mnist.place_on_canvas(items, places, self.canvas.size), labels)
 
     def setup(self, stage: str | None = None) -> None:
         """The Fashion-MNIST splits, with the validation and test items placed once on their canvases."""
         fresh_val, fresh_test = self.val_set is None, self.test_set is None
         super().setup(stage)
         if fresh_val and self.val_set is not None:
-            self.val_set = self._placed(self.val_set, self.seed)
+            self.val_set = self._placed(self.val_set, self.canvas.seed)
         if fresh_test and self.test_set is not None:
-            self.test_set = self._placed(self.test_set, self.seed + 1)
+            self.test_set = self._placed(self.test_set, self.canvas.seed + 1)
 
     def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, ...] | None:
         """Training items placed on fresh canvases, (images, labels, boxes[, origins]); evaluation batches with
@@ -78,19 +70,19 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         if self.trainer is not None and self.trainer.training:
             # the item is shifted and mirrored, then placed (as mirroring the canvas would), then erased
             self.count_train_batch()
-            items = self.augment(images, erase=False)
-            size = self.train_window or self.canvas_size
+            items, canvas = self.augment(images, erase=False), self.canvas
+            size = canvas.train_window or canvas.size
             places = fashion_mnist.random_places(len(images), size, device=images.device)
             canvases = fashion_mnist.place_on_canvas(items, places, size)
-            canvases = fill_canvases(canvases, items, noise=self.background_noise, background=self.background)
+            canvases = fill_canvases(canvases, items, noise=canvas.background_noise, background=self.background)
             if self.augmentation.erase_prob:
                 canvases = random_erase(canvases, self.augmentation.erase_prob)
             boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)
-            if self.train_window is None:
+            if canvas.train_window is None:
                 return self.normalize(canvases), labels, boxes
             # a window of the canvas around the item: where it lies, in whole steps (the ViT's patches)
-            steps = (self.canvas_size - self.train_window) // self.window_step + 1
-            origins = torch.randint(0, steps, (len(images), 2), device=images.device) * self.window_step
+            steps = (canvas.size - canvas.train_window) // canvas.window_step + 1
+            origins = torch.randint(0, steps, (len(images), 2), device=images.device) * canvas.window_step
             return self.normalize(canvases), labels, boxes, origins
         masks = images[:, 0] > 0
         normalised, labels = super().prepare_batch((images, labels), dataloader_idx)  # type: ignore[misc]

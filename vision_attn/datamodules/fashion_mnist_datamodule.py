@@ -20,9 +20,7 @@ class FashionMNISTDataModule(HeldOutValidationDataModule):
 
     def __init__(self, root: str = "data/fashion_mnist", **options: Any) -> None:
         super().__init__(root, **options)
-        self.class_names = list(fashion_mnist.CLASS_NAMES)
-        self.in_chans = 1
-        self.image_size = 28
+        self.class_names, self.in_chans, self.image_size = list(fashion_mnist.CLASS_NAMES), 1, 28
         self.mean, self.std = [fashion_mnist.MEAN], [fashion_mnist.STD]
 
     def prepare_data(self) -> None:

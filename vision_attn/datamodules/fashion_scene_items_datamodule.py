@@ -21,10 +21,8 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
     ``canvas_size`` squares with one tinted item at a random place, labelled by its class. The set the scene
     captioner's encoder is pretrained on (``configs/captioner/fashion_scene_items.yaml``).
 
-    ``style`` is a scene style (``{"shade_jitter": 1.0, "scale_jitter": 0.1}``; its layout does not apply).
-    Training items get a new colour, shade, size and place each epoch; validation and test items are drawn
-    the same way every time (from ``seed``). Normalised with ImageNet's mean and std, as the captioner's
-    images are. The other options are those of ``FashionMNISTDataModule``.
+    Training items get a new colour, shade, size and place each epoch; validation and test items are drawn the
+    same way every time. Normalised with ImageNet's mean and std, as the captioner's images are.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
@@ -42,13 +40,9 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
         if self.style.layout != "grid":
             log.warning("scene items: the style's layout (%s) does not apply to single items", self.style.layout)
         check_item_style(self.style, canvas_size)
-        self.canvas_size = canvas_size
-        self.seed = seed
         check_reuse(background_reuse)  # here, before any data is read
-        self.background_reuse = background_reuse
-        self.class_names = list(scenes.CLASS_WORDS)
-        self.in_chans = 3
-        self.image_size = canvas_size
+        self.canvas_size, self.seed, self.background_reuse = canvas_size, seed, background_reuse
+        self.class_names, self.in_chans, self.image_size = list(scenes.CLASS_WORDS), 3, canvas_size
         self.mean, self.std = list(IMAGENET_MEAN), list(IMAGENET_STD)
 
     @property

@@ -35,20 +35,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         std: per-channel standard deviation (null: ImageNet's for RGB, 0.5 for grey)
     """
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        image_size: int = 224,
-        in_chans: int = 3,
-        val_fraction: float = 0.1,
-        split_seed: int = 0,
-        random_resized_crop: bool = True,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
-        loader: Loader = IMAGE_FOLDER_LOADER,
-        augmentation: Augmentation = IMAGE_FOLDER_AUGMENTATION,
-    ) -> None:
+    def __init__(self, root: str, *, image_size: int = 224, in_chans: int = 3, val_fraction: float = 0.1,
+                 split_seed: int = 0, random_resized_crop: bool = True, mean: list[float] | None = None,
+                 std: list[float] | None = None, loader: Loader = IMAGE_FOLDER_LOADER,
+                 augmentation: Augmentation = IMAGE_FOLDER_AUGMENTATION) -> None:
         super().__init__(loader=Loader.coerce(loader, IMAGE_FOLDER_LOADER),
                          augmentation=Augmentation.coerce(augmentation, IMAGE_FOLDER_AUGMENTATION))
         if in_chans not in (1, 3):
@@ -60,21 +50,16 @@ class ImageFolderDataModule(ClassificationDataModule):
         self.class_names = sorted(d.name for d in train_dir.iterdir() if d.is_dir())
         if not self.class_names:
             raise DatasetNotFoundError(f"{train_dir}: no class folders")
-        self.image_size = image_size
-        self.in_chans = in_chans
-        self.val_fraction = val_fraction
-        self.split_seed = split_seed
-        self.random_resized_crop = random_resized_crop
+        self.image_size, self.in_chans, self.random_resized_crop = image_size, in_chans, random_resized_crop
+        self.val_fraction, self.split_seed = val_fraction, split_seed
         default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if in_chans == 3 else ([0.5], [0.5])
         self.mean, self.std = mean or default_mean, std or default_std
         if len(self.mean) != in_chans or len(self.std) != in_chans:
             raise ValueError(f"mean and std need {in_chans} values each, got {self.mean} and {self.std}")
 
     def _dataset(self, samples: list[tuple[Path, int]], *, train: bool) -> ImageFileDataset:
-        return ImageFileDataset(
-            samples, image_size=self.image_size, in_chans=self.in_chans, train=train and self.random_resized_crop,
-            **self.bad_image_options,
-        )
+        return ImageFileDataset(samples, image_size=self.image_size, in_chans=self.in_chans,
+                                train=train and self.random_resized_crop, **self.bad_image_options)
 
     def setup(self, stage: str | None = None) -> None:
         """The image files of every split: val/ or a hold-out of train/, test/ or else the validation set."""

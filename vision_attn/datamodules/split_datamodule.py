@@ -40,9 +40,7 @@ class ResumableRandomSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         order = torch.randperm(self.size, generator=generator).tolist()
-        skip = 0
-        if self.resume_at is not None and self.resume_at[0] == self.epoch:
-            skip = self.resume_at[1]
+        skip = self.resume_at[1] if self.resume_at is not None and self.resume_at[0] == self.epoch else 0
         self.resume_at = None
         return iter(order[skip:])
 
@@ -63,12 +61,9 @@ class ShardedEvalSampler(DistributedSampler):
 
 
 class SplitDataModule(L.LightningDataModule):
-    """Loaders that differ only in the split and whether it trains; subclasses define ``_loader``.
-
-    Subclasses set ``loader`` (``option_groups.Loader``), ``train_set``/``val_set``/``test_set`` in ``setup``, and
-    the images' ``image_size``, ``in_chans`` and ``mean``/``std`` per channel, which ``image_format`` gives the
-    CLI to link into the model.
-    """
+    """Loaders that differ only in the split and whether it trains. Subclasses define ``_loader``, set ``loader``
+    (``option_groups.Loader``), ``train_set``/``val_set``/``test_set`` in ``setup``, and the images' ``image_size``,
+    ``in_chans`` and ``mean``/``std`` per channel, which ``image_format`` gives the CLI to link into the model."""
 
     train_set: Dataset | None = None
     val_set: Dataset | None = None
@@ -125,7 +120,6 @@ class SplitDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
         batch_size = self.loader.batch_size if train else self.loader.eval_size
-        num_workers = self.loader.num_workers
         sampler: Sampler[int] | None = None
         if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             sampler = ShardedEvalSampler(dataset)
@@ -137,17 +131,10 @@ class SplitDataModule(L.LightningDataModule):
                 state = self._resume_state
                 sampler.resume_at = (state["epoch"], state["batches"] * state["batch_size"])
             self._train_batch_size = batch_size
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            persistent_workers=num_workers > 0,
-            pin_memory=self.loader.pin_memory,
-            collate_fn=collate_fn,
-            generator=torch.Generator().manual_seed(self._shuffle_seed or 0),
-        )
+        workers = self.loader.num_workers
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory, collate_fn=collate_fn,
+                          generator=torch.Generator().manual_seed(self._shuffle_seed or 0))
 
     def count_train_batch(self) -> None:
         """Called for each batch the trainer trains on (from ``on_after_batch_transfer``)."""

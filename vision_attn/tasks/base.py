@@ -1,10 +1,7 @@
 """What every task shares, written once (torchgeo's ``BaseTask``): the guarded training step, the optimiser and the
-run's schedule, the checkpoint's model kind, version and random streams, and the callbacks every task brings along
-(the run's schedule, the skipped-image report and the validation overlays).
-
+run's schedule, the checkpoint's model kind, version and random streams, and the callbacks every task brings along.
 A task subclasses ``BaseTask``, names its ``kind``, builds ``self.model``, saves its option groups with
-``save_options``, and defines ``training_loss``, ``parameter_groups`` and (when it has attention to draw)
-``overlay_figures``.
+``save_options``, and defines ``training_loss``, ``parameter_groups`` and (to draw attention) ``overlay_figures``.
 """
 
 from __future__ import annotations
@@ -87,12 +84,10 @@ class ValidationOverlays(L.Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Log the task's ``overlay_figures`` of the kept batch at the current step."""
-        if self._pending is None:
-            return
-        batch, outputs = self._pending
-        self._pending = None
-        figures = pl_module.overlay_figures(batch, outputs, self.count)
-        log_figures(pl_module.loggers, figures, step=pl_module.global_step, fallback_dir=trainer.default_root_dir)
+        if self._pending is not None:
+            (batch, outputs), self._pending = self._pending, None
+            log_figures(pl_module.loggers, pl_module.overlay_figures(batch, outputs, self.count),
+                        step=pl_module.global_step, fallback_dir=trainer.default_root_dir)
 
 
 def decay_groups(model: nn.Module, weight_decay: float, skip: set[str] = frozenset()) -> list[dict]:
@@ -114,9 +109,7 @@ class BaseTask(L.LightningModule):
         super().__init__()
         if log_overlays < 0:
             raise ValueError(f"log_overlays must be 0 or more, got {log_overlays}")
-        self.optimiser = optimiser
-        self.schedule = RunSchedule(schedule)
-        self.log_overlays = log_overlays
+        self.optimiser, self.schedule, self.log_overlays = optimiser, RunSchedule(schedule), log_overlays
 
     def save_options(self, **options: Any) -> None:
         """Save the task's arguments (its groups as plain dicts) as the checkpoint's hyper-parameters."""
@@ -164,8 +157,7 @@ class BaseTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        """One training step: ``training_loss`` of the batch (None for an empty batch); a non-finite loss stops the
-        run."""
+        """``training_loss`` of the batch (None for an empty batch); a non-finite loss stops the run."""
         if batch is None:  # every image of the batch was unreadable (skipped and counted by the DataModule)
             return None
         loss = self.training_loss(batch)

@@ -56,17 +56,14 @@ class ClassifierTask(ClassPredictions, BaseTask):
         self.num_classes, self.class_names, self.image = num_classes, class_names, ImageFormat.coerce(image)
         self.training_options = training  # a group of the subclass's kind, checked
         # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
-        self.train_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.val_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-        self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+        self.train_accuracy, self.val_accuracy, self.test_accuracy = (
+            torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro") for _ in range(3))
         # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
         # ranks with fewer images too much)
-        self.val_loss = torchmetrics.MeanMetric()
-        self.test_loss = torchmetrics.MeanMetric()
+        self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
 
     def save_options(self, **options: Any) -> None:
-        """Save the classifiers' shared arguments with the subclass's ``options`` as the checkpoint's
-        hyper-parameters."""
+        """Save the classifiers' shared arguments and the subclass's ``options`` as the hyper-parameters."""
         super().save_options(num_classes=self.num_classes, class_names=self.class_names, image=self.image,
                              training=self.training_options, optimiser=self.optimiser,
                              schedule=self.schedule.options, log_overlays=self.log_overlays, **options)
@@ -78,9 +75,8 @@ class ClassifierTask(ClassPredictions, BaseTask):
     def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
                             origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(loss, logits) of a training batch: cross-entropy with label smoothing. ``boxes`` (B, 4) [x, y, w, h]
-        in pixels are the objects' places when the DataModule knows them, and ``origins`` (B, 2) where each image
-        lies in a larger one when it is a window of it (``FashionMNISTCanvasDataModule``); a convnet reads a
-        window as any image."""
+        in pixels are the objects' places when the DataModule knows them, ``origins`` (B, 2) where each image lies
+        in a larger one it is a window of (``FashionMNISTCanvasDataModule``); a convnet reads a window as any image."""
         logits = self.model(images)
         return F.cross_entropy(logits, labels, label_smoothing=self.training_options.label_smoothing), logits
 
@@ -151,14 +147,9 @@ class ViTTask(ClassifierTask):
 
     When the evaluation batches carry object masks, ``(images, labels, masks)`` as
     ``FashionMNISTCanvasDataModule``'s do, validation and test also log where rollout and the last layer's
-    attention (its heads' mean) fall: ``{stage}/rollout_mass``, ``{stage}/rollout_pointing``,
-    ``{stage}/last_layer_mass`` and ``{stage}/last_layer_pointing`` (``metrics.pointing_game``). After each
-    validation epoch (not the sanity check), rank 0 logs rollout overlays of the first ``log_overlays``
-    validation images. ``training.patch_drop_rate_end`` schedules PatchDropout over the run's progress (the run's
-    schedule: its steps, or its time budget), so early steps, when the model learns coarse shapes, are cheap and
-    the last ones see more of each image. ``pretrained`` is a local weights file or ``timm:<model name>[.<tag>]``
-    (timm's weights from the Hugging Face cache), adapted to this ViT (``vit/pretrained.py``); ``compile`` runs
-    the model through ``torch.compile`` (parameter names and checkpoints stay the same).
+    attention fall (``evaluation_logits``). ``training.patch_drop_rate_end`` schedules PatchDropout over the run's
+    progress, so early steps, when the model learns coarse shapes, are cheap and the last ones see more of each
+    image. ``pretrained`` weights are adapted to this ViT (``vit/pretrained.py``).
 
     Args:
         pretrained: the first weights: a local ViT weights file (timm's or a fit's) or timm:<model>[.<tag>] from the
@@ -173,8 +164,7 @@ class ViTTask(ClassifierTask):
         self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
         architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
         distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
-        pretrained: str | None = None, compile: bool = False,
-        log_overlays: int = 4,
+        pretrained: str | None = None, compile: bool = False, log_overlays: int = 4,
     ) -> None:
         super().__init__(num_classes=num_classes, class_names=class_names, image=image,
                          training=ViTTraining.coerce(training), optimiser=optimiser, schedule=schedule,
@@ -241,8 +231,7 @@ class ViTTask(ClassifierTask):
                       origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Cross-entropy plus ``attention_grounding`` × −log(the share of the rollout on the object's box): the
         classifier's attention rollout (mean over heads, as ``vision-attn rollout-mass`` scores it) is pulled onto
-        the training object, each patch counting by how much of it the box covers. As the captioner's grounding
-        trains its α on the training boxes; the maps are then scored on test objects it never saw."""
+        the training object, each patch counting by how much of it the box covers."""
         if boxes is None:
             raise ValueError("training.attention_grounding needs training batches that carry the objects' boxes, as "
                              "FashionMNISTCanvasDataModule's do")
@@ -268,8 +257,7 @@ class ViTTask(ClassifierTask):
         {stage}/rollout_mass, {stage}/rollout_pointing, {stage}/last_layer_mass and {stage}/last_layer_pointing."""
         if not masks:
             return self.model(images)
-        # items with masks: also score where rollout and the last layer's attention fall (docs/formats/metrics.md)
-        maps = explain(self.model, images)
+        maps = explain(self.model, images)  # scored as docs/formats/metrics.md says
         for name, (mass, hits) in map_scores(maps, masks[0]).items():  # rollout and the last layer
             key = f"{stage}_{name.replace(' ', '_')}"
             self.map_scores[f"{key}_mass"](mass)

@@ -84,8 +84,7 @@ class EncoderPretrainingTask(BaseTask):
     def _count(self, accuracy: MulticlassAccuracy, logits: Tensor, targets: Tensor, name: str, *, training: bool,
                prog_bar: bool = True) -> None:
         """Add a batch to an epoch's accuracy. Training batches are only counted (``on_train_epoch_end`` logs the
-        epoch's figure): logging the two metrics at every step took time from each step, steps the pretraining's
-        budget then did not take. Validation and test log them as Lightning does."""
+        epoch's figure): logging at every step took time from the pretraining's budget."""
         if training:
             accuracy.update(logits.detach(), targets)
         else:

@@ -1,8 +1,6 @@
 """``vision-attn predict``: the tasks' ``predict_step`` over the DataModule's predict set (its test split), and the
-JSON a run writes in its log dir, ``predictions.json``, in the format of the tool that makes the same predictions
-from image files: the captioner's results records as ``caption`` (and ``test``'s ``results_test.json``) write
-them, the classifiers' entries as ``classify`` writes them. Under DDP every rank predicts its share; the records
-are gathered (a collective) and rank 0 alone writes the file.
+``predictions.json`` a run writes in its log dir, as the tool that predicts from image files writes it (``caption``'s
+results records, ``classify``'s entries). Under DDP every rank predicts its share; rank 0 writes the gathered records.
 """
 
 from __future__ import annotations
@@ -74,9 +72,8 @@ class PredictionsWriter(BasePredictionWriter):
 
 
 class Predicting:
-    """What ``vision-attn predict`` needs of a task (a mixin before ``BaseTask``): its ``predict_step`` returns
-    a list of records per batch, ``gather_predictions`` puts every rank's in order, ``save_predictions`` writes
-    them; the task brings the ``PredictionsWriter``."""
+    """What ``vision-attn predict`` needs of a task (a mixin before ``BaseTask``): ``predict_step`` returns a list of
+    records per batch, ``gather_predictions`` puts every rank's in order, ``save_predictions`` writes them."""
 
     def configure_callbacks(self) -> list[L.Callback]:
         """The task's other callbacks and the ``PredictionsWriter``."""

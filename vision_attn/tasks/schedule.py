@@ -1,12 +1,9 @@
 """The one owner of a run's schedule: its progress, by steps or by a time budget, and everything that follows it.
 
-``RunSchedule`` is a Lightning callback that every task brings along (``BaseTask.configure_callbacks``). The tasks
-read it; none of them reads the trainer's timer:
-
-- the learning rate: a linear warm-up, then a cosine to ``min_lr_ratio`` of the peak (``lr_factor``);
-- the phases that start part-way (``phase_started``): the captioner's switch to self-critical training;
-- continuous schedules (``progress``): the ViT's PatchDropout rate;
-- the stop at the last validation of a time budget (``on_validation_end``).
+``RunSchedule`` is a Lightning callback that every task brings along; the tasks read it, none reads the trainer's
+timer: the learning rate (``lr_factor``), the phases that start part-way (``phase_started``: the captioner's
+self-critical training), continuous schedules (``progress``: the ViT's PatchDropout rate), and the stop at the last
+validation of a time budget (``on_validation_end``).
 
 Progress is the share of the run's steps done, or, with ``Schedule.by_time`` and a ``trainer.max_time``, the
 further along of that and the share of the time budget spent: a run capped by time then ends its schedule at the
@@ -51,25 +48,22 @@ class RunSchedule(L.Callback):
     """The schedule of one run, as ``options`` (``Schedule``) define it; ``attach`` reads the trainer's steps and
     time budget when the optimiser is configured.
 
-    The stop at the last validation: Lightning's Timer stops a fit at the first batch past ``max_time``, and
-    Lightning validates at such a stop, so a validation (an epoch's end, say) that ends just short of
-    ``max_time`` was followed by a few more steps and a second validation, ending past the budget by a whole
-    validation for weights a few steps on. A validation that leaves less time than it took, within the budget's
-    last ``tail``, ends the fit instead: that gives up less training than one validation's time, where the
-    cosine's rate is under a hundredth of its peak. One that ends past ``max_time`` is left to Lightning's own stop (one
-    more step, then a validation), so a phase the budget's clock starts still gets its step on a loaded machine.
+    The stop at the last validation: Lightning's Timer stops a fit at the first batch past ``max_time`` and
+    validates there, so a validation that ends just short of ``max_time`` would be followed by a few more steps and
+    a second validation past the budget. A validation that leaves less time than it took, within the budget's last
+    ``tail``, ends the fit instead, giving up less than one validation's time of training at the cosine's tail. One
+    that ends past ``max_time`` is left to Lightning's own stop (one more step, then a validation), so a phase the
+    budget's clock starts still gets its step on a loaded machine.
     """
 
     def __init__(self, options: Schedule | None = None, *, tail: float = 0.05) -> None:
-        self.options = Schedule.coerce(options)
-        self.tail = tail
+        self.options, self.tail = Schedule.coerce(options), tail
         self.total_steps, self.warmup_steps = 1, 1
         self._trainer: L.Trainer | None = None
         self._timer: Timer | None = None
         self._phases: dict[str, int] = {}  # a phase that started part-way -> the step it started at
         self._validation_started: float | None = None
 
-    # ------------------------------------------------------------------------------------------ reading it
     def attach(self, trainer: L.Trainer) -> None:
         """Read the run's length (its steps, and its time budget) from ``trainer``, as the optimiser is set up."""
         self._trainer = trainer
@@ -119,7 +113,6 @@ class RunSchedule(L.Callback):
                 log.info("%.0f%% of the run done at step %d: %s from here", 100 * share, trainer.global_step, name)
         return name in self._phases and trainer.global_step >= self._phases[name]
 
-    # ---------------------------------------------------------------------------- the last validation
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Note when the validation starts, to time it."""
         self._validation_started = time.monotonic()
@@ -137,7 +130,6 @@ class RunSchedule(L.Callback):
         stop = 0 < remaining < min(took, self.tail * budget)  # past max_time, Lightning's own stop is next
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
 
-    # ------------------------------------------------------------------------------------- resuming
     def state_dict(self) -> dict[str, Any]:
         """The steps at which the run's phases started, kept in checkpoints so a resumed run stays in them."""
         return {"phases": dict(self._phases)}

@@ -90,15 +90,11 @@ class Classifier:
         """The PIL mode images are read in: "L" for a 1-channel network, else "RGB"."""
         return "L" if self.in_chans == 1 else "RGB"
 
-    def prepare(self, image: Image.Image) -> Tensor:
-        """A decoded image in ``mode`` as the network input the checkpoint was trained on: (C, H, W), normalised
-        (the shorter side resized to the input size, then the centre square)."""
-        pixels = eval_transform(self.image_size)(to_tensor(image))  # uint8 (C, H, W)
-        return normalize(pixels, self.mean, self.std)
-
     def preprocess(self, path: Any, opener: Opener = open_file) -> Tensor:
-        """An image file (or what ``opener`` reads) as the network input: (C, H, W), normalised."""
-        return self.prepare(opener(path, self.mode, 2 * self.image_size))
+        """An image file (or what ``opener`` reads) as the network input the checkpoint was trained on: (C, H, W),
+        normalised (the shorter side resized to the input size, then the centre square)."""
+        pixels = eval_transform(self.image_size)(to_tensor(opener(path, self.mode, 2 * self.image_size)))
+        return normalize(pixels, self.mean, self.std)
 
     def class_index(self, name_or_index: str) -> int:
         """A class given by name or by index, checked against the checkpoint's classes."""
@@ -118,9 +114,9 @@ class Classifier:
 def classify_batches(classifier: Classifier, items: Sequence[Item], *, opener: Opener = open_file,
                      batch_size: int = 64, on_bad_image: OnBadImage = "error",
                      bad_images: BadImageCounter | None = None) -> Iterator[tuple[Item, Tensor]]:
-    """(item, its logits (C,) as float32 on the CPU) for each readable image, in order, ``batch_size`` at a time.
-    ``opener`` reads an item (default: an image file). An unreadable image raises BadImageError naming it, or
-    with ``on_bad_image="skip"`` is left out with a logged warning (and counted in ``bad_images``)."""
+    """(item, its logits (C,) as float32 on the CPU) for each readable image (``opener`` reads an item), in order,
+    ``batch_size`` at a time. An unreadable image raises BadImageError naming it, or with ``on_bad_image="skip"`` is
+    left out with a logged warning (and counted in ``bad_images``)."""
     for chunk, batch in readable_batches(items, lambda item: classifier.preprocess(item, opener),
                                          batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         logits = classifier.model(batch.to(classifier.device)).float().cpu()
@@ -145,7 +141,6 @@ def classify_files(classifier: Classifier, paths: Sequence[str | os.PathLike], *
 
 def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
     """The box (left, top, right, bottom) of an image of ``size`` (W, H) that ``eval_transform`` keeps."""
-    width, height = size
-    side = min(width, height)
+    (width, height), side = size, min(size)
     left, top = round((width - side) / 2), round((height - side) / 2)
     return left, top, left + side, top + side

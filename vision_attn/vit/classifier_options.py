@@ -48,8 +48,7 @@ class ViTArchitecture(OptionGroup):
     """NHWC convolutions in the patch embedding: the same maths, faster on CPUs"""
 
     def check(self) -> None:
-        """Refuse sizes below 1, an embed_dim the heads do not divide, an mlp_ratio not above 0, or negative
-        registers."""
+        """Refuse sizes below 1 or too large, heads not dividing embed_dim, an mlp_ratio ≤ 0, negative registers."""
         for key in ("patch_size", "embed_dim", "depth", "num_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         for key, high, why in (("patch_size", 256, "a patch larger than that is most of any image here"),
@@ -88,6 +87,7 @@ class ClassifierTraining(OptionGroup):
     """What training does to a classifier: dropout before its head, and label smoothing."""
 
     name = "training"
+    rates = ("drop_rate", "label_smoothing")  # each from 0 to below 1
 
     drop_rate: float = 0.0
     """dropout (the ViT: after the position embedding, in the MLPs and before the head)"""
@@ -95,8 +95,8 @@ class ClassifierTraining(OptionGroup):
     """the cross-entropy's label smoothing"""
 
     def check(self) -> None:
-        """Refuse a dropout or a label smoothing outside [0, 1)."""
-        for key in ("drop_rate", "label_smoothing"):
+        """Refuse a dropout or a label smoothing (the ``rates``) outside [0, 1)."""
+        for key in self.rates:
             require(finite(getattr(self, key)) and 0 <= getattr(self, key) < 1, self.name,
                     f"{key} must be from 0 to below 1, got {getattr(self, key)}")
 
@@ -105,6 +105,8 @@ class ClassifierTraining(OptionGroup):
 class ViTTraining(ClassifierTraining):
     """What training does to the ViT: the classifier's dropout and label smoothing, attention dropout, stochastic
     depth, PatchDropout and its schedule, and attention grounding."""
+
+    rates = (*ClassifierTraining.rates, "attn_drop_rate", "drop_path_rate", "patch_drop_rate")
 
     attn_drop_rate: float = 0.0
     """dropout on the attention weights"""
@@ -118,11 +120,8 @@ class ViTTraining(ClassifierTraining):
     """+ this × −log(the share of the rollout on the object's box), with training batches that carry boxes"""
 
     def check(self) -> None:
-        """``ClassifierTraining.check``, and refuse rates outside [0, 1) or a negative attention_grounding."""
+        """``ClassifierTraining.check``; refuse a patch_drop_rate_end outside [0, 1), a negative attention_grounding."""
         super().check()
-        for key in ("attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
-            require(finite(getattr(self, key)) and 0 <= getattr(self, key) < 1, self.name,
-                    f"{key} must be from 0 to below 1, got {getattr(self, key)}")
         end = self.patch_drop_rate_end
         require(end is None or (finite(end) and 0.0 <= end < 1.0), self.name,
                 f"patch_drop_rate_end must be in [0, 1), got {end}")

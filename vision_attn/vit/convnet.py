@@ -2,9 +2,7 @@
 data-efficient image transformers & distillation through attention", DeiT).
 
 DeiT distils from a convnet because its inductive biases (locality, translation equivariance) are what a ViT
-lacks on little data, and the student learns them through the teacher's labels. This one is VGG-shaped: stages
-of two 3×3 conv-BN-ReLU layers, each stage but the last followed by 2×2 max pooling, then global average
-pooling and a linear classifier:
+lacks on little data. This one is VGG-shaped: stages of two 3×3 conv-BN-ReLU layers, 2×2 max pooling between,
     h = AvgPool(Stage_S(… Pool(Stage_1(x)))),   y = W h + b.
 """
 

@@ -4,10 +4,6 @@ A map orders the patches, most weight first. The top k patches are erased (fille
 for k = 0 .. N in even steps, and the model's probability of the class it predicted on the untouched image is
 read each time. The area under that curve, over the fraction of patches erased, is lower for a map that points at
 what matters: its first patches take the evidence away. A random order is the baseline.
-
-``deletion_curves`` does it for any probability function and maps (the tests hand-write both);
-``fashion_mnist_deletion`` runs a checkpoint on Fashion-MNIST items pasted on larger canvases, as ``rollout-mass``
-draws them, for rollout, gradient rollout, the last layer's attention and a random map.
 """
 
 from __future__ import annotations
@@ -21,11 +17,11 @@ from torch import Tensor
 
 from vision_attn.data.backgrounds import Background, TestCanvasFill
 from vision_attn.data.classification_datasets import eval_transform
-from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist, place_on_canvas, random_places
+from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from vision_attn.data.images import normalize
 from vision_attn.vit.classifier import Classifier
 from vision_attn.vit.rollout import HeadFusion, explain
-from vision_attn.vit.rollout_mass import CANVAS_PIXELS_PER_BATCH
+from vision_attn.vit.rollout_mass import canvas_batches, named_maps
 
 # images (B, C, H, W) as the model takes them -> class probabilities (B, classes)
 Probabilities = Callable[[Tensor], Tensor]
@@ -93,34 +89,26 @@ def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, c
                     seed: int = 0, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
                     background_noise: int = 0, background: Background | None = None, batch_size: int = 64,
                     on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
-    """Deletion curves of Fashion-MNIST items (N, 28, 28) pasted on canvases as ``rollout_on_canvas`` draws them
-    (the same places and backgrounds for the same ``seed``), erased patches filled with the canvas the item was
+    """Deletion curves of Fashion-MNIST items (N, 28, 28) on the canvases of ``canvas_batches`` (as
+    ``rollout_on_canvas`` draws them for the same ``seed``), erased patches filled with the canvas the item was
     pasted on (black, its grey noise or its ``background``). ``on_batch`` sees how many images each batch held and
     how many there are in all."""
-    if classifier.in_chans != 1:
-        raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
-    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
-    under, shuffle = TestCanvasFill(seed, noise=background_noise, background=background), \
-        torch.Generator().manual_seed(seed + 2)
-    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))
-    resize = eval_transform(classifier.image_size)
-    device = classifier.device
+    shuffle = torch.Generator().manual_seed(seed + 2)
+    resize, device = eval_transform(classifier.image_size), classifier.device
 
     def probabilities(inputs: Tensor) -> Tensor:
         return classifier.model(inputs).float().softmax(dim=-1)
 
     correct, areas, means, counts = 0, {name: [] for name in DELETION_MAPS}, {}, []
-    for start in range(0, len(images), batch_size):
-        items = images[start : start + batch_size, None]
-        canvases, drawn = under.fill(place_on_canvas(items, places[start : start + batch_size], canvas_size), items)
+    for start, _, canvases, drawn in canvas_batches(classifier, images, canvas_size=canvas_size, seed=seed,
+                                                    background_noise=background_noise, background=background,
+                                                    batch_size=batch_size):
         inputs = normalize(resize(canvases), classifier.mean, classifier.std).to(device)
         backgrounds = normalize(resize(drawn), classifier.mean, classifier.std).to(device)
         found = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                         gradient_class="predicted")
-        correct += int((found.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
-        maps = {"rollout": found.rollout, "gradient rollout": found.gradient_rollout,
-                "last layer": found.heads.mean(dim=1),
-                "random": torch.rand(found.rollout.shape, generator=shuffle).to(device)}
+        correct += int((found.logits.argmax(-1).cpu() == labels[start : start + len(canvases)]).sum())
+        maps = {**named_maps(found), "random": torch.rand(found.rollout.shape, generator=shuffle).to(device)}
         counts, curves = deletion_curves(probabilities, inputs, backgrounds, maps, steps=steps)
         for name, curve in curves.items():
             areas[name].append(curve_area(counts, curve).cpu())

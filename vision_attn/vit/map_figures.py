@@ -24,26 +24,13 @@ class Overlay(NamedTuple):
     text: str
 
 
-def vit_overlays(
-    classifier: Classifier,
-    paths: Sequence[str | os.PathLike],
-    *,
-    head_fusion: HeadFusion = "mean",
-    discard_ratio: float = 0.0,
-    gradient_class: int | None = None,
-    panel_size: int = 224,
-    columns: int = 5,
-    batch_size: int = 32,
-    on_bad_image: OnBadImage = "error",
-    bad_images: BadImageCounter | None = None,
-    opener: Opener = open_file,
-    **style: Any,
-) -> Iterator[Overlay]:
-    """An overlay per image, titled "class probability", as ``vit_figure`` draws it. ``opener`` reads an item of
-    ``paths`` (default: an image file).
-
-    The ViT saw the centre square of each image, so the maps are drawn there; the rest is dimmed.
-    """
+def vit_overlays(classifier: Classifier, paths: Sequence[str | os.PathLike], *, head_fusion: HeadFusion = "mean",
+                 discard_ratio: float = 0.0, gradient_class: int | None = None, panel_size: int = 224, columns: int = 5,
+                 batch_size: int = 32, on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
+                 opener: Opener = open_file, **style: Any) -> Iterator[Overlay]:
+    """An overlay per image, titled "class probability", as ``vit_figure`` draws it; ``opener`` reads an item of
+    ``paths`` (default: an image file). The ViT saw the centre square of each image, so the maps are drawn there;
+    the rest is dimmed."""
     for chunk, batch in readable_batches(paths, lambda item: classifier.preprocess(item, opener),
                                          batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         maps = explain(classifier.model, batch.to(classifier.device), head_fusion=head_fusion,

@@ -28,17 +28,14 @@ from torch import Tensor
 from vision_attn.vit.vision_transformer import VisionTransformer
 
 HeadFusion = Literal["mean", "max", "min"]
+FUSIONS = {"mean": Tensor.mean, "max": Tensor.amax, "min": Tensor.amin}
 
 
 def fuse_heads(attention: Tensor, fusion: HeadFusion = "mean") -> Tensor:
     """(B, H, N, N) -> (B, N, N) by the mean, max or min over heads."""
-    if fusion == "mean":
-        return attention.mean(dim=1)
-    if fusion == "max":
-        return attention.amax(dim=1)
-    if fusion == "min":
-        return attention.amin(dim=1)
-    raise ValueError(f"unknown head fusion {fusion!r}: use mean, max or min")
+    if fusion not in FUSIONS:
+        raise ValueError(f"unknown head fusion {fusion!r}: use mean, max or min")
+    return FUSIONS[fusion](attention, dim=1)
 
 
 def discard_weakest(attention: Tensor, ratio: float) -> Tensor:
@@ -58,8 +55,7 @@ def rollout(fused: Sequence[Tensor], *, discard_ratio: float = 0.0) -> Tensor:
     """R = Â_L ··· Â_1 with Â_l = rownorm(discard(A_l) + I), for per-layer (B, N, N) maps, first layer first."""
     if not fused:
         raise ValueError("rollout needs the attention of at least one layer")
-    tokens = fused[0].shape[-1]
-    eye = torch.eye(tokens, dtype=fused[0].dtype, device=fused[0].device)
+    eye = torch.eye(fused[0].shape[-1], dtype=fused[0].dtype, device=fused[0].device)
     result = eye.expand_as(fused[0]).clone()
     for attention in fused:
         attention = discard_weakest(attention, discard_ratio) + eye  # the residual connection
@@ -76,20 +72,16 @@ def attention_rollout(attentions: Sequence[Tensor], *, head_fusion: HeadFusion =
 
 def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor]) -> Tensor:
     """R − I, with R = I then R ← R + mean_h (A ⊙ ∂y_c/∂A)⁺ · R per layer, first layer first: (B, N, N)."""
-    tokens = attentions[0].shape[-1]
-    eye = torch.eye(tokens, dtype=attentions[0].dtype, device=attentions[0].device)
-    relevance = eye.expand(attentions[0].shape[0], tokens, tokens).clone()
+    eye = torch.eye(attentions[0].shape[-1], dtype=attentions[0].dtype, device=attentions[0].device)
+    relevance = eye.expand(len(attentions[0]), -1, -1).clone()
     for attention, gradient in zip(attentions, gradients, strict=True):
         relevance = relevance + (attention * gradient).clamp(min=0).mean(dim=1) @ relevance
     return relevance - eye
 
 
 def pooled_weights(matrix: Tensor, global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
-    """The classifier's view of (B, T, T) token-to-token weights: its weights on the patch tokens, (B, T − P).
-
-    The cls token's row for ``token`` pooling; the mean of the patch rows for ``avg`` pooling. The first
-    ``prefix_tokens`` tokens (the cls token and any registers) hold no patch and are left out.
-    """
+    """The classifier's view of (B, T, T) token-to-token weights: its weights on the patch tokens, (B, T − P): the cls
+    token's row for ``token`` pooling, the mean of the patch rows for ``avg``; the P prefix tokens are left out."""
     rows = matrix[:, 0] if global_pool == "token" else matrix[:, prefix_tokens:].mean(dim=1)
     return rows[:, prefix_tokens:]
 
@@ -105,9 +97,8 @@ def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token",
 def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_pool: str = "token",
                     prefix_tokens: int = 1) -> Tensor:
     """Last-layer attention of the pooled token(s) to the patches, per head: (B, H, Gh, Gw)."""
-    last = attentions[-1]  # (B, H, N, N)
-    batch, heads, tokens, _ = last.shape
-    maps = class_map(last.reshape(batch * heads, tokens, tokens), grid, global_pool, prefix_tokens)
+    batch, heads, tokens, _ = attentions[-1].shape
+    maps = class_map(attentions[-1].reshape(batch * heads, tokens, tokens), grid, global_pool, prefix_tokens)
     return maps.reshape(batch, heads, *grid)
 
 
@@ -130,12 +121,10 @@ def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion
     grid, pool, prefix = model.grid_size, model.global_pool, model.num_prefix_tokens
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
         logits, attentions = model.forward_with_attention(images)
-        maps = AttentionMaps(
-            logits=logits.detach(),
-            heads=last_layer_maps([a.detach() for a in attentions], grid, pool, prefix),
-            rollout=class_map(attention_rollout([a.detach() for a in attentions], head_fusion=head_fusion,
-                                                discard_ratio=discard_ratio), grid, pool, prefix),
-        )
+        detached = [a.detach() for a in attentions]
+        rolled = attention_rollout(detached, head_fusion=head_fusion, discard_ratio=discard_ratio)
+        maps = AttentionMaps(logits.detach(), last_layer_maps(detached, grid, pool, prefix),
+                             class_map(rolled, grid, pool, prefix))
         if gradient_class is not None:
             if isinstance(gradient_class, str) and gradient_class == "predicted":
                 classes = logits.detach().argmax(dim=-1)
@@ -144,6 +133,5 @@ def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion
             if not bool(((classes >= 0) & (classes < logits.shape[-1])).all()):
                 raise ValueError(f"class {gradient_class} is not one of the model's {logits.shape[-1]} classes")
             gradients = torch.autograd.grad(logits.gather(1, classes[:, None]).sum(), attentions)
-            maps.gradient_rollout = class_map(gradient_rollout([a.detach() for a in attentions], gradients), grid,
-                                              pool, prefix)
+            maps.gradient_rollout = class_map(gradient_rollout(detached, gradients), grid, pool, prefix)
     return maps

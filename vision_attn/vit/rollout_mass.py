@@ -5,6 +5,7 @@ map (rollout, gradient rollout, the last layer's attention) lies on the item, wi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -20,8 +21,7 @@ from vision_attn.vit.rollout import AttentionMaps, HeadFusion, explain
 
 
 class MapScores(NamedTuple):
-    """How one kind of map finds the item: its mean mass on the item (docs/formats/metrics.md) and its pointing-game
-    hit rate."""
+    """How one kind of map finds the item: its mean mass on it (docs/formats/metrics.md), its pointing-game hit rate."""
 
     mass_in_mask: float
     pointing: float
@@ -41,46 +41,55 @@ MAP_NAMES = ("rollout", "gradient rollout", "last layer")  # the last: its heads
 CANVAS_PIXELS_PER_BATCH = 256 * 128 * 128  # canvases drawn at once: 256 up to 128 pixels a side, fewer when larger
 
 
-def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """Per map of ``MAP_NAMES`` that ``maps`` holds (gradient rollout only when it was asked for): its mass on
-    the mask (docs/formats/metrics.md) and its pointing-game hit, per image. ``masks`` (B, H, W) are at the input's
-    size."""
-    masks = masks.to(maps.rollout.device)
+def named_maps(maps: AttentionMaps) -> dict[str, Tensor]:
+    """The maps (B, Gh, Gw) of ``MAP_NAMES`` that ``maps`` holds (gradient rollout only when it was asked for)."""
     found = {"rollout": maps.rollout, "gradient rollout": maps.gradient_rollout, "last layer": maps.heads.mean(dim=1)}
-    return {name: (mask_mass(found[name], masks), pointing_game(found[name], masks))
-            for name in MAP_NAMES if found[name] is not None}
+    return {name: found[name] for name in MAP_NAMES if found[name] is not None}
+
+
+def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per map of ``named_maps``: its mass on the mask (docs/formats/metrics.md) and its pointing-game hit, per
+    image. ``masks`` (B, H, W) are at the input's size."""
+    masks = masks.to(maps.rollout.device)
+    return {name: (mask_mass(found, masks), pointing_game(found, masks)) for name, found in named_maps(maps).items()}
+
+
+def canvas_batches(classifier: Classifier, images: Tensor, *, canvas_size: int, seed: int, background_noise: int,
+                   background: Background | None, batch_size: int) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
+    """Fashion-MNIST items (N, 28, 28) at random places (from ``seed``), per batch: its first index, and uint8 (B, 1,
+    S, S) the black canvases, those filled by ``TestCanvasFill`` and what lies under the items."""
+    if classifier.in_chans != 1:
+        raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
+    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
+    under = TestCanvasFill(seed, noise=background_noise, background=background)
+    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))
+    for start in range(0, len(images), batch_size):
+        items = images[start : start + batch_size, None]
+        canvases = place_on_canvas(items, places[start : start + batch_size], canvas_size)
+        yield start, canvases, *under.fill(canvases, items)  # every pixel filled but the item's (its mask)
 
 
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
                       head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
                       background: Background | None = None, batch_size: int = 256) -> CanvasScores:
-    """Fashion-MNIST items (N, 28, 28) pasted at random on black canvases of ``canvas_size``, seen by the ViT
-    as its input pipeline would (resized to its image size): accuracy, and for rollout, gradient rollout and
-    the last layer's attention the mass on the item (docs/formats/metrics.md, the mask is the item's pixels > 0) and the
-    pointing game; and the item's area share (the mass of a map blind to the item).
-
-    ``background_noise`` (0..255) fills every pixel but the item's with uniform grey noise up to that level
-    (the mask stays the item's own pixels), where a map that finds "whatever is not black" no longer finds the
-    item; ``background`` draws one of the scenes' backgrounds under each item instead (``data.backgrounds``)."""
-    if classifier.in_chans != 1:
-        raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
-    places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
-    under = TestCanvasFill(seed, noise=background_noise, background=background)
-    batch_size = max(1, min(batch_size, CANVAS_PIXELS_PER_BATCH // canvas_size**2))  # large canvases: fewer at once
+    """Fashion-MNIST items (N, 28, 28) on canvases (``canvas_batches``), seen by the ViT as its input pipeline would
+    (resized to its image size): accuracy, each map's mass on the item (docs/formats/metrics.md, the mask is the
+    item's pixels > 0) and pointing game, and the item's area share (the mass of a map blind to the item).
+    ``background_noise`` or ``background`` fill every pixel but the item's, where a map that finds "whatever is not
+    black" no longer finds the item."""
+    resize = eval_transform(classifier.image_size)  # as `classify` sees a file
     correct, areas = 0, []
     scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}
-    for start in range(0, len(images), batch_size):
-        chunk = images[start : start + batch_size, None]
-        canvases = place_on_canvas(chunk, places[start : start + batch_size], canvas_size)
-        pixels = eval_transform(classifier.image_size)(canvases)  # (B, 1, S, S) uint8, as `classify` sees a file
+    for start, canvases, filled, _ in canvas_batches(classifier, images, canvas_size=canvas_size, seed=seed,
+                                                     background_noise=background_noise, background=background,
+                                                     batch_size=batch_size):
+        pixels = resize(canvases)  # (B, 1, S, S) uint8
         masks = pixels[:, 0] > 0  # the item's pixels in the input
-        filled, _ = under.fill(canvases, chunk)  # every pixel but the item's (its mask)
-        if filled is not canvases:
-            pixels = eval_transform(classifier.image_size)(filled)
-        inputs = normalize(pixels, classifier.mean, classifier.std).to(classifier.device)
+        inputs = normalize(pixels if filled is canvases else resize(filled), classifier.mean,
+                           classifier.std).to(classifier.device)
         maps = explain(classifier.model, inputs, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        gradient_class="predicted")
-        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
+        correct += int((maps.logits.argmax(-1).cpu() == labels[start : start + len(canvases)]).sum())
         for name, pair in map_scores(maps, masks).items():
             scores[name].append(pair)
         areas.append(masks.float().mean(dim=(-2, -1)))

@@ -13,12 +13,9 @@ from torch import Tensor, nn
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, return_weights: bool = False, fused: bool = True
 ) -> tuple[Tensor, Tensor | None]:
-    """Softmax(QKᵀ/√d)V over (B, H, N, d) tensors; the weights (B, H, N, N) only when asked for.
-
-    ``fused`` runs ``F.scaled_dot_product_attention`` unless the weights are asked for. ``fused=False`` always
-    takes the explicit path: on a CPU with a few tokens it trains faster than the fused kernel, which wins at
-    ViT-B's 197 tokens (``docs/benchmarks.md``).
-    """
+    """Softmax(QKᵀ/√d)V over (B, H, N, d) tensors; the weights (B, H, N, N) only when asked for. ``fused`` runs
+    ``F.scaled_dot_product_attention`` unless the weights are asked for; ``fused=False`` always takes the explicit
+    path, which trains faster on a CPU with a few tokens (``docs/benchmarks.md``)."""
     if fused and not return_weights:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
     scale = q.shape[-1] ** -0.5
@@ -31,23 +28,13 @@ def scaled_dot_product_attention(
 class MultiHeadSelfAttention(nn.Module):
     """Multi-head self-attention with a fused qkv projection (parameter names as in timm's ``Attention``)."""
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int = 8,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        fused: bool = True,
-    ) -> None:
+    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, fused: bool = True) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"embed dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.attn_drop = attn_drop
-        self.fused = fused
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.attn_drop, self.fused = attn_drop, fused
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -64,9 +51,7 @@ class MultiHeadSelfAttention(nn.Module):
         batch, tokens, dim = x.shape
         # (B, N, 3·D) -> (3, B, H, N, d)
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        dropout_p = self.attn_drop if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, return_weights=return_weights,
-                                                    fused=self.fused)
+        out, weights = scaled_dot_product_attention(*qkv.unbind(0), dropout_p=self.attn_drop if self.training else 0.0,
+                                                    return_weights=return_weights, fused=self.fused)
         out = out.transpose(1, 2).reshape(batch, tokens, dim)  # (B, H, N, d) -> (B, N, D)
         return self.proj_drop(self.proj(out)), weights

@@ -35,12 +35,9 @@ def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
 
 def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: int = 1, *,
                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
-    """PatchDropout (Liu et al. 2023): in training, keep a random subset of the patch tokens of each image.
-
-    The prefix (cls) token is always kept; ``max(1, int(N (1 − p)))`` of the N patch tokens survive, chosen
-    uniformly per image. Tokens carry their position embedding already, so the blocks see where each one is.
-    Training runs on fewer tokens (faster, and a regulariser); evaluation sees them all. ``return_indices``
-    also returns which patches each image kept, (B, K) indices into the N (None when all are kept).
+    """PatchDropout (Liu et al. 2023): in training, keep ``max(1, int(N (1 − p)))`` of each image's N patch tokens,
+    chosen uniformly, and every prefix token; the tokens carry their position embedding already. ``return_indices``
+    also returns the kept patches, (B, K) indices into the N (None when all are kept).
     """
     if drop_prob == 0.0 or not training:
         return (x, None) if return_indices else x
@@ -76,8 +73,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         if img_size % patch_size != 0:
             raise ValueError(f"img_size {img_size} is not a multiple of patch_size {patch_size}")
-        self.img_size = img_size
-        self.patch_size = patch_size
+        self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = (img_size // patch_size, img_size // patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         if stem == "patch":
@@ -106,10 +102,8 @@ class PatchEmbed(nn.Module):
                 raise ValueError(f"a {height}x{width} window does not fit the {self.img_size}x{self.img_size} "
                                  f"image in whole {self.patch_size}-pixel patches")
         elif (height, width) != (self.img_size, self.img_size):
-            raise ValueError(
-                f"input is {tuple(x.shape[-2:])} but the model expects {self.img_size}x{self.img_size}; "
-                "resize the input or build the model with that img_size"
-            )
+            raise ValueError(f"input is {tuple(x.shape[-2:])} but the model expects {self.img_size}x{self.img_size}; "
+                             "resize the input or build the model with that img_size")
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, Gh, Gw) -> (B, N, D)
@@ -134,23 +128,12 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x))."""
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        fused_attention: bool = True,
-    ) -> None:
+    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
+                 attn_drop: float = 0.0, drop_path: float = 0.0, fused_attention: bool = True) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = MultiHeadSelfAttention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused=fused_attention
-        )
+        self.attn = MultiHeadSelfAttention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                           proj_drop=drop, fused=fused_attention)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.drop_path = drop_path
@@ -171,9 +154,8 @@ def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature:
     """2-D sin-cos embedding (N, dim): a quarter of the channels each for sin(y), cos(y), sin(x), cos(x)."""
     if dim % 4:
         raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4, got {dim}")
-    rows, cols = torch.meshgrid(
-        torch.arange(grid_size[0], dtype=torch.float32), torch.arange(grid_size[1], dtype=torch.float32), indexing="ij"
-    )
+    rows, cols = torch.meshgrid(torch.arange(grid_size[0], dtype=torch.float32),
+                                torch.arange(grid_size[1], dtype=torch.float32), indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
     y = rows.flatten()[:, None] * omega[None]
     x = cols.flatten()[:, None] * omega[None]
@@ -185,44 +167,25 @@ class VisionTransformer(nn.Module):
 
     Attention weights come through an explicit call: ``forward_intermediates`` (tokens, each block's (B, heads,
     N, N) attention, the kept patches) or ``forward_with_attention`` (logits and the attentions); ``forward`` and
-    ``forward_features`` run the fused SDPA kernel (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V,
-    faster on a CPU for a few tokens).
+    ``forward_features`` run the fused SDPA kernel (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V).
     ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout, as timm names it).
     ``stem="conv"`` embeds patches with a small convolutional stem instead of one patch-sized conv (``PatchEmbed``).
-    ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"; timm's
-    ``reg_tokens``): learnt tokens after the cls token that hold no patch, where attention that has nowhere
-    useful to go can rest instead of on background patches, which keeps the attention maps on the object.
-    ``dist_token`` adds DeiT's distillation token (Touvron et al. 2021) after the cls token, with its own head:
-    in training with ``distilled_training`` set, ``forward_head`` returns both heads' logits (the cls head
-    learns the labels, the distillation head a teacher's), and otherwise their mean, as DeiT classifies.
+    ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"): learnt
+    tokens that hold no patch, where attention with nowhere useful to go can rest instead of on background patches.
+    ``dist_token`` adds DeiT's distillation token (Touvron et al. 2021) with its own head: in training with
+    ``distilled_training`` set, ``forward_head`` returns both heads' logits (the cls head learns the labels, the
+    distillation head a teacher's), otherwise their mean, as DeiT classifies.
     ``channels_last`` runs the patch embedding's convolutions in NHWC (faster on CPUs, the same maths).
     """
 
-    def __init__(
-        self,
-        *,
-        img_size: int = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        patch_drop_rate: float = 0.0,
-        global_pool: Literal["token", "avg"] = "token",
-        pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal",
-        zero_init_head: bool = False,
-        fused_attention: bool = True,
-        stem: Literal["patch", "conv"] = "patch",
-        reg_tokens: int = 0,
-        dist_token: bool = False,
-        channels_last: bool = False,
-    ) -> None:
+    def __init__(self, *, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
+                 embed_dim: int = 768, depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, patch_drop_rate: float = 0.0,
+                 global_pool: Literal["token", "avg"] = "token",
+                 pos_embed_init: Literal["trunc_normal", "sincos"] = "trunc_normal", zero_init_head: bool = False,
+                 fused_attention: bool = True, stem: Literal["patch", "conv"] = "patch", reg_tokens: int = 0,
+                 dist_token: bool = False, channels_last: bool = False) -> None:
         super().__init__()
         if not 0.0 <= patch_drop_rate < 1.0:
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
@@ -231,34 +194,20 @@ class VisionTransformer(nn.Module):
         # the cls token, the distillation token, the registers, then the patches (timm's order)
         self.num_prefix_tokens = 1 + int(dist_token) + reg_tokens
         self.distilled_training = False  # set by the trainer: forward_head then returns (cls, distillation) logits
-        self.num_classes = num_classes
-        self.patch_drop_rate = patch_drop_rate
-        self.pos_embed_init = pos_embed_init
-        self.zero_init_head = zero_init_head
-        self.global_pool = global_pool
-        self.embed_dim = embed_dim
-        self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, stem=stem,
-            channels_last=channels_last,
-        )
+        self.num_classes, self.embed_dim = num_classes, embed_dim
+        self.patch_drop_rate, self.global_pool = patch_drop_rate, global_pool
+        self.pos_embed_init, self.zero_init_head = pos_embed_init, zero_init_head
+        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+                                      stem=stem, channels_last=channels_last)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-        drop_path_rates = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
-        self.blocks = nn.ModuleList(
-            Block(
-                embed_dim,
-                num_heads=num_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                drop=drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=rate,
-                fused_attention=fused_attention,
-            )
-            for rate in drop_path_rates
+        self.blocks = nn.ModuleList(  # stochastic depth rising linearly to drop_path_rate at the last block
+            Block(embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                  attn_drop=attn_drop_rate, drop_path=rate, fused_attention=fused_attention)
+            for rate in torch.linspace(0, drop_path_rate, depth).tolist()
         )
         # As in timm: the cls token gets the final norm; mean pooling normalises after pooling (fc_norm).
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if global_pool == "token" else nn.Identity()
@@ -282,8 +231,7 @@ class VisionTransformer(nn.Module):
                 self.pos_embed[0, self.num_prefix_tokens :] = sincos_position_embedding(self.grid_size, self.embed_dim)
         else:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
-        for token in (self.dist_token, self.reg_token):
+        for token in (self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
         for module in self.modules():
@@ -302,23 +250,14 @@ class VisionTransformer(nn.Module):
         tokens = {name for name in ("dist_token", "reg_token") if getattr(self, name) is not None}
         return {"pos_embed", "cls_token"} | tokens
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Fresh heads for ``num_classes`` classes (0: none, ``forward`` then gives the pooled features)."""
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if self.dist_token is not None:
-            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else None
-
     def embed(self, x: Tensor, *, window_origin: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Image (B, C, H, W) -> the blocks' input tokens (B, P + K, D): the prefix tokens, then the patches with
-        their position embeddings, z_0 = [x_cls; x_p E] + E_pos; in training PatchDropout keeps K of the N patches
-        (``kept``, (B, K) indices into the N; None when all are kept).
+        """Image (B, C, H, W) -> the blocks' input tokens z_0 = [x_cls; x_p E] + E_pos, (B, P + K, D), and ``kept``:
+        in training PatchDropout keeps K of the N patches ((B, K) indices into the N; None when all are kept).
 
         ``window_origin`` (B, 2) [x, y] in pixels, multiples of the patch size: each ``x`` is a window of a
-        larger ``img_size`` image with its top-left corner there, and its patches take the position embeddings
-        of the places they cover (training on windows around an object costs what the window's pixels cost)."""
-        window = None if window_origin is None else (x.shape[-2] // self.patch_embed.patch_size,
-                                                     x.shape[-1] // self.patch_embed.patch_size)
+        larger ``img_size`` image with its top-left corner there, its patches take the position embeddings
+        of the places they cover."""
+        window = None if window_origin is None else tuple(side // self.patch_embed.patch_size for side in x.shape[-2:])
         x = self.patch_embed(x, window=window is not None)  # (B, N, D)
         x = torch.cat([prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0]), x], dim=1)
         position = self.pos_embed if window is None else self.window_position_embedding(window_origin, window)
