@@ -172,13 +172,28 @@ class CiderD:
         return scores
 
 
+def pointed_box(alpha: Tensor, grid: Sequence[int], image_size: Sequence[int],
+                boxes: Sequence[Sequence[float]]) -> int | None:
+    """The index of the box (x0, y0, x1, y1) that holds the centre of α's argmax cell (α (L,) or (Gh, Gw) over a
+    Gh×Gw grid on an (H, W) image), each box grown by half a cell; of several the nearest, None when none holds it."""
+    cell_h, cell_w = image_size[0] / grid[0], image_size[1] / grid[1]
+    row, col = divmod(int(alpha.argmax()), grid[1])
+    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
+    best, nearest = None, math.inf
+    for index, (x0, y0, x1, y1) in enumerate(boxes):
+        if x0 - cell_w / 2 <= x <= x1 + cell_w / 2 and y0 - cell_h / 2 <= y <= y1 + cell_h / 2:
+            distance = math.hypot(max(x0 - x, 0, x - x1), max(y0 - y, 0, y - y1))
+            if distance < nearest:
+                best, nearest = index, distance
+    return best
+
+
 def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
                     *, box_scale: Mapping[Any, tuple[float, float]] | None = None) -> dict[str, float]:
-    """Pointing accuracy and mean α mass in the box over the class words of results records
-    (``docs/formats/results.md``): does the centre of α_t's argmax cell fall inside the word's object's box, grown
-    by half a cell on each side. ``boxes`` maps an image id to (class word, [x, y, w, h]) in the network input's
-    pixels, or in the image file's with ``box_scale`` giving (sx, sy) to the network input.
-    """
+    """Pointing accuracy (does the word's object's box hold α_t's argmax cell, ``pointed_box``) and mean α mass in
+    the box over the class words of results records (``docs/formats/results.md``). ``boxes`` maps an image id to
+    (class word, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
+    (sx, sy) to the network input."""
     hits, masses, counted = 0, 0.0, 0
     for record in records:
         objects = {entry[0]: entry[1] for entry in boxes.get(record["image_id"], [])}  # (word, box, ...)
@@ -193,11 +208,7 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
             x, y, w, h = objects[token]
             x0, y0, x1, y1 = x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y
             alpha = alphas[t].view(grid_h, grid_w)  # (L,) -> (Gh, Gw)
-            row, col = divmod(int(alpha.argmax()), grid_w)
-            centre_x, centre_y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-            inside_x = x0 - cell_w / 2 <= centre_x <= x1 + cell_w / 2  # the box grown by half a cell
-            inside_y = y0 - cell_h / 2 <= centre_y <= y1 + cell_h / 2
-            hits += inside_x and inside_y
+            hits += pointed_box(alpha, (grid_h, grid_w), (height, width), [(x0, y0, x1, y1)]) is not None
             # α mass in the box: each cell's α spread evenly over the cell, times the cell's overlap with the box
             lefts = torch.arange(grid_w, dtype=torch.float64) * cell_w
             tops = torch.arange(grid_h, dtype=torch.float64) * cell_h

@@ -51,8 +51,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_weight(value: Any) -> bool:
-    return _is_number(value) and value >= 0
+def _weights(row: Any, count: int) -> bool:
+    return isinstance(row, list) and len(row) == count and all(_is_number(value) and value >= 0 for value in row)
 
 
 def record_problem(record: Any) -> str | None:
@@ -80,18 +80,16 @@ def record_problem(record: Any) -> str | None:
         return f"alphas must hold one row per token ({len(tokens)}), got {alphas!r:.60}"
     cells = grid[0] * grid[1]
     for t, row in enumerate(alphas):
-        if not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row)):
+        if not _weights(row, cells):
             return f"alphas row {t} must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
-    if betas is not None and not (isinstance(betas, list) and len(betas) == len(tokens)
-                                  and all(map(_is_weight, betas))):
+    if betas is not None and not _weights(betas, len(tokens)):
         return f"betas must hold one finite number >= 0 per token ({len(tokens)})"
     heads = record.get("head_alphas")
     if heads is not None:
         if not isinstance(heads, list) or len(heads) != len(tokens) or not all(
                 isinstance(word, list) and word and len(word) == len(heads[0]) for word in heads):
             return f"head_alphas must hold one list of K α rows per token ({len(tokens)})"
-        if any(not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row))
-               for word in heads for row in word):
+        if not all(_weights(row, cells) for word in heads for row in word):
             return f"head_alphas rows must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
     beams = record.get("beams")
     if beams is not None:
@@ -130,7 +128,7 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
         else:
             image = Path(name) if Path(name).is_file() else path.parent / name
             where = f"the working directory and in {path.parent}"
-        if not name or not image.is_file():
+        if not image.is_file():
             raise FileNotFoundError(f"{path}: image {name!r} of record {record.get('image_id')!r} not found "
                                     f"(looked in {where})")
         found.append((record, image))

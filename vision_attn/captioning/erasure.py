@@ -25,6 +25,7 @@ from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, read
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import write_json_atomically
+from vision_attn.metrics import pointed_box
 
 # (uint8 images (N, 3, S, S), captions (N, T+1) = <start> w_1 .. <end> <pad>..) -> log p(captions[:, 1:]) (N, T)
 Scorer = Callable[[Tensor, Tensor], Tensor]
@@ -54,23 +55,6 @@ class WordErasure(NamedTuple):
     def drop_other(self) -> float:
         """How much erasing the other object lowers the word's log-probability."""
         return self.log_prob - self.log_prob_other_erased
-
-
-def attended_object(alpha: Tensor, grid: tuple[int, int], image_size: tuple[int, int],
-                    boxes: Sequence[Box]) -> int | None:
-    """The index of the box that holds the centre of α's argmax cell (α (L,) over a Gh×Gw grid on an (H, W) image),
-    each box grown by half a cell as pointing counts it; of several the nearest, and None when no box holds it."""
-    grid_h, grid_w = grid
-    cell_h, cell_w = image_size[0] / grid_h, image_size[1] / grid_w
-    row, col = divmod(int(alpha.argmax()), grid_w)
-    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-    best, nearest = None, math.inf
-    for index, (x0, y0, x1, y1) in enumerate(boxes):
-        if x0 - cell_w / 2 <= x <= x1 + cell_w / 2 and y0 - cell_h / 2 <= y <= y1 + cell_h / 2:
-            distance = math.hypot(max(x0 - x, 0, x - x1), max(y0 - y, 0, y - y1))
-            if distance < nearest:
-                best, nearest = index, distance
-    return best
 
 
 def erase_box(image: Tensor, background: Tensor, box: Box) -> Tensor:
@@ -105,7 +89,7 @@ def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
         for position, word in enumerate(caption):
             if word not in class_words:
                 continue
-            attended = attended_object(alpha_rows[position], grid, image_size, boxes)
+            attended = pointed_box(alpha_rows[position], grid, image_size, boxes)  # the attended object
             if attended is None:
                 skipped["no_attended_object"] += 1
                 continue
