@@ -1,23 +1,13 @@
 """The Python API: captions with their attention, classes, and attention figures, in a few lines, as typed results.
 
-Everything here goes through the code the command line uses (``vision-attn caption``, ``classify`` and
-``overlay``), so a caption made here is the record ``caption`` writes, and a figure the PNG ``overlay`` draws.
-Images are file paths, folders of images (their image files, sorted by name, as ``caption`` reads them) or PIL
-images, mixed freely. Nothing here imports Lightning::
-
-    from PIL import Image
-    from vision_attn.api import caption, caption_figure, classifier_figure, classify, load_captioner, load_classifier
+Everything here goes through the code of ``vision-attn caption``, ``classify`` and ``overlay``: a caption made
+here is the record ``caption`` writes, a figure the PNG ``overlay`` draws. Images are file paths, folders of images
+(their image files, sorted by name) or PIL images, mixed freely. Nothing here imports Lightning; docs/api/index.md
+shows it in use::
 
     captioner = load_captioner("runs/captioner/best.ckpt", device="cpu")
-    results = caption(captioner, ["photo.jpg", Image.open("other.png")], beam_size=3, batch_size=16)
-    for result in results:
-        print(result.source, result.caption, result.alphas.shape)  # (T, Gh, Gw): α_t over the grid, per word
-    caption_figure(results[0]).save("words.png")  # a PIL image: the picture, then one α panel per word
-
-    classifier = load_classifier("runs/vit/best.ckpt")
-    for result in classify(classifier, ["shirt.png", "photos/"], top_k=3, on_bad_image="skip"):
-        print(result.source, result.label, f"{result.probability:.1%}", result.top_k)
-    classifier_figure(classifier, "shirt.png").save("rollout.png")  # rollout and the last layer's heads
+    results = caption(captioner, ["photo.jpg", Image.open("other.png")], beam_size=3)
+    caption_figure(results[0]).save("words.png")  # the picture, then one α panel per word
 """
 
 from __future__ import annotations
@@ -33,9 +23,9 @@ import torch
 from PIL import Image, ImageOps
 
 from vision_attn.captioning.captioner import Captioner
-from vision_attn.captioning.evaluation import caption_batch
+from vision_attn.captioning.evaluation import caption_files
 from vision_attn.data.coco import load_caption_image
-from vision_attn.data.images import OnBadImage, expand_inputs, normalize, open_image, readable_batches, to_tensor
+from vision_attn.data.images import OnBadImage, expand_inputs, open_image, to_tensor
 from vision_attn.io import output_file, write_json_atomically
 from vision_attn.overlay import caption_overlay
 from vision_attn.vit.classifier import Classifier, classify_batches, ranked
@@ -61,10 +51,9 @@ class CaptionResult:
     """One image's caption with where each word looked, as ``vision-attn caption`` records it (compare two
     results by their ``to_record()``).
 
-    ``alphas`` is a read-only float64 array (T, Gh, Gw): row t is α_t, word t's attention over the Gh×Gw grid
-    of annotation vectors (summing to 1), rounded to 6 decimals as in the results JSON; ``alphas.reshape(T, -1)``
-    gives the JSON's rows of L = Gh·Gw. ``betas`` (T,) is the gate β_t per word. ``head_alphas`` (T, K, Gh, Gw)
-    is each head's α with a multihead attention score, else None. ``image_size`` (H, W) is the network input's.
+    ``alphas`` is a read-only float64 array (T, Gh, Gw): α_t, word t's attention over the grid (summing to 1),
+    rounded to 6 decimals as in the results JSON. ``betas`` (T,) is the gate β_t per word; ``head_alphas``
+    (T, K, Gh, Gw) each head's α with a multihead score, else None; ``image_size`` (H, W) the network input's.
     ``source`` is the file's path as given (a PIL image: ``"<image N>"``, N its place in the input list) and
     ``image_id`` the file name (a PIL image: N).
     """
@@ -172,19 +161,15 @@ def _open_item(item: _Input, mode: str, max_side: int) -> Image.Image:
     return open_input(item.image, mode, max_side)
 
 
-def _check_device(device: str | torch.device | None, model_device: torch.device) -> None:
-    if device is not None and (torch.device(device).type, torch.device(device).index or 0) != \
-            (model_device.type, model_device.index or 0):
-        raise ValueError(f"the model is on {model_device}, not {device}: load it there (device=...) instead")
-
-
 def _loaded(model: Any, kind: type, load: Callable[..., Any], device: str | torch.device | None) -> Any:
     """``model`` if it is already a loaded ``kind`` (on ``device``, when one is asked), else the checkpoint it
     names, loaded by ``load`` on ``device`` (default cpu)."""
-    if isinstance(model, kind):
-        _check_device(device, model.device)
-        return model
-    return load(model, device=device or "cpu")
+    if not isinstance(model, kind):
+        return load(model, device=device or "cpu")
+    if device is not None and (torch.device(device).type, torch.device(device).index or 0) != \
+            (model.device.type, model.device.index or 0):
+        raise ValueError(f"the model is on {model.device}, not {device}: load it there (device=...) instead")
+    return model
 
 
 def _positive(**values: int | None) -> None:
@@ -194,14 +179,12 @@ def _positive(**values: int | None) -> None:
 
 
 def load_captioner(checkpoint: str | os.PathLike, *, device: str | torch.device = "cpu") -> Captioner:
-    """The captioner of a ``vision-attn fit`` checkpoint, in eval mode on ``device`` (read weights-only; an older
-    checkpoint is upgraded): ``Captioner.from_checkpoint``."""
+    """The captioner of a ``vision-attn fit`` checkpoint, in eval mode on ``device``: ``Captioner.from_checkpoint``."""
     return Captioner.from_checkpoint(checkpoint, device=device)
 
 
 def load_classifier(checkpoint: str | os.PathLike, *, device: str | torch.device = "cpu") -> Classifier:
-    """The ViT classifier of a ``vision-attn fit`` checkpoint, in eval mode on ``device``:
-    ``Classifier.from_checkpoint``."""
+    """The ViT classifier of a ``fit`` checkpoint, in eval mode on ``device``: ``Classifier.from_checkpoint``."""
     return Classifier.from_checkpoint(checkpoint, device=device)
 
 
@@ -215,17 +198,6 @@ def _caption_pixels(item: _Input, size: int) -> torch.Tensor:
     return to_tensor(image)
 
 
-@torch.inference_mode()
-def _captions(captioner: Captioner, items: list[_Input], beam_size: int | None, batch_size: int,
-              on_bad_image: OnBadImage) -> Iterator[CaptionResult]:
-    for chunk, pixels in readable_batches(items, lambda item: _caption_pixels(item, captioner.image_size),
-                                          batch_size=batch_size, on_bad_image=on_bad_image):
-        images = normalize(pixels.to(captioner.device), captioner.mean, captioner.std)  # (B, 3, S, S)
-        records = caption_batch(captioner, images, [item.image_id for item in chunk], beam_size=beam_size,
-                                file_names=[item.source for item in chunk])
-        yield from map(CaptionResult.from_record, records)
-
-
 def iter_captions(captioner: Captioner | str | os.PathLike, images: Images, *, beam_size: int | None = None,
                   batch_size: int = 32, on_bad_image: OnBadImage = "error",
                   device: str | torch.device | None = None) -> Iterator[CaptionResult]:
@@ -233,7 +205,9 @@ def iter_captions(captioner: Captioner | str | os.PathLike, images: Images, *, b
     _positive(beam_size=beam_size, batch_size=batch_size)
     items = _inputs(images)
     captioner = _loaded(captioner, Captioner, load_captioner, device)
-    return _captions(captioner, items, beam_size, batch_size, on_bad_image)
+    records = caption_files(captioner, items, beam_size=beam_size, batch_size=batch_size, on_bad_image=on_bad_image,
+                            load=lambda item: _caption_pixels(item, captioner.image_size))
+    return map(CaptionResult.from_record, records)
 
 
 def caption(captioner: Captioner | str | os.PathLike, images: Images, *, beam_size: int | None = None,

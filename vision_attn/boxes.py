@@ -1,6 +1,6 @@
-"""Boxes laid over a grid of cells: how much of each cell a box covers, and how a box's area falls into the
-cells. The captioner's object loss and grounding read annotation vectors by box (``captioning/aids.py``); the
-ViT's attention grounding keeps its maps on the item's box (``tasks/classifiers.py``).
+"""Boxes laid over a Gh×Gw grid of cells over the image: how much of each cell a box covers, and how a box's area
+falls into the cells (the captioner's object loss and grounding, the ViT's attention grounding). Boxes are
+(..., 4) as [x0, y0, x1, y1] fractions of the image's width and height; the results are (..., Gh·Gw).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from torch import Tensor
 
 
 def cell_overlap(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
-    """The area each box shares with each cell of a Gh×Gw grid laid over the image, as a fraction of the image:
-    boxes (..., 4) as [x0, y0, x1, y1] fractions of the image's width and height -> (..., Gh·Gw)."""
+    """The area each box shares with each cell, as a fraction of the image."""
     grid_h, grid_w = grid
     edges_x = torch.linspace(0, 1, grid_w + 1, device=boxes.device, dtype=boxes.dtype)
     edges_y = torch.linspace(0, 1, grid_h + 1, device=boxes.device, dtype=boxes.dtype)
@@ -24,15 +23,12 @@ def cell_overlap(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
 
 
 def box_cell_coverage(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
-    """The share of each cell of a Gh×Gw grid laid over the image that each box covers: boxes (..., 4) as
-    [x0, y0, x1, y1] fractions of the image's width and height -> (..., Gh·Gw), each value in [0, 1]."""
+    """The share of each cell that each box covers, in [0, 1]."""
     return cell_overlap(boxes, grid) * (grid[0] * grid[1])  # a cell is 1/(Gh·Gw) of the image
 
 
 def box_cell_weights(boxes: Tensor, grid: tuple[int, int]) -> Tensor:
-    """The share of each box's area that falls in each cell of a Gh×Gw grid laid over the image: boxes (..., 4) as
-    [x0, y0, x1, y1] fractions of the image's width and height -> (..., Gh·Gw), each row summing to 1 (a box
-    with no area gets the cell of its corner)."""
+    """The share of each box's area that falls in each cell, summing to 1 (a box with no area: its corner's cell)."""
     grid_h, grid_w = grid
     cells = cell_overlap(boxes, grid)
     total = cells.sum(-1, keepdim=True)

@@ -20,9 +20,8 @@ def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def bounded_int(low: int, high: int, why: str) -> Callable[[str], int]:
-    """An argparse type for a size, count or beam: a whole number from ``low`` to ``high``. Above ``high`` the
-    one-line refusal says the bound and ``why`` it is there, before any work (an unbounded size is unbounded
-    memory, time or disk)."""
+    """An argparse type for a size, count or beam: a whole number from ``low`` to ``high``; above ``high`` the
+    refusal says ``why`` it is bounded (an unbounded size is unbounded memory, time or disk)."""
     def parse(text: str) -> int:
         if not text.strip().lstrip("-").isdigit() or int(text) < low:
             raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
@@ -34,8 +33,7 @@ def bounded_int(low: int, high: int, why: str) -> Callable[[str], int]:
 
 def number_in(low: float, high: float = math.inf, *, high_included: bool = True,
               why: str = "") -> Callable[[str], float]:
-    """An argparse type: a finite number from ``low`` to ``high`` (NaN and infinities are refused); ``why`` says,
-    when given, why there is an upper bound."""
+    """An argparse type: a finite number from ``low`` to ``high``; ``why``, when given, says why it is bounded."""
     def parse(text: str) -> float:
         try:
             value = float(text)

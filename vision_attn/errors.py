@@ -32,23 +32,20 @@ USER_ERRORS = (CheckpointError, DatasetNotFoundError, BadImageError, FileNotFoun
 
 
 def _raised_by_us(error: BaseException) -> bool:
-    frames = []
     traceback = error.__traceback__
-    while traceback is not None:
-        frames.append(traceback.tb_frame.f_code.co_filename)
+    while traceback is not None and traceback.tb_next is not None:
         traceback = traceback.tb_next
-    return bool(frames) and f"{os.sep}vision_attn{os.sep}" in frames[-1]
+    return traceback is not None and f"{os.sep}vision_attn{os.sep}" in traceback.tb_frame.f_code.co_filename
 
 
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # how a DataLoader worker's error arrives
 
 
 def user_message(error: BaseException) -> str:
-    """The one line to show: the error itself, or, when a library wrapped one of ours (jsonargparse reports a
-    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), ours. The chain
-    is followed through ``__cause__``, and through ``__context__`` only where ``raise ... from None`` did not
-    suppress it: our message that names the file stands over the inner error it replaced. An error re-raised by
-    a DataLoader worker (its message holds the worker's traceback) is its last line, less the type."""
+    """The one line to show: the error itself, or ours when a library wrapped it (jsonargparse reports a
+    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), followed through
+    ``__cause__`` and unsuppressed ``__context__``. An error re-raised by a DataLoader worker (its message holds the
+    worker's traceback) is its last line, less the type."""
     seen, cause = set(), error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
@@ -69,13 +66,9 @@ def exit_on_user_error() -> Iterator[None]:
     VISION_ATTN_TRACEBACK=1 to see the traceback instead."""
     try:
         yield
-    except (KeyboardInterrupt, Interrupted) as error:
+    except (KeyboardInterrupt, Interrupted, *USER_ERRORS) as error:
         if os.environ.get("VISION_ATTN_TRACEBACK"):
             raise
-        print(str(error) or "interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    except USER_ERRORS as error:
-        if os.environ.get("VISION_ATTN_TRACEBACK"):
-            raise
-        print(f"error: {user_message(error)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        interrupted = isinstance(error, KeyboardInterrupt | Interrupted)
+        print((str(error) or "interrupted") if interrupted else f"error: {user_message(error)}", file=sys.stderr)
+        raise SystemExit(130 if interrupted else 2) from None

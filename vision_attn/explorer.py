@@ -21,7 +21,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +53,8 @@ def js_data(callback: str, payload: Any) -> str:
     return f"VA.{callback}({text});\n"
 
 
-def _rounded(values: Iterable[float], digits: int = 5) -> list[float]:
-    return [round(float(v), digits) for v in values]
-
-
 def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str, tuple[int, int]]:
-    """The image as shown (longer side at most ``VIEW_SIZE``; the page enlarges smaller ones) and its thumbnail;
-    their paths in the site and the size."""
+    """Save the image as shown (longer side at most ``VIEW_SIZE``) and its thumbnail; their paths and the size."""
     shown = image.convert("RGB")
     if max(shown.size) > VIEW_SIZE:
         shown.thumbnail((VIEW_SIZE, VIEW_SIZE), Image.Resampling.LANCZOS)
@@ -72,17 +67,19 @@ def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str
 
 def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_scale: tuple[float, float] | None
                    ) -> dict[str, float]:
-    """The per-image scene metrics (``docs/formats/metrics.md``) of one caption record against its objects
-    (SceneObject)."""
+    """The scene metrics (``docs/formats/metrics.md``) of one caption record against its objects (SceneObject)."""
     if objects is None:
         return {}
-    scene = {record["image_id"]: [(o.name, o.colour) for o in objects]}
-    scores = scene_scores([record], scene)
-    boxes = {record["image_id"]: objects}
-    scale = {record["image_id"]: box_scale} if box_scale else None
-    scores.update(pointing_scores([record], boxes, box_scale=scale))
+    image_id = record["image_id"]
+    scores = scene_scores([record], {image_id: [(o.name, o.colour) for o in objects]})
+    scale = {image_id: box_scale} if box_scale else None
+    scores.update(pointing_scores([record], {image_id: objects}, box_scale=scale))
     keep = ("object_recall", "object_precision", "colour_accuracy", "repeated_object_rate", "pointing_accuracy")
     return {name: round(scores[name], 4) for name in keep if name in scores and not math.isnan(scores[name])}
+
+
+def _write_item(folder: Path, number: int, item: dict[str, Any]) -> None:
+    (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
 
 
 def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
@@ -104,7 +101,7 @@ def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, 
                 "grid": record["grid"], "alphas": record["alphas"], "betas": record.get("betas"),
                 "head_alphas": record.get("head_alphas"), "beams": record.get("beams"), "metrics": metrics,
                 "objects": None if found is None else [{"name": o.name, "colour": o.colour} for o in found]}
-        (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
+        _write_item(folder, number, item)
         index.append({"n": number, "id": record["image_id"], "file": item["file"], "thumb": thumb,
                       "text": record["caption"], "metrics": metrics})
         if progress:
@@ -113,14 +110,14 @@ def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, 
 
 
 @torch.inference_mode()
-def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], folder: Path, *, top_k: int = 5,
+def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], folder: Path, *,
                 on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
                 progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Write each image's ViT data (top-k classes, every layer's attention per head) into ``folder``; the
-    index entries, in order."""
+    """Write each image's ViT data (top-5 classes, every layer's attention per head) into ``folder``; the index
+    entries, in order."""
     model = classifier.model
     index: list[dict[str, Any]] = []
-    top_k = max(1, min(top_k, len(classifier.class_names)))
+    top_k = max(1, min(5, len(classifier.class_names)))
     for chunk, batch in readable_batches(inputs, lambda item: classifier.preprocess(item[1]), batch_size=16,
                                          on_bad_image=on_bad_image, bad_images=bad_images):
         logits, attentions = model.forward_with_attention(batch.to(classifier.device))
@@ -135,9 +132,9 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
                     "prefix": model.num_prefix_tokens, "pool": model.global_pool, "top": top,
                     "tokens": attentions[0].shape[-1],
                     # layer l, head h: the (N, N) attention, row-major (N = prefix tokens + patches)
-                    "attention": [[_rounded(a[row, h].flatten().tolist()) for h in range(a.shape[1])]
-                                  for a in attentions]}
-            (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
+                    "attention": [[[round(float(v), 5) for v in a[row, h].flatten().tolist()]
+                                   for h in range(a.shape[1])] for a in attentions]}
+            _write_item(folder, number, item)
             index.append({"n": number, "id": image_id, "file": path.name, "thumb": thumb,
                           "text": " ".join(f"{name} {p:.1%}" for name, p in top[:1]), "metrics": {}})
             if progress:
@@ -147,8 +144,7 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
 
 def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bool = False) -> OwnedFolder:
     """The site's folder, checked before any work (``io.OwnedFolder``): refused when it holds an input, or files
-    that an earlier ``explore`` did not write (unless ``overwrite``; a site written before manifests, which
-    ``LEGACY_MARKER`` marks, is written over), or cannot be written."""
+    that no ``explore`` wrote (unless ``overwrite``; a site marked with ``LEGACY_MARKER`` is written over)."""
     resolved = Path(out).resolve()
     for path in inputs:
         if resolved in Path(path).resolve().parents:
@@ -159,8 +155,7 @@ def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bo
 
 def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict[str, Any]]]) -> Path:
     """Build a site into a staging folder with ``build`` (which fills it and returns the index entries), then put
-    its files in place of the earlier site's (``OwnedFolder.staged``): a failed or interrupted build leaves the
-    folder as it was, and files the site did not write are never touched."""
+    its files in place of the earlier site's (``OwnedFolder.staged``: a failed build leaves the folder as it was)."""
     with owner.staged() as staging:
         for sub in ("data/items", "images", "thumbs"):
             (staging / sub).mkdir(parents=True)
@@ -169,8 +164,8 @@ def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict
             raise ValueError("no image to show: every input was skipped")
         (staging / "data" / "index.js").write_text(js_data("index", {"title": title, "entries": entries}),
                                                    encoding="utf-8")
-        colours = _colour_table("turbo").tolist()
-        (staging / "data" / "colours.js").write_text(js_data("colours", colours), encoding="utf-8")
+        (staging / "data" / "colours.js").write_text(js_data("colours", _colour_table("turbo").tolist()),
+                                                     encoding="utf-8")
         for asset in ("index.html", "view.html", "explorer.js", "explorer.css"):
             shutil.copyfile(ASSETS / asset, staging / asset)
     return owner.path
@@ -188,10 +183,9 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
             checkpoint: str | os.PathLike | None = None, instances: str | os.PathLike | None = None,
             attributes: str | os.PathLike | None = None, beam_size: int | None = None, device: str = "cpu",
             on_bad_image: OnBadImage = "error", quiet: bool = False, overwrite: bool = False) -> tuple[Path, int]:
-    """``vision-attn explore``: the site for a results JSON (its images found as ``read_results`` finds them,
-    or in ``images``), or for ``images`` run through a checkpoint first (a captioner captions them, with every
-    beam; a ViT classifies them and exports its attention). ``out`` is checked before any work (``site_folder``;
-    ``overwrite`` as there). Returns the site and its number of images."""
+    """``vision-attn explore``: the site for a results JSON (its images found by ``read_results``, or in the folder
+    ``images``), or for ``images`` run through a checkpoint first (a captioner with every beam, or a ViT). ``out``
+    is checked before any work (``site_folder``). Returns the site and its number of images."""
     progress = None if quiet else _printer("images")
     for path in (instances, attributes):
         if path:
@@ -202,36 +196,29 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
         if results is None:
             raise ValueError("give a results JSON (from `vision-attn caption`), or --ckpt with --images")
         folder = Path(images[0]) if images else None
-        pairs = read_results(results) if folder is None else _results_in(results, folder)
+        if folder is not None and not folder.is_dir():
+            raise ValueError(f"{folder}: not a folder of images")
+        pairs = read_results(results, image_dir=folder)
         owner = site_folder(out, [Path(results), *(p for _, p in pairs)], overwrite=overwrite)
-        return write_site(owner, Path(results).name, lambda site: caption_entries(
-            pairs, site, objects=objects, progress=progress)), len(pairs)
-    loaded = load_file(checkpoint)
-    kind = checkpoint_kind(loaded)
-    inputs = expand_inputs(images)
-    if not inputs:
-        raise ValueError("--ckpt needs --images: image files or folders to run it on")
-    if results is not None:
-        raise ValueError("give a results JSON or --ckpt, not both")
-    owner = site_folder(out, [Path(checkpoint), *(p for _, p in inputs)], overwrite=overwrite)
-    if kind == VIT:
-        classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
-        bad = BadImageCounter()
-        built = write_site(owner, Path(checkpoint).name, lambda site: vit_entries(
-            classifier, inputs, site, on_bad_image=on_bad_image, bad_images=bad, progress=progress))
-        return built, len(inputs) - bad.take()
-    if kind != CAPTIONER:
-        raise CheckpointError(f"{checkpoint}: not a checkpoint of {' or '.join(KIND_NAMES.values())}")
-    captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
-    records = list(caption_files(captioner, inputs, beam_size=beam_size, on_bad_image=on_bad_image,
-                                 all_beams=True))
-    pairs = [(record, Path(record["file_name"])) for record in records]
-    return write_site(owner, Path(checkpoint).name, lambda site: caption_entries(
+    else:
+        loaded = load_file(checkpoint)
+        kind = checkpoint_kind(loaded)
+        inputs = expand_inputs(images)
+        if not inputs:
+            raise ValueError("--ckpt needs --images: image files or folders to run it on")
+        if results is not None:
+            raise ValueError("give a results JSON or --ckpt, not both")
+        owner = site_folder(out, [Path(checkpoint), *(p for _, p in inputs)], overwrite=overwrite)
+        if kind == VIT:
+            classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
+            bad = BadImageCounter()
+            built = write_site(owner, Path(checkpoint).name, lambda site: vit_entries(
+                classifier, inputs, site, on_bad_image=on_bad_image, bad_images=bad, progress=progress))
+            return built, len(inputs) - bad.take()
+        if kind != CAPTIONER:
+            raise CheckpointError(f"{checkpoint}: not a checkpoint of {' or '.join(KIND_NAMES.values())}")
+        captioner = Captioner.from_checkpoint(checkpoint, device=device, loaded=loaded)
+        pairs = [(record, Path(record["file_name"])) for record in caption_files(
+            captioner, inputs, beam_size=beam_size, on_bad_image=on_bad_image, all_beams=True)]
+    return write_site(owner, Path(results or checkpoint).name, lambda site: caption_entries(
         pairs, site, objects=objects, progress=progress)), len(pairs)
-
-
-def _results_in(results: str | os.PathLike, folder: Path) -> list[tuple[dict[str, Any], Path]]:
-    """The records of a results JSON with their images looked up in ``folder`` by file name."""
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: not a folder of images")
-    return read_results(results, image_dir=folder)

@@ -1,14 +1,12 @@
 """Attention overlays for a set of inputs, as ``vision-attn overlay`` makes them: results JSON from ``caption``,
-or image files and folders with a checkpoint of either model, drawn to one PNG per image and an index.html.
-"""
+or image files and folders with a checkpoint of either model, drawn to one PNG per image and an index.html."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,8 +33,8 @@ def _option(default: Any, help: str, **argparse_settings: Any) -> Any:
 
 @dataclass
 class OverlayOptions:
-    """How the overlays are drawn and laid out, and how the ViT's maps are made; each field is also a
-    ``vision-attn overlay`` option of the same name (``--panel-size`` for ``panel_size``)."""
+    """How the overlays are drawn and laid out, and the ViT's maps made; each field is a ``vision-attn overlay``
+    option (``--panel-size`` for ``panel_size``)."""
 
     upsample: str = _option("bilinear", "how the attention grid is enlarged to the image (default bilinear)",
                             choices=["bilinear", "pyramid"])
@@ -78,51 +76,18 @@ class OverlayOptions:
         return {"panel_size": self.panel_size, "columns": self.columns}
 
 
-@dataclass
-class Gallery:
-    """The overlays of a folder that ``overlay`` owns (``io.OwnedFolder``): a PNG name reserved per source before
-    anything is drawn (``<stem>.png``, then ``_2``, ``_3``... when a name is taken), and (PNG name, caption or
-    class) for each one written."""
-
-    owner: OwnedFolder
-    sources: Sequence[str | os.PathLike]
-    entries: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def folder(self) -> Path:
-        """The folder the overlays go into."""
-        return self.owner.path
-
-    def __post_init__(self) -> None:
-        self.reserved: dict[str, deque[str]] = {}
-        used: set[str] = set()
-        for source in self.sources:
-            stem = Path(source).stem or "image"
-            name, counter = f"{stem}.png", 2
-            while name in used:
-                name, counter = f"{stem}_{counter}.png", counter + 1
-            used.add(name)
-            self.reserved.setdefault(str(source), deque()).append(name)
-
-    def outputs(self) -> list[Path]:
-        """Every file the gallery may write: the reserved PNGs and index.html."""
-        return [self.folder / name for names in self.reserved.values() for name in names] + [self.folder / "index.html"]
-
-    def add(self, source: str, figure: Image.Image, text: str, staging: Path) -> Path:
-        """Save ``figure`` into ``staging`` under the next name reserved for ``source``; returns its final path."""
-        name = self.reserved[str(source)].popleft()
-        self.entries.append((name, text))
-        save_png(figure, staging / name)
-        return self.folder / name
-
-    @contextmanager
-    def staged(self) -> Iterator[Path]:
-        """A hidden folder inside ``folder`` to draw into (``OwnedFolder.staged``). When the block ends well, the
-        index is written beside the PNGs and they replace the overlays an earlier run wrote; when it fails (or
-        Ctrl-C), it is removed, with ``folder`` if it was new: no half-made gallery is left."""
-        with self.owner.staged() as staging:
-            yield staging
-            write_gallery(staging, self.entries)
+def _png_names(sources: Sequence[str]) -> dict[str, deque[str]]:
+    """A PNG name per source, reserved before anything is drawn: ``<stem>.png``, then ``_2``, ``_3``... when taken."""
+    reserved: dict[str, deque[str]] = {}
+    used: set[str] = set()
+    for source in sources:
+        stem = Path(source).stem or "image"
+        name, counter = f"{stem}.png", 2
+        while name in used:
+            name, counter = f"{stem}_{counter}.png", counter + 1
+        used.add(name)
+        reserved.setdefault(source, deque()).append(name)
+    return reserved
 
 
 class OverlaysWritten(NamedTuple):
@@ -138,14 +103,9 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
                   beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                   device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None,
                   overwrite: bool = False) -> OverlaysWritten:
-    """Overlays of every input into ``out``, and its gallery page.
-
-    ``.json`` inputs are results from ``caption`` (no model needed); other inputs are images or folders of
-    images, drawn with ``checkpoint``: per word for a captioner, rollout and heads for a ViT. ``on_overlay``
-    sees (input, caption or class, PNG) as each is written. ``out`` is checked before any drawing
-    (``io.OwnedFolder``): files an earlier ``overlay`` wrote there are replaced, others refused unless
-    ``overwrite``, which keeps them.
-    """
+    """Overlays of every input into ``out``, and its gallery page: ``.json`` inputs are results from ``caption``,
+    others images or folders drawn with ``checkpoint``. ``on_overlay`` sees (input, caption or class, PNG) as each
+    is written. ``out`` is checked before any drawing (``io.OwnedFolder``; ``overwrite`` as there)."""
     options = options or OverlayOptions()
     json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
     images = [path for path in inputs if path not in json_inputs]
@@ -167,16 +127,18 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
         + (image_paths if kind == CAPTIONER else [])
     every_input = [*image_paths, *(path for _, path in records), *json_inputs]
     owner = OwnedFolder(out, "overlay", overwrite=overwrite, inputs=every_input)
-    gallery, bad_images = Gallery(owner, [str(source) for source in sources]), BadImageCounter()
-    for target in gallery.outputs():
-        output_file(target, inputs=every_input)  # refuse, before drawing anything, to write over an input
+    names, entries, bad_images = _png_names([str(source) for source in sources]), [], BadImageCounter()
+    for name in [*(name for reserved in names.values() for name in reserved), "index.html"]:
+        output_file(owner.path / name, inputs=every_input)  # refuse, before drawing anything, to write over an input
     policy = {"on_bad_image": on_bad_image, "bad_images": bad_images}
-    with gallery.staged() as staging:
+    with owner.staged() as staging:  # the PNGs and index replace the earlier overlays only when all are drawn
 
         def add(source: str, figure: Image.Image, text: str) -> None:
-            path = gallery.add(source, figure, text, staging)
+            name = names[str(source)].popleft()
+            entries.append((name, text))
+            save_png(figure, staging / name)
             if on_overlay is not None:
-                on_overlay(source, text, path)
+                on_overlay(source, text, owner.path / name)
 
         if kind == VIT:
             classifier = Classifier.from_checkpoint(checkpoint, device=device, loaded=loaded)
@@ -198,4 +160,5 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
             if image is not None:
                 add(str(path), caption_overlay(image, record, **options.layout, **options.style),
                     record.get("caption", ""))
-    return OverlaysWritten(gallery.folder / "index.html", len(gallery.entries), bad_images.skipped_note())
+        write_gallery(staging, entries)
+    return OverlaysWritten(owner.path / "index.html", len(entries), bad_images.skipped_note())

@@ -14,10 +14,8 @@ from typing import IO, Any
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX).
-
-    If ``write`` fails the temporary file is removed and ``path`` is untouched.
-    """
+    """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX); if ``write``
+    fails the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
@@ -57,8 +55,7 @@ def _check_parents(path: Path) -> None:
 
 
 def output_file(path: str | os.PathLike, *, inputs: Sequence[str | os.PathLike] = ()) -> Path:
-    """A file a command will write, checked before any work: not an existing folder, not under a file, and not
-    one of the command's ``inputs`` (which writing would destroy)."""
+    """A file a command will write, checked before any work: not a folder, not under a file, not one of ``inputs``."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the name of a file to write")
@@ -78,8 +75,8 @@ def output_folder(path: str | os.PathLike) -> Path:
 
 
 def input_file(path: str | os.PathLike, what: str, *, error: type[Exception] = ValueError) -> Path:
-    """A file a command reads, checked before it is opened: not a folder, not a pipe or a device (opening a
-    pipe would block), and there. ``what`` names it in the one-line errors ("a results JSON")."""
+    """A file a command reads, checked before it is opened: there, and not a folder, a pipe (opening it would block)
+    or a device. ``what`` names it in the one-line errors ("a results JSON")."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{path}: is a folder, not {what}")
@@ -95,8 +92,8 @@ STAGING_PREFIX = ".vision-attn-staging-"  # a command writes into such a hidden 
 
 
 def writable_folder(path: str | os.PathLike) -> Path:
-    """Refuse, before any work, a folder that this process cannot create files in (read-only, or another user's);
-    when it is not there yet, the nearest folder above it that is, where it would be made."""
+    """Refuse, before any work, a folder that this process cannot create files in (or, when it is not there yet,
+    the nearest folder above it that is)."""
     path = Path(path)
     existing = next((folder for folder in (path, *path.parents) if folder.exists()), Path.cwd())
     try:
@@ -114,8 +111,8 @@ def _listed(name: object) -> bool:
 
 
 def read_manifest(folder: str | os.PathLike) -> tuple[str, list[str]] | None:
-    """(command, relative paths of the files it wrote) from a folder's manifest; None when there is none or it is
-    not one of ours (unreadable, or not the shape we write). Paths that would leave the folder are dropped."""
+    """(command, relative paths of the files it wrote) from a folder's manifest, less paths that would leave the
+    folder; None when there is none or it is not one of ours."""
     try:
         data = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -128,14 +125,12 @@ def read_manifest(folder: str | os.PathLike) -> tuple[str, list[str]] | None:
 class OwnedFolder:
     """An output folder that a command owns, checked before any work and written through a staging folder.
 
-    The command's manifest (``MANIFEST``) lists the files it wrote. Writing again replaces those files and removes
-    the listed ones this run does not write; nothing else in the folder is touched. A folder that holds other files
-    and no manifest of this command is refused in one line unless ``overwrite`` (then files of the names the
-    command writes are replaced and every other file is kept). ``exclusive`` (a dataset, which must never be a mix
-    of two runs) refuses the command's own earlier output too unless ``overwrite``, which then replaces it whole;
-    ``legacy(folder)`` lists what the command wrote into a folder before it kept a manifest, so that ``overwrite``
-    replaces that too. A symbolic link to a folder is followed (the files go into its target). ``inputs`` that the
-    earlier output holds are refused, as writing would replace or remove them.
+    The command's manifest (``MANIFEST``) lists the files it wrote: writing again replaces them and removes the
+    listed ones not written again; nothing else is touched. A folder with other files and no manifest of this
+    command is refused unless ``overwrite`` (which keeps the other files). ``exclusive`` (a dataset, never a mix of
+    two runs) refuses the command's own earlier output too unless ``overwrite``, which replaces it whole;
+    ``legacy(folder)`` lists what the command wrote before it kept a manifest. A link to a folder is followed.
+    ``inputs`` that the earlier output holds are refused, as writing would replace or remove them.
     """
 
     def __init__(self, path: str | os.PathLike, command: str, *, overwrite: bool = False, exclusive: bool = False,
@@ -173,9 +168,8 @@ class OwnedFolder:
 
     @contextmanager
     def staged(self) -> Iterator[Path]:
-        """A hidden folder inside the output folder to write into. When the block ends well its files replace the
-        earlier output (``commit``); on any failure, or Ctrl-C, it is removed with the folders made for it, and
-        the output folder is as it was."""
+        """A hidden folder inside the output folder to write into: when the block ends well its files replace the
+        earlier output (``commit``); on any failure, or Ctrl-C, it is removed with the folders made for it."""
         made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
@@ -184,11 +178,7 @@ class OwnedFolder:
             self.commit(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            for folder in made:  # the deepest first; a folder that holds anything stays
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            _remove_empty(made)  # the deepest first
 
     def commit(self, staging: Path) -> list[str]:
         """Move every file under ``staging`` into the folder, remove the earlier output's files that were not
@@ -206,11 +196,7 @@ class OwnedFolder:
             target = self.path / name
             if target.is_symlink() or target.is_file():
                 target.unlink()
-            for folder in list(target.parents)[: len(Path(name).parts) - 1]:
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            _remove_empty(list(target.parents)[: len(Path(name).parts) - 1])
         for name, is_folder in entries.items():  # parents before their files, as sorted
             if is_folder:
                 (self.path / name).mkdir(exist_ok=True)
@@ -223,3 +209,12 @@ class OwnedFolder:
     def _write_manifest(self, files: list[str]) -> None:
         write_json_atomically(self.path / MANIFEST, {"written_by": "vision-attn", "command": self.command,
                                                      "files": files})
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove the folders in turn, up to the first that holds anything."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break

@@ -1,11 +1,8 @@
 """Caption metrics the COCO way, and whether attention points at the object a word names
 (``docs/formats/metrics.md``).
 
-- BLEU-1..4, METEOR, ROUGE-L and CIDEr-D from pycocoevalcap, each image scored once. SPICE is left out:
-  it needs a Stanford CoreNLP download that cannot happen offline. Without Java, METEOR and the PTB
-  tokenizer are skipped with one warning and the other metrics still computed.
-- Pointing accuracy: for every emitted class word whose class is in the scene, does the centre of α_t's
-  argmax cell fall inside that object's box, grown by half a grid cell on each side; and the α mass in the box.
+BLEU-1..4, METEOR, ROUGE-L and CIDEr-D come from pycocoevalcap, each image scored once; SPICE is left out (it needs
+a Stanford CoreNLP download), and without Java METEOR and the PTB tokenizer are skipped with one warning.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from vision_attn.data.vocabulary import tokenize
 
 log = logging.getLogger(__name__)
 
+_WORDS = set(CLASS_WORDS)  # the class words of the Fashion scenes, which pointing and the scene metrics count
 _warned: set[str] = set()
 _meteor: Any = None  # one METEOR scorer (a Java process) for the whole process: each start loads its tables
 _meteor_pid = 0
@@ -33,9 +31,8 @@ _inherited: list[Any] = []  # a forked child keeps its parent's scorer reference
 
 
 def meteor_scorer() -> Any:
-    """pycocoevalcap's METEOR scorer, started once per process and kept: a run that validates every epoch, or
-    a suite of commands, pays Java's start-up and METEOR's table loading once. Started again when its Java process
-    has ended, or in a forked child (whose pipes would be shared with its parent's)."""
+    """pycocoevalcap's METEOR scorer, started once per process and kept (Java's start-up and METEOR's tables are
+    paid once); started again when its Java process has ended, or in a forked child (which shares its pipes)."""
     global _meteor, _meteor_pid
     if _meteor is not None and _meteor_pid != os.getpid():
         _inherited.append(_meteor)
@@ -95,10 +92,8 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
         _warn_once("java", "Java not found: METEOR and the PTB tokenizer are skipped; the other metrics use "
                            "vision-attn's tokenizer (apt-get install default-jre-headless to get them)")
         gts, res = _simple_tokenize(gts), _simple_tokenize(res)
-    scores: dict[str, float] = {}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-    for n, value in enumerate(bleu, start=1):
-        scores[f"BLEU-{n}"] = float(value)
+    scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
     if use_java:
         scores["METEOR"] = float(meteor_scorer().compute_score(gts, res)[0])
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
@@ -117,14 +112,14 @@ class _TfIdf(NamedTuple):
 class CiderD:
     """CIDEr-D (Vedantam et al. 2015) of single candidates against their references, as a training reward.
 
-    The same score as pycocoevalcap's ``Cider`` (tf-idf n-grams for n = 1..4, the candidate's weights clipped
-    at the reference's, a Gaussian length penalty with σ = 6, times 10), except that the document
-    frequencies come once from ``corpus`` (every image's references, e.g. the training split) instead of
-    from whatever batch is scored. Captions are sequences of any hashable tokens (words or ids).
+    pycocoevalcap's ``Cider`` (tf-idf n-grams for n = 1..4, the candidate's weights clipped at the reference's,
+    a Gaussian length penalty with σ = 6, times 10), but with the document frequencies taken once from ``corpus``
+    (every image's references) instead of from the batch scored. Tokens are any hashables (words or ids).
     """
 
-    def __init__(self, corpus: Iterable[Sequence[Sequence[Hashable]]], *, n: int = 4, sigma: float = 6.0) -> None:
-        self.n, self.sigma = n, sigma
+    n, sigma = 4, 6.0  # n-grams up to 4 words; the length penalty's σ
+
+    def __init__(self, corpus: Iterable[Sequence[Sequence[Hashable]]]) -> None:
         document_frequency: Counter[tuple] = Counter()
         images = 0
         for references in corpus:
@@ -177,22 +172,29 @@ class CiderD:
         return scores
 
 
-def pointing_scores(
-    records: Iterable[Mapping[str, Any]],
-    boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
-    *,
-    box_scale: Mapping[Any, tuple[float, float]] | None = None,
-    class_words: Sequence[str] = CLASS_WORDS,
-) -> dict[str, float]:
-    """Pointing accuracy and mean α mass in the box over the class words of results records
-    (``docs/formats/results.md``).
+def pointed_box(alpha: Tensor, grid: Sequence[int], image_size: Sequence[int],
+                boxes: Sequence[Sequence[float]]) -> int | None:
+    """The index of the box (x0, y0, x1, y1) that holds the centre of α's argmax cell (α (L,) or (Gh, Gw) over a
+    Gh×Gw grid on an (H, W) image), each box grown by half a cell; of several the nearest, None when none holds it."""
+    cell_h, cell_w = image_size[0] / grid[0], image_size[1] / grid[1]
+    row, col = divmod(int(alpha.argmax()), grid[1])
+    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
+    best, nearest = None, math.inf
+    for index, (x0, y0, x1, y1) in enumerate(boxes):
+        if x0 - cell_w / 2 <= x <= x1 + cell_w / 2 and y0 - cell_h / 2 <= y <= y1 + cell_h / 2:
+            distance = math.hypot(max(x0 - x, 0, x - x1), max(y0 - y, 0, y - y1))
+            if distance < nearest:
+                best, nearest = index, distance
+    return best
 
-    ``records`` hold ``image_id``, ``tokens``, ``grid`` [Gh, Gw], ``image_size`` [H, W] and ``alphas`` (one
-    row per token). ``boxes`` maps an image id to (class word, [x, y, w, h]) in the pixels of the image the
-    network saw, or in the original image's pixels with ``box_scale`` giving (sx, sy) to the network input.
-    """
+
+def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
+                    *, box_scale: Mapping[Any, tuple[float, float]] | None = None) -> dict[str, float]:
+    """Pointing accuracy (does the word's object's box hold α_t's argmax cell, ``pointed_box``) and mean α mass in
+    the box over the class words of results records (``docs/formats/results.md``). ``boxes`` maps an image id to
+    (class word, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
+    (sx, sy) to the network input."""
     hits, masses, counted = 0, 0.0, 0
-    words = set(class_words)
     for record in records:
         objects = {entry[0]: entry[1] for entry in boxes.get(record["image_id"], [])}  # (word, box, ...)
         grid_h, grid_w = record["grid"]
@@ -201,16 +203,12 @@ def pointing_scores(
         scale_x, scale_y = (box_scale or {}).get(record["image_id"], (1.0, 1.0))
         alphas = torch.as_tensor(record["alphas"], dtype=torch.float64)
         for t, token in enumerate(record["tokens"]):
-            if token not in words or token not in objects:
+            if token not in _WORDS or token not in objects:
                 continue
             x, y, w, h = objects[token]
             x0, y0, x1, y1 = x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y
             alpha = alphas[t].view(grid_h, grid_w)  # (L,) -> (Gh, Gw)
-            row, col = divmod(int(alpha.argmax()), grid_w)
-            centre_x, centre_y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-            inside_x = x0 - cell_w / 2 <= centre_x <= x1 + cell_w / 2  # the box grown by half a cell
-            inside_y = y0 - cell_h / 2 <= centre_y <= y1 + cell_h / 2
-            hits += inside_x and inside_y
+            hits += pointed_box(alpha, (grid_h, grid_w), (height, width), [(x0, y0, x1, y1)]) is not None
             # α mass in the box: each cell's α spread evenly over the cell, times the cell's overlap with the box
             lefts = torch.arange(grid_w, dtype=torch.float64) * cell_w
             tops = torch.arange(grid_h, dtype=torch.float64) * cell_h
@@ -224,38 +222,29 @@ def pointing_scores(
             "pointing_words": float(counted)}
 
 
-def pointing_by_mention(
-    records: Iterable[Mapping[str, Any]],
-    boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
-    *,
-    class_words: Sequence[str] = CLASS_WORDS,
-) -> dict[tuple[int, int], dict[str, float]]:
-    """``pointing_scores`` split by (objects in the scene, mention): the n-th class word of each caption.
-
-    A diagnostic: when the references name a scene's objects in every order, the first mentions are the
-    ones whose object the decoder had to choose before emitting them.
-    """
-    words = set(class_words)
+def pointing_by_mention(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]]
+                        ) -> dict[tuple[int, int], dict[str, float]]:
+    """``pointing_scores`` split by (objects in the scene, mention): the n-th class word of each caption. When the
+    references name a scene's objects in every order, the first mentions are those the decoder had to choose."""
     groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for record in records:
         objects = len(boxes.get(record["image_id"], []))
         mention = 0
         for t, token in enumerate(record["tokens"]):
-            if token not in words:
+            if token not in _WORDS:
                 continue
             mention += 1
             only_this = [word if i == t else "" for i, word in enumerate(record["tokens"])]
             groups.setdefault((objects, mention), []).append({**record, "tokens": only_this})
-    return {key: pointing_scores(groups[key], boxes, class_words=class_words) for key in sorted(groups)}
+    return {key: pointing_scores(groups[key], boxes) for key in sorted(groups)}
 
 
 def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
-    """The ViT's mass inside the object mask (``docs/formats/metrics.md``): the share of a map's mass on the
-    object, per image.
+    """The share of a ViT map's mass on the object, per image (``docs/formats/metrics.md``).
 
-    ``weights`` (B, Gh, Gw) is a map over the patch grid (e.g. rollout), ``masks`` (B, H, W) the object's
-    pixels in the network input (H, W multiples of the grid). Each cell's weight counts in proportion to the
-    share of its pixels inside the mask. A map that ignores the object scores the mask's area share.
+    ``weights`` (B, Gh, Gw) is a map over the patch grid (e.g. rollout), ``masks`` (B, H, W) the object's pixels in
+    the network input (H, W multiples of the grid). Each cell's weight counts by the share of its pixels in the
+    mask, so a map that ignores the object scores the mask's area share.
     """
     if masks.shape[-2] % weights.shape[-2] or masks.shape[-1] % weights.shape[-1]:
         raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(weights.shape[-2:])} grid")
@@ -266,13 +255,8 @@ def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
 
 
 def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
-    """The pointing game (Zhang et al. 2016) for a ViT's map, per image: does its maximum fall on the object?
-
-    ``weights`` (B, Gh, Gw) is a map over the patch grid, ``masks`` (B, H, W) the object's pixels in the
-    network input (H, W multiples of the grid). A hit is when the mask holds the centre pixel of the map's
-    argmax cell, as the captioner's pointing takes the argmax cell's centre. A map blind to the
-    object hits about as often as the object's share of the cell centres.
-    """
+    """The pointing game (Zhang et al. 2016) for a ViT's map, per image: does the mask hold the centre pixel of the
+    map's argmax cell? ``weights`` and ``masks`` as in ``mask_mass``."""
     cells = weights.shape[-2:]
     if masks.shape[-2] % cells[0] or masks.shape[-1] % cells[1]:
         raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(cells)} grid")
@@ -282,38 +266,25 @@ def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
     return masks[torch.arange(len(masks), device=masks.device), rows, cols].bool()
 
 
-def scene_scores(
-    records: Iterable[Mapping[str, Any]],
-    scenes: Mapping[Any, Sequence[tuple[str, str | None]]],
-    *,
-    class_words: Sequence[str] = CLASS_WORDS,
-) -> dict[str, float]:
-    """The scene metrics (``docs/formats/metrics.md``) over the emitted tokens of each caption (records hold
-    ``image_id`` and ``tokens``, without <start>/<end>); ``scenes`` maps an image id to its objects as (class word,
-    colour or None).
-
-    - object recall: over every object of every scene, the fraction whose class word the caption emits;
-    - object precision: over every emitted class word, the fraction whose class is in the scene;
-    - colour accuracy: over emitted class words whose class is in the scene, the fraction whose preceding token
-      is that object's colour (objects without a colour are left out; NaN when none has one);
-    - repeated-object rate: the fraction of captions that emit some class word more than once while the scene
-      holds one item of that class.
-    """
-    words = set(class_words)
+def scene_scores(records: Iterable[Mapping[str, Any]], scenes: Mapping[Any, Sequence[tuple[str, str | None]]]
+                 ) -> dict[str, float]:
+    """The scene metrics (``docs/formats/metrics.md``: object recall and precision, colour accuracy, repeated-object
+    rate) over each caption's emitted ``tokens``; ``scenes`` maps an image id to its objects as (class word, colour
+    or None)."""
     objects = emitted = named_right = coloured = colour_right = repeated = captions = recalled = 0
     for record in records:
         scene = list(scenes.get(record["image_id"], []))
         tokens = list(record["tokens"])
         in_scene = Counter(name for name, _ in scene)
         colours = {name: colour for name, colour in scene}
-        said = Counter(token for token in tokens if token in words)
+        said = Counter(token for token in tokens if token in _WORDS)
         captions += 1
         objects += len(scene)
         recalled += sum(1 for name, _ in scene if said[name])
         emitted += sum(said.values())
         repeated += any(count > 1 and in_scene[word] == 1 for word, count in said.items())
         for t, token in enumerate(tokens):
-            if token in words and in_scene[token]:
+            if token in _WORDS and in_scene[token]:
                 named_right += 1
                 if colours[token] is not None:
                     coloured += 1

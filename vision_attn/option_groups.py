@@ -1,19 +1,11 @@
-"""Typed option groups: what every task and DataModule is configured with comes in small documented dataclasses,
-not in flat lists of dozens of arguments.
+"""Typed option groups: what every task and DataModule is configured with comes in small documented dataclasses.
 
-A group is a frozen dataclass whose fields each carry a one-line doc, the string under the field:
-``vision-attn fit --help`` and the configuration reference (``docs/configuration.md``) show it. A group checks its
-own values, and how they fit together, in ``check`` (one line naming the option when one is wrong); ``coerce``
-takes the group, the plain dict a config or a checkpoint's hyper-parameters hold, or None (the defaults), and
-returns it checked. In a config a group is a mapping under its name::
-
-    model:
-      init_args:
-        optimiser: {lr: 0.002, weight_decay: 0.05}
-
-and on the command line ``--model.init_args.optimiser.lr 0.002``. This module holds the groups that several tasks
-share; each family keeps its own next to its models (``captioning/options.py``, ``vit/classifier_options.py``), and
-the DataModules theirs in ``datamodules/data_options.py``.
+A group is a frozen dataclass whose fields each carry a one-line doc, the string under the field, which
+``vision-attn fit --help`` and ``docs/configuration.md`` show. ``check`` refuses a wrong value in one line naming
+the option; ``coerce`` takes the group, a plain dict (a config's mapping, ``optimiser: {lr: 0.002}``, or a
+checkpoint's hyper-parameters) or None, and returns it checked. This module holds the groups several tasks share;
+the others live next to their models (``captioning/options.py``, ``vit/classifier_options.py``) and DataModules
+(``datamodules/data_options.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ Group = TypeVar("Group", bound="OptionGroup")
 
 
 def plain(value: Any) -> Any:
-    """``value`` with every group (dataclass) as a dict and every tuple as a list: what a checkpoint stores, which
-    loads weights-only and reads back into the groups with ``coerce``."""
+    """``value`` with every group (dataclass) as a dict and every tuple as a list: what a checkpoint stores."""
     if is_dataclass(value) and not isinstance(value, type):
         return {key: plain(item) for key, item in asdict(value).items()}
     if isinstance(value, Mapping):
@@ -40,16 +31,15 @@ def plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class OptionGroup:
-    """What every option group has: ``coerce`` from a dict or None, ``check``, and ``name`` (its key in a task's
-    or DataModule's arguments, for messages). Subclasses are ``@dataclass(frozen=True)``."""
+    """What every option group has: ``coerce``, ``check``, and ``name`` (its argument's name, for messages).
+    Subclasses are ``@dataclass(frozen=True)``."""
 
     name = "options"  # the argument that holds the group, as a message names it
 
     @classmethod
     def coerce(cls: type[Group], value: Group | Mapping[str, Any] | None, default: Group | None = None) -> Group:
-        """The group from itself, a plain dict or None, checked. A dict's options are set over ``default`` (as a
-        config's partial mapping is set over the argument's default; unknown keys are refused in one line), and
-        None is ``default``; without a default, the group's own."""
+        """The group from itself, a plain dict (its options set over ``default``; unknown keys refused) or None
+        (``default``, else the group's own), checked."""
         if value is None:
             group = default if default is not None else cls()
         elif isinstance(value, cls):
@@ -69,8 +59,8 @@ class OptionGroup:
 
     @classmethod
     def merged(cls: type[Group], options: Group | Mapping[str, Any] | None = None, **fields: Any) -> Group:
-        """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group, or
-        the same options as keyword arguments (``AttentionDecoder(..., embed_dim=256)``), as timm's models do."""
+        """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group or
+        the same options as keyword arguments (``AttentionDecoder(..., embed_dim=256)``)."""
         group = cls.coerce(options)
         return cls.coerce({**{field.name: getattr(group, field.name) for field in fields_of(cls)}, **fields}) \
             if fields else group
@@ -95,8 +85,7 @@ def require(condition: bool, group: str, message: str) -> None:
 
 
 def at_most(group: str, key: str, value: Any, high: int, why: str) -> None:
-    """Refuse, in one line naming the option, a size, count or beam above ``high``, saying ``why`` it is bounded:
-    an unbounded one is unbounded memory, time or disk. (Whether it is a number at all is the group's own check.)"""
+    """Refuse, in one line naming the option, a number above ``high``, saying ``why`` it is bounded."""
     require(not isinstance(value, int | float) or value <= high, group, f"{key} must be at most {high} ({why}), "
                                                                         f"got {value}")
 

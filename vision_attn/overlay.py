@@ -1,9 +1,7 @@
 """Attention maps drawn over images, for both models: heat-map resize, smoothing, colour map, blending, layout.
 
-A heat map is a grid of weights (Gh, Gw) that covers a box of the original image: the whole image for the
-captioner (which squashes the image to its square input) and the centre square for the ViT (which resizes
-the shorter side and crops). ``heat_panel`` resizes the grid to that box in the image's own geometry,
-smooths it, colours it and blends it over the image; ``panel_grid`` lays titled panels out in rows.
+A heat map is a grid of weights (Gh, Gw) over a box of the image: the whole image for the captioner (which
+squashes it to its square input), the centre square for the ViT (which resizes the shorter side and crops).
 """
 
 from __future__ import annotations
@@ -29,20 +27,13 @@ Upsample = Literal["bilinear", "pyramid"]
 Box = tuple[int, int, int, int]  # left, top, right, bottom in image pixels
 
 
-def gaussian_kernel(sigma: float) -> Tensor:
-    """Normalised 1-D Gaussian taps out to 3σ."""
-    radius = max(1, math.ceil(3 * sigma))
-    taps = torch.arange(-radius, radius + 1, dtype=torch.float32)
-    kernel = torch.exp(-0.5 * (taps / sigma) ** 2)
-    return kernel / kernel.sum()
-
-
 def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
-    """Separable Gaussian smoothing of (B, 1, H, W) maps, edges replicated so mass does not leak away."""
+    """Separable Gaussian smoothing (taps out to 3σ) of (B, 1, H, W) maps, edges replicated so mass does not leak."""
     if sigma <= 0:
         return maps
-    kernel = gaussian_kernel(sigma).to(maps)
-    radius = kernel.numel() // 2
+    radius = max(1, math.ceil(3 * sigma))
+    kernel = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float32) / sigma) ** 2)
+    kernel = (kernel / kernel.sum()).to(maps)
     height, width = maps.shape[-2:]
     rows = F.pad(maps, (0, 0, radius, radius), mode="replicate") if height > 1 else maps
     maps = F.conv2d(rows, kernel.view(1, 1, -1, 1)) if height > 1 else maps
@@ -52,13 +43,9 @@ def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
 
 def upsample_heatmap(weights: Tensor, size: tuple[int, int], *, mode: Upsample = "bilinear",
                      sigma: float | None = None) -> Tensor:
-    """Grid weights (Gh, Gw) -> a map (H, W) over the box they cover, smoothed.
-
-    ``bilinear`` interpolates between cell centres (align_corners=False, so cell (i, j) lands on the
-    pixels of the i-th row band and j-th column band). ``pyramid`` doubles the resolution in steps, each
-    followed by a small Gaussian, as an image-pyramid expansion does, for a softer blob. ``sigma`` is the
-    final smoothing in output pixels; by default a quarter of a cell.
-    """
+    """Grid weights (Gh, Gw) -> a map (H, W) over the box they cover, smoothed by ``sigma`` output pixels (default
+    a quarter of a cell). ``bilinear`` interpolates between cell centres; ``pyramid`` doubles the resolution in
+    steps, each followed by a small Gaussian, as an image-pyramid expansion does, for a softer blob."""
     if weights.dim() != 2:
         raise ValueError(f"expected a (Gh, Gw) grid of weights, got shape {tuple(weights.shape)}")
     height, width = size
@@ -98,9 +85,8 @@ def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, m
                sigma: float | None = None, cmap: str = "turbo", opacity: float = 0.6) -> Image.Image:
     """``image`` with ``weights`` (Gh, Gw) drawn over ``box`` (default: the whole image).
 
-    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0), and each pixel is blended
-    with opacity ``opacity · m`` so strong attention glows in the colour map while unattended parts show the image;
-    outside the box the image is dimmed, because the network never saw it.
+    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0) and blended with opacity
+    ``opacity · m``; outside the box the image is dimmed, because the network never saw it.
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
@@ -124,14 +110,6 @@ def fit_within(image: Image.Image, longest_side: int) -> Image.Image:
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     resample = Image.Resampling.NEAREST if scale >= 4 else Image.Resampling.BICUBIC  # tiny images stay crisp
     return image.resize(size, resample)
-
-
-def scale_box(box: Box, from_size: tuple[int, int], to_size: tuple[int, int]) -> Box:
-    """A (left, top, right, bottom) box in an image of ``from_size`` (W, H), in the same image at ``to_size``."""
-    sx, sy = to_size[0] / from_size[0], to_size[1] / from_size[1]
-    left, top, right, bottom = box
-    return round(left * sx), round(top * sy), max(round(left * sx) + 1, round(right * sx)), \
-        max(round(top * sy) + 1, round(bottom * sy))
 
 
 @lru_cache(maxsize=4)
@@ -197,9 +175,7 @@ def write_gallery(folder: str | os.PathLike, entries: Sequence[tuple[str, str]],
     items = "\n".join(
         f'<figure><a href="{html.escape(quote(name), quote=True)}"><img src="{html.escape(quote(name), quote=True)}" '
         f'alt="{html.escape(text, quote=True)}" loading="lazy"></a>'
-        f"<figcaption>{html.escape(text)}</figcaption></figure>"
-        for name, text in entries
-    )
+        f"<figcaption>{html.escape(text)}</figcaption></figure>" for name, text in entries)
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
@@ -222,13 +198,8 @@ figcaption {{ font-size: 1.1em; margin-top: 0.3em; }}
 def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: int = 224, columns: int = 5,
                     **style: Any) -> Image.Image:
     """The paper's figure for one results record (``docs/formats/results.md``): the image, then one panel per word
-    with α_t over the image.
-
-    The captioner squashed the whole image to its square input, so the α grid covers the whole image and is
-    stretched back to the image's own aspect ratio. Each panel is titled with the word and β_t. A record of a
-    multihead score (``head_alphas``) adds, under each word's mean α, one panel per head.
-    ``style`` goes to ``heat_panel`` (upsampling mode, sigma, colour map, opacity).
-    """
+    with α_t over the whole image, titled with the word and β_t; a multihead score's record (``head_alphas``) adds,
+    under each word's mean α, one panel per head. ``style`` goes to ``heat_panel``."""
     tokens, alphas, betas = record.get("tokens"), record.get("alphas"), record.get("betas")
     grid = record.get("grid")
     if not isinstance(tokens, list) or not isinstance(alphas, list) or not isinstance(grid, list) or len(grid) != 2:
@@ -249,17 +220,15 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
             raise ValueError(f"{record.get('file_name')}: α row of {weights.numel()} values for a {grid} grid")
         title = word if beta is None else f"{word} (β {beta:.2f})"
         panels.append((heat_panel(shown, weights.view(*grid), **style), title + (" mean" if heads else "")))
-    if heads:  # one row per head, each word in the same column as its mean above
-        rows = [panels]
-        for k in range(len(heads[0])):
-            blank = Image.new("RGB", shown.size, "white")
-            rows.append([(blank, "")] + [(heat_panel(shown, torch.tensor(word_heads[k], dtype=torch.float32)
-                                                     .view(*grid), **style), f"{word} head {k + 1}")
-                                         for word, word_heads in zip(tokens, heads, strict=True)])
-        return panel_grid([panel for row in rows for panel in row], columns=len(panels),
-                          header=record.get("caption", " ".join(tokens)))
-    return panel_grid(panels, columns=columns + 1 if len(panels) <= columns + 1 else columns,
-                      header=record.get("caption", " ".join(tokens)))
+    header = record.get("caption", " ".join(tokens))
+    if not heads:
+        return panel_grid(panels, columns=columns + 1 if len(panels) <= columns + 1 else columns, header=header)
+    blank = Image.new("RGB", shown.size, "white")
+    for k in range(len(heads[0])):  # one row per head, each word in the same column as its mean above
+        panels += [(blank, "")] + [(heat_panel(shown, torch.tensor(word_heads[k], dtype=torch.float32).view(*grid),
+                                               **style), f"{word} head {k + 1}")
+                                   for word, word_heads in zip(tokens, heads, strict=True)]
+    return panel_grid(panels, columns=len(tokens) + 1, header=header)
 
 
 def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], *, title: str,
@@ -280,12 +249,9 @@ def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], 
 
 def log_figures(loggers: Sequence[object], figures: Sequence[tuple[str, Image.Image]], *, step: int,
                 fallback_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Send figures to every logger that takes images (TensorBoard's ``add_image``); for loggers that do not
-    (CSV), write them as PNGs under ``<logger log_dir>/overlays/step<step>/``. Returns the PNGs written.
-
-    Duck-typed, so this module needs nothing of Lightning. With no logger at all, ``fallback_dir`` is used.
-    """
-    written: list[Path] = []
+    """Send figures to every logger that takes images (TensorBoard's ``add_image``); write them for the others
+    (CSV), or into ``fallback_dir`` with no logger, as PNGs under ``<log_dir>/overlays/step<step>/``. Returns the
+    PNGs written. Duck-typed: this module needs nothing of Lightning."""
     folders = []
     for logger in loggers:
         experiment = getattr(logger, "experiment", None)
@@ -296,7 +262,5 @@ def log_figures(loggers: Sequence[object], figures: Sequence[tuple[str, Image.Im
             folders.append(Path(logger.log_dir))
     if not loggers and fallback_dir is not None:
         folders.append(Path(fallback_dir))
-    for folder in folders:
-        for tag, figure in figures:
-            written.append(save_png(figure, folder / "overlays" / f"step{step}" / f"{tag.replace('/', '_')}.png"))
-    return written
+    return [save_png(figure, folder / "overlays" / f"step{step}" / f"{tag.replace('/', '_')}.png")
+            for folder in folders for tag, figure in figures]

@@ -26,29 +26,19 @@ OPTIONAL_KEYS = ("head_alphas", "beams")  # a multihead score's per-head α; eve
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
                    image_size: tuple[int, int], file_name: str = "", head_alphas: Tensor | None = None
                    ) -> dict[str, Any]:
-    """A results record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words.
-
-    With a multihead attention score, ``head_alphas`` (T, K, L) adds each head's α as ``head_alphas`` (one
-    list of K rows per token; ``alphas`` is their mean), a key that readers of the plain format can ignore.
-    """
-    record = {
-        "image_id": image_id,
-        "file_name": file_name,
-        "caption": " ".join(words),
-        "tokens": list(words),
-        "grid": list(grid),
-        "image_size": list(image_size),
-        "alphas": [[round(float(a), 6) for a in row] for row in alphas.tolist()],
-        "betas": [round(float(b), 6) for b in betas.tolist()],
-    }
+    """A results record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words; a multihead
+    score's ``head_alphas`` (T, K, L) adds each head's α (``alphas`` is their mean)."""
+    record = {"image_id": image_id, "file_name": file_name, "caption": " ".join(words), "tokens": list(words),
+              "grid": list(grid), "image_size": list(image_size),
+              "alphas": [[round(float(a), 6) for a in row] for row in alphas.tolist()],
+              "betas": [round(float(b), 6) for b in betas.tolist()]}
     if head_alphas is not None:
         record["head_alphas"] = [[[round(float(a), 6) for a in row] for row in word] for word in head_alphas.tolist()]
     return record
 
 
 def write_results(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:
-    """Write records atomically, keeping only the record keys and ``OPTIONAL_KEYS`` (evaluation adds references
-    and objects)."""
+    """Write records atomically, with only their ``RECORD_KEYS`` and ``OPTIONAL_KEYS`` (evaluation adds others)."""
     keep = RECORD_KEYS + OPTIONAL_KEYS
     return write_json_atomically(path, [{k: v for k, v in record.items() if k in keep} for record in records])
 
@@ -61,16 +51,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_weight(value: Any) -> bool:
-    return _is_number(value) and value >= 0
+def _weights(row: Any, count: int) -> bool:
+    return isinstance(row, list) and len(row) == count and all(_is_number(value) and value >= 0 for value in row)
 
 
 def record_problem(record: Any) -> str | None:
-    """What is wrong with a results record that carries attention, or None: every field of the right type and
-    range, one α row per token of Gh·Gw finite weights, one finite β per token if betas are given, K such
-    rows per token if ``head_alphas`` is given, and each beam's words and attention (and its ``log_prob`` and
-    ``score``, finite numbers) if ``beams`` is given. ``docs/formats/results.schema.json`` says the same in
-    JSON Schema, as far as JSON Schema can."""
+    """What is wrong with a results record that carries attention, or None (``docs/formats/results.schema.json``
+    says the same in JSON Schema, as far as it can): each field's type and range, one α row of Gh·Gw finite
+    weights and one β per token, K such rows per token in ``head_alphas``, and each beam's words and attention."""
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
@@ -92,18 +80,16 @@ def record_problem(record: Any) -> str | None:
         return f"alphas must hold one row per token ({len(tokens)}), got {alphas!r:.60}"
     cells = grid[0] * grid[1]
     for t, row in enumerate(alphas):
-        if not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row)):
+        if not _weights(row, cells):
             return f"alphas row {t} must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
-    if betas is not None and not (isinstance(betas, list) and len(betas) == len(tokens)
-                                  and all(map(_is_weight, betas))):
+    if betas is not None and not _weights(betas, len(tokens)):
         return f"betas must hold one finite number >= 0 per token ({len(tokens)})"
     heads = record.get("head_alphas")
     if heads is not None:
         if not isinstance(heads, list) or len(heads) != len(tokens) or not all(
                 isinstance(word, list) and word and len(word) == len(heads[0]) for word in heads):
             return f"head_alphas must hold one list of K α rows per token ({len(tokens)})"
-        if any(not isinstance(row, list) or len(row) != cells or not all(map(_is_weight, row))
-               for word in heads for row in word):
+        if not all(_weights(row, cells) for word in heads for row in word):
             return f"head_alphas rows must hold {cells} finite weights >= 0 (a {grid[0]}x{grid[1]} grid)"
     beams = record.get("beams")
     if beams is not None:
@@ -123,8 +109,7 @@ def record_problem(record: Any) -> str | None:
 def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None
                  ) -> list[tuple[dict[str, Any], Path]]:
     """The records of a results JSON with the image file each names, found in ``image_dir`` (by its path or its
-    name) when given, else in the working directory or beside the JSON. A missing file, invalid JSON, a list of
-    anything but records, or a missing image is a one-line error naming it."""
+    name) when given, else in the working directory or beside the JSON; anything wrong is a one-line error."""
     path = Path(path)
     loaded = read_json(path, "a results JSON")
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
@@ -143,7 +128,7 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
         else:
             image = Path(name) if Path(name).is_file() else path.parent / name
             where = f"the working directory and in {path.parent}"
-        if not name or not image.is_file():
+        if not image.is_file():
             raise FileNotFoundError(f"{path}: image {name!r} of record {record.get('image_id')!r} not found "
                                     f"(looked in {where})")
         found.append((record, image))
@@ -154,11 +139,10 @@ ATTENTION_KEYS = ("tokens", "grid", "image_size", "alphas", "betas", "head_alpha
 
 
 def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a COCO results JSON to score, one per image id, in the file's order: ours, or another
-    tool's bare ``[{"image_id", "caption"}]``. Refused in one line naming the file and the record: anything but
-    a non-empty list of records, an ``image_id`` that is not a number or a string, a ``caption`` that is not a
-    string, a record that carries attention (any of ``ATTENTION_KEYS``) that ``record_problem`` refuses (its
-    ``file_name`` is not needed here), and two records of one image with different captions (the same caption
+    """The records of a COCO results JSON to score, one per image id, in the file's order: ours, or another tool's
+    bare ``[{"image_id", "caption"}]``. Refused in one line naming the file and the record: anything but a
+    non-empty list of records with a number or string ``image_id`` and a string ``caption``, attention (any of
+    ``ATTENTION_KEYS``) that ``record_problem`` refuses, and two different captions of one image (the same one
     twice, as DDP's padding repeats images, is kept once)."""
     path = Path(path)
     loaded = read_json(path, "a results JSON")

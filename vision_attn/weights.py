@@ -1,24 +1,16 @@
-"""Pretrained weights by name, found where torchvision and timm keep them: the one home of name resolution,
-cache look-up and the one-line errors of a missing file.
+"""Pretrained weights by name, found where torchvision and timm keep them: name resolution, cache look-up and the
+one-line errors of a missing file.
 
-Where each kind of weights is looked for (the libraries' own caches, read through the libraries):
+- torchvision backbones (``vgg19``, ``resnet50``, ``resnet101``): ``imagenet`` is torchvision's ``DEFAULT``, or a
+  member of the backbone's weights enum (``IMAGENET1K_V1``); the file is torch.hub's
+  (``<torch.hub.get_dir()>/checkpoints/<file name of the URL>``).
+- timm models: ``imagenet`` is what ``timm.create_model(name, pretrained=True)`` loads, or a pretrained tag
+  (``a1_in1k``); the file is in the Hugging Face hub cache, ``$HF_HUB_CACHE`` (a few are torch.hub files).
+- Anything else (a path, or a value naming an existing file) is a local file, for ``checkpoint.load_file``.
 
-- torchvision backbones (``vgg19``, ``resnet50``, ``resnet101``): ``imagenet`` is torchvision's ``DEFAULT``
-  (VGG19_Weights.IMAGENET1K_V1; ResNet50/101_Weights.IMAGENET1K_V2), or a member of the backbone's weights enum
-  (``IMAGENET1K_V1``, ``ResNet50_Weights.IMAGENET1K_V1``). The file is torch.hub's:
-  ``$TORCH_HOME/hub/checkpoints/<file name of the URL>`` (``torch.hub.get_dir()``, ``~/.cache/torch`` by default).
-- timm models: ``imagenet`` is what ``timm.create_model(name, pretrained=True)`` loads (the tag in the model name,
-  else timm's default tag), or a pretrained tag of the architecture (``a1_in1k``). timm reads the Hugging Face
-  hub cache (``$HF_HUB_CACHE``, by default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``):
-  ``models--timm--<name>.<tag>/snapshots/<commit in refs/main>/model.safetensors``; the few timm weights not on
-  the Hub are torch.hub files, as above.
-- Anything that is not a name (a path, or any value naming an existing file) is a local file, loaded by
-  ``checkpoint.load_file``.
-
-A cached file loads without the network. ``HF_HUB_OFFLINE=1`` (the switch timm and huggingface_hub honour)
-forbids downloads of both kinds. Without the file, offline or when a download fails, the error is one line
-naming the file looked for and where to get it; a dead network is found in one request, not after retries.
-Every load is weights-only: safetensors from the Hub, ``torch.load(weights_only=True)`` otherwise.
+A cached file loads without the network; ``HF_HUB_OFFLINE=1`` forbids downloads of both kinds. Without the file,
+the error is one line naming the file looked for and where to get it; a dead network is found in one request.
+Every load is weights-only. The libraries are imported by the functions that need them.
 """
 
 from __future__ import annotations
@@ -53,13 +45,9 @@ NETWORK_TIMEOUT = 10.0  # seconds a connection or a read may stall before a down
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm asks the Hub for, in its order
 _FILE_SUFFIXES = {".pth", ".pt", ".ckpt", ".bin", ".safetensors", ".tar", ".pkl", ".npz", ".h5"}
 
-# torchvision, timm and huggingface_hub are imported by the functions that need them: the captioner with the
-# small CNN, and every inference tool, start without them.
-
 
 class NamedWeights(NamedTuple):
-    """Weights a library resolved from a name: the tensors, what they are (for messages and logs), and the
-    normalisation they were trained under."""
+    """Weights a library resolved from a name: the tensors, what they are (for messages), and their normalisation."""
 
     state_dict: dict[str, Tensor]
     source: str
@@ -68,8 +56,8 @@ class NamedWeights(NamedTuple):
 
 
 def is_weights_name(value: str | os.PathLike | None) -> bool:
-    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``); False for a local file: a value
-    with a folder, a weights-file suffix (.pth, .safetensors, ...) or naming a file that exists."""
+    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``); False for a local file: a value with a
+    folder, a weights-file suffix or naming a file that exists."""
     if value is None or isinstance(value, os.PathLike):
         return False
     text = str(value)
@@ -89,12 +77,8 @@ def no_named_weights(backbone: str, name: str) -> CheckpointError:
                            "(e.g. an encoder pretrained with configs/captioner/fashion_scene_items.yaml)")
 
 
-# --- torchvision -----------------------------------------------------------------------------------------
-
-
 def torchvision_weights(backbone: str, name: str) -> NamedWeights:
-    """The state dict of ``backbone``'s torchvision weights called ``name``, through torchvision's weights API
-    (``Weights.get_state_dict``: torch.hub's cache, downloaded there if missing and allowed)."""
+    """The state dict of ``backbone``'s torchvision weights called ``name`` (``Weights.get_state_dict``)."""
     import torchvision
 
     enum = torchvision.models.get_model_weights(backbone)
@@ -127,9 +111,8 @@ def torch_hub_file(url: str) -> Path:
 
 @contextmanager
 def torch_hub_download(url: str, what: str) -> Iterator[Path]:
-    """Around a torch.hub load of ``url``: refuse in one line when the file is not cached and downloads are off;
-    otherwise let a download stall at most ``NETWORK_TIMEOUT`` per connect or read, and turn its failure into
-    one line. Yields the cache path."""
+    """Around a torch.hub load of ``url``, yielding the cache path: refuse in one line when the file is not cached
+    and downloads are off; else let a download stall at most ``NETWORK_TIMEOUT``, and make its failure one line."""
     cached = torch_hub_file(url)
     fetch = f"on a machine with network download {url} and put it there, or pass the file as a local path"
     if cached.exists():
@@ -161,9 +144,6 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
         socket.setdefaulttimeout(previous)
 
 
-# --- timm ------------------------------------------------------------------------------------------------
-
-
 def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
     """``<architecture>.<tag>`` of the timm weights ``name`` for the model ``model_name`` (which may carry a tag):
     ``imagenet`` is the model name's tag or timm's default, any other name is a pretrained tag."""
@@ -188,8 +168,8 @@ def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
 
 
 def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
-    """``timm.create_model(pretrained_name, pretrained=True, **kwargs)``: timm's own loading from the Hugging
-    Face cache (or torch.hub's), checked first so that a missing file is one line, fast."""
+    """``timm.create_model(pretrained_name, pretrained=True, **kwargs)``, checked first so that a missing file is
+    one line, fast."""
     import timm
 
     pretrained_cfg = timm.models.get_pretrained_cfg(pretrained_name)
@@ -201,16 +181,15 @@ def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
 
 
 def timm_weights(pretrained_name: str) -> NamedWeights:
-    """The state dict of a timm model with the pretrained weights ``<architecture>.<tag>``, as timm loads them
-    (its checkpoint filter applied)."""
+    """The state dict of a timm model with the pretrained weights ``<architecture>.<tag>``, as timm loads them."""
     model = create_timm_model(pretrained_name)
     config = model.pretrained_cfg
     return NamedWeights(model.state_dict(), f"timm {pretrained_name}", list(config["mean"]), list(config["std"]))
 
 
 def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwargs: Any) -> nn.Module:
-    """timm's model with its weights; a cached file (``cached``) that cannot be read, or holds weights of another
-    architecture, is refused naming it."""
+    """timm's model with its weights; a ``cached`` file that cannot be read, or is of another architecture, is
+    refused naming it."""
     import timm
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
     from safetensors import SafetensorError
@@ -262,8 +241,7 @@ def _unreadable(error: BaseException, what: str, cached: Path,
 
 def _check_hub_files(hub_id: str, what: str) -> Path | None:
     """The cached weights file of ``hub_id`` in the Hugging Face cache, or None when it is not there but the Hub
-    answers; else raise the one-line error. One request without retries: huggingface_hub's own retries keep a
-    user waiting long on a dead network."""
+    answers; else the one-line error, after one request (huggingface_hub's retries wait long on a dead network)."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
     from huggingface_hub.file_download import repo_folder_name

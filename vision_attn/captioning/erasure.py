@@ -1,13 +1,9 @@
 """Does the captioner's α point at what makes it say the word? An erasure test (``docs/formats/metrics.md``).
 
-Pointing only asks whether α's argmax cell falls on an object. Here each class word a caption emits is tested
-by intervention: the object whose box holds α's argmax cell at that word (the attended object) is erased (its box
-filled with the scene's background), and so, in a second image, is another object of the scene. The same caption
-is re-scored by teacher forcing on both, and the word's log-probability read at its position. If attention shows
-what the word rests on, erasing the attended object lowers it more than erasing the other one.
-
-``erase_and_score`` does one batch against any ``Scorer`` (the tests hand-write one); ``erasure_test`` runs a
-checkpoint over a split of the Fashion scenes, all erasures of a batch of images in one encoder pass.
+Each class word a caption emits is tested by intervention: the object whose box holds α's argmax cell at that
+word (the attended object) is erased (its box filled with the scene's background), and so, in a second image, is
+another object of the scene. The same caption is re-scored by teacher forcing on both. If attention shows what
+the word rests on, erasing the attended object lowers the word's log-probability more than erasing the other.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, read
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import write_json_atomically
+from vision_attn.metrics import pointed_box
 
 # (uint8 images (N, 3, S, S), captions (N, T+1) = <start> w_1 .. <end> <pad>..) -> log p(captions[:, 1:]) (N, T)
 Scorer = Callable[[Tensor, Tensor], Tensor]
@@ -37,8 +34,8 @@ SKIPS = ("single_object", "no_attended_object")  # why a class word was not scor
 
 
 class WordErasure(NamedTuple):
-    """One scored class word: where it is, the attended object and the other one erased, and the word's
-    log-probability on the image as it is and with each object erased."""
+    """One scored class word: where it is, the two objects erased, and the word's log-probability on the image as it
+    is and with each object erased."""
 
     image_id: Any
     position: int
@@ -58,24 +55,6 @@ class WordErasure(NamedTuple):
     def drop_other(self) -> float:
         """How much erasing the other object lowers the word's log-probability."""
         return self.log_prob - self.log_prob_other_erased
-
-
-def attended_object(alpha: Tensor, grid: tuple[int, int], image_size: tuple[int, int],
-                    boxes: Sequence[Box]) -> int | None:
-    """The index of the box that holds the centre of α's argmax cell (α (L,) over a Gh×Gw grid laid over an
-    image of (H, W) pixels), as pointing counts it: each box grown by half a cell on every side; of several,
-    the nearest to the centre. None when no box holds it."""
-    grid_h, grid_w = grid
-    cell_h, cell_w = image_size[0] / grid_h, image_size[1] / grid_w
-    row, col = divmod(int(alpha.argmax()), grid_w)
-    x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-    best, nearest = None, math.inf
-    for index, (x0, y0, x1, y1) in enumerate(boxes):
-        if x0 - cell_w / 2 <= x <= x1 + cell_w / 2 and y0 - cell_h / 2 <= y <= y1 + cell_h / 2:
-            distance = math.hypot(max(x0 - x, 0, x - x1), max(y0 - y, 0, y - y1))
-            if distance < nearest:
-                best, nearest = index, distance
-    return best
 
 
 def erase_box(image: Tensor, background: Tensor, box: Box) -> Tensor:
@@ -102,16 +81,15 @@ def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
                   objects: Sequence[Sequence[tuple[str, Box]]], *, grid: tuple[int, int],
                   image_size: tuple[int, int], class_words: set[str],
                   image_ids: Sequence[Any], seed: int = 0) -> tuple[list[Planned], Counter]:
-    """The class words of a batch's captions to score, and the count of those skipped (``SKIPS``): a word whose α
-    points at no object, or whose scene has no other object. The other object is drawn uniformly among the rest,
-    seeded by ``seed``, the image id and the position (so it does not depend on the batch)."""
+    """The class words of a batch's captions to score, and the count of those skipped (``SKIPS``). The other object
+    is drawn uniformly among the rest, seeded by ``seed``, the image id and the position (not by the batch)."""
     planned, skipped = [], Counter({reason: 0 for reason in SKIPS})
     for index, (caption, alpha_rows, scene) in enumerate(zip(words, alphas, objects, strict=True)):
         boxes = [box for _, box in scene]
         for position, word in enumerate(caption):
             if word not in class_words:
                 continue
-            attended = attended_object(alpha_rows[position], grid, image_size, boxes)
+            attended = pointed_box(alpha_rows[position], grid, image_size, boxes)  # the attended object
             if attended is None:
                 skipped["no_attended_object"] += 1
                 continue
@@ -126,10 +104,8 @@ def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
 
 def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions: Tensor, planned: Sequence[Planned],
                     objects: Sequence[Sequence[tuple[str, Box]]], image_ids: Sequence[Any]) -> list[WordErasure]:
-    """Score ``planned`` words in one call of ``score``: each image (B, 3, S, S) as it is with its caption
-    (``captions`` (B, T+1)), then for each word its image with the attended object erased and with the other one
-    erased (from ``backgrounds`` (B, 3, S, S)), each with the same caption; the word's log-probability is read at
-    its position."""
+    """Score ``planned`` words in one call of ``score``: each image (B, 3, S, S) with its caption (``captions``
+    (B, T+1)), then per word its image with each object erased (from ``backgrounds`` (B, 3, S, S))."""
     if not planned:
         return []
     erased = [erase_box(pixels[p.image], backgrounds[p.image], objects[p.image][which][1])
@@ -148,9 +124,9 @@ def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions
 
 
 def summarise(words: Sequence[WordErasure], *, images: int, skipped: Mapping[str, int]) -> dict[str, Any]:
-    """The measures (``docs/formats/metrics.md``): the share of scored words whose log-probability erasing the
-    attended object lowers more than erasing the other one (a tie is not lower), the mean drops, the share whose
-    attended object is the one the word names, and the counts."""
+    """The measures (``docs/formats/metrics.md``): the share of words that erasing the attended object lowers more
+    than erasing the other (a tie is not lower), the mean drops, the share whose attended object is the one named,
+    and the counts."""
     count, nan = len(words), float("nan")
     mean = (lambda values: sum(values) / count) if count else (lambda values: nan)
     return {"images": images, "words": count, "skipped": {reason: int(skipped.get(reason, 0)) for reason in SKIPS},
@@ -171,16 +147,9 @@ def captioner_scorer(captioner: Captioner) -> Scorer:
     return score
 
 
-def background_file(root: Path, split: str, file_name: str, *, source: Path) -> Path | None:
-    """A scene's background, ``backgrounds/<split>/<file name>`` under the scenes root, where that file exists
-    (scenes drawn on a background keep it there); None for the plain black canvas."""
-    path = resolve_inside(root / "backgrounds" / split, file_name, source=source)
-    return path if path.is_file() else None
-
-
 class Scene(NamedTuple):
-    """An image of the scenes to test: its id, file, background file (None: black) and objects (name, box in
-    the image file's pixels as x0, y0, x1, y1)."""
+    """An image of the scenes to test: its id, file, background file (``backgrounds/<split>/``; None: black),
+    objects (name, box in the image file's pixels) and size."""
 
     image_id: Any
     path: Path
@@ -209,8 +178,9 @@ def read_scenes(root: str | os.PathLike, split: str, count: int | None = None) -
         boxes = [(names[a["category_id"]], (a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2],
                                             a["bbox"][1] + a["bbox"][3])) for a in coco.imgToAnns.get(image_id, [])]
         path = resolve_inside(root / "images" / split, image.get("file_name"), source=instances)
-        scenes.append(Scene(image_id, path, background_file(root, split, image["file_name"], source=instances),
-                            boxes, (image["width"], image["height"])))
+        background = resolve_inside(root / "backgrounds" / split, image["file_name"], source=instances)
+        scenes.append(Scene(image_id, path, background if background.is_file() else None, boxes,
+                            (image["width"], image["height"])))
     if not scenes:
         raise ValueError(f"{instances}: holds no images")
     return scenes, set(names.values())
@@ -245,8 +215,8 @@ class ErasureReport(NamedTuple):
 def iter_erasures(captioner: Captioner, scenes: Sequence[Scene], class_words: set[str], *, beam_size: int | None = None,
                   batch_size: int = 16, seed: int = 0, on_bad_image: OnBadImage = "error",
                   bad_images: BadImageCounter | None = None) -> Iterator[tuple[int, list[WordErasure], Counter]]:
-    """Per batch of readable scenes: (its number of images, its scored words, its skips). Each batch is
-    captioned by beam search, then scored once, its images and all their erasures together."""
+    """Per batch of readable scenes: (its number of images, its scored words, its skips); each batch is captioned,
+    then scored once, its images and all their erasures together."""
     size, score = captioner.image_size, captioner_scorer(captioner)
     for chunk, loaded in readable_batches(scenes, lambda scene: scene_pixels(scene, size), batch_size=batch_size,
                                           on_bad_image=on_bad_image, bad_images=bad_images):
@@ -268,7 +238,7 @@ def erasure_test(checkpoint: str | os.PathLike, root: str | os.PathLike, *, spli
                  device: str = "cpu", on_bad_image: OnBadImage = "error",
                  on_batch: Callable[[int, int], None] | None = None) -> ErasureReport:
     """The erasure test of a captioner checkpoint on the first ``count`` scenes of a split (all when None);
-    ``on_batch`` sees how many images each batch held and how many there are in all (the CLI's progress bar)."""
+    ``on_batch`` sees how many images each batch held and how many there are in all."""
     scenes, class_words = read_scenes(root, split, count)
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     words, skipped, images = [], Counter(), 0

@@ -1,9 +1,7 @@
 """Captioner evaluation in one place: decode → results records (``docs/formats/results.md``) → gather across
-ranks → score → write.
-
-``CaptionerTask``'s validation and test hooks, and the ``caption`` command, all go through here, so a
-caption scored in ``vision-attn test`` and one written by ``vision-attn caption`` are made the same way.
-Nothing here needs Lightning: the ranks are gathered with ``torch.distributed`` when it is initialised.
+ranks → score → write. ``CaptionerTask``'s validation and test hooks and the ``caption`` command all go through
+here, so a caption scored by ``test`` and one written by ``caption`` are made the same way. Nothing here needs
+Lightning: the ranks are gathered with ``torch.distributed`` when it is initialised.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
                   file_names: Sequence[str] | None = None, all_beams: bool = False,
                   features: bool = False) -> list[dict[str, Any]]:
     """Results records of a batch of normalised images (B, 3, S, S) (or, with ``features``, the encoder's frozen
-    part's output), one per image, in order; with ``all_beams`` each also lists every beam of its search, best
-    first, under ``beams`` (``beam_entry``)."""
+    part's output), in order; with ``all_beams`` each lists every beam of its search, best first, under ``beams``."""
     decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams, features=features)
     size = (captioner.image_size, captioner.image_size) if features else (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
@@ -60,8 +57,8 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
 
 
 def beam_entry(captioner: Captioner, hypothesis: Hypothesis) -> dict[str, Any]:
-    """One beam of a record's ``beams``: its caption, tokens, α and β rows as a record has them, (``head_alphas``
-    with a multihead score), its summed log-probability and its score (after the length penalty)."""
+    """One beam of a record's ``beams``: its caption, tokens, α, β (and ``head_alphas``) as a record has them, its
+    summed log-probability and its score (after the length penalty)."""
     entry = caption_record(None, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas, grid=(0, 0),
                            image_size=(0, 0), head_alphas=hypothesis.head_alphas)
     kept = {key: entry[key] for key in ("caption", "tokens", "alphas", "betas", "head_alphas") if key in entry}
@@ -80,25 +77,18 @@ def caption_inputs(paths: Sequence[str | os.PathLike], *, coco_annotations: str 
 
 
 @torch.inference_mode()
-def caption_files(
-    captioner: Captioner,
-    inputs: Sequence[tuple[Any, Path]],
-    *,
-    beam_size: int | None = None,
-    batch_size: int = 32,
-    on_bad_image: OnBadImage = "error",
-    bad_images: BadImageCounter | None = None,
-    all_beams: bool = False,
-) -> Iterator[dict[str, Any]]:
-    """Results records, one per readable (image id, path), in order. An unreadable image raises
-    BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted.
-    ``all_beams``: each record lists every beam (``caption_batch``)."""
+def caption_files(captioner: Captioner, inputs: Sequence[tuple[Any, ...]], *, beam_size: int | None = None,
+                  batch_size: int = 32, on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
+                  all_beams: bool = False, load: Callable[[Any], Tensor] | None = None) -> Iterator[dict[str, Any]]:
+    """Results records, one per readable (image id, path), in order (``caption_batch``); ``load`` reads an input's
+    RGB uint8 (3, S, S) pixels when it is another (image id, file name, ...) item. An unreadable image raises
+    BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted."""
     size = captioner.image_size
-    for chunk, pixels in readable_batches(inputs, lambda item: load_caption_image(item[1], size),
+    for chunk, pixels in readable_batches(inputs, load or (lambda item: load_caption_image(item[1], size)),
                                           batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         images = normalize(pixels.to(captioner.device), captioner.mean, captioner.std)  # (B, 3, S, S)
-        yield from caption_batch(captioner, images, [image_id for image_id, _ in chunk], beam_size=beam_size,
-                                 file_names=[str(path) for _, path in chunk], all_beams=all_beams)
+        yield from caption_batch(captioner, images, [item[0] for item in chunk], beam_size=beam_size,
+                                 file_names=[str(item[1]) for item in chunk], all_beams=all_beams)
 
 
 class CaptionedFiles(NamedTuple):
@@ -113,8 +103,8 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
                    beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                    device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None,
                    all_beams: bool = False) -> CaptionedFiles:
-    """Caption (image id, path) inputs with a checkpoint and write the results JSON to ``out``;
-    ``on_record`` sees each record as it is made (the CLI prints it). ``out`` is checked before any work."""
+    """Caption (image id, path) inputs with a checkpoint and write the results JSON to ``out`` (checked before any
+    work); ``on_record`` sees each record as it is made."""
     output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     records, bad_images = [], BadImageCounter()
@@ -163,11 +153,9 @@ class EvaluationRecords:
 
 def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
                   box_scale: dict[Any, tuple[float, float]] | None = None) -> dict[str, float]:
-    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``; when they carry their
-    ``objects`` (SceneObject), the scene metrics too, and with ``pointing`` (records with their attention) the
-    pointing accuracy and α mass in the box (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network
-    input); and the
-    number of images."""
+    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``, and the number of images;
+    with their ``objects`` (SceneObject) the scene metrics too, and with ``pointing`` the pointing metrics
+    (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network input)."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
@@ -193,11 +181,10 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
                      instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
                      out: str | os.PathLike | None = None) -> dict[str, float]:
     """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
-    file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too,
-    and pointing when every record carries its attention (``docs/formats/results.md``). Every file is read and
-    checked before any scoring (``read_scored_results``, the validators of ``vision_attn.data.formats``); each
-    results image must be in the annotations with reference captions, and in the instances when given. With
-    ``out`` (checked before any work) the scores are written there as JSON."""
+    file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too, and
+    pointing when every record carries its attention. Every file is read and checked before any scoring: each
+    image must be in the annotations with references, and in the instances when given. The scores are written
+    to ``out`` (checked before any work) when given."""
     inputs = [path for path in (results, annotations, instances, attributes) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
     records = read_scored_results(results)

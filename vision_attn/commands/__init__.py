@@ -10,7 +10,10 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vision_attn.cli_arguments import bounded_int
+
 TOOLS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {}
+CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
 
 
 def tool(name: str, summary: str) -> Callable:

@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vision_attn.cli_arguments import BACKGROUND_KINDS, add_shared, at_least, bounded_int, number_in, parser_for
-from vision_attn.commands import canvas_background, tool
-
-CANVAS_SIZE = bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger canvas, which only costs memory")
+from vision_attn.commands import CANVAS_SIZE, canvas_background, tool
 
 
 @tool("export-samples", "write dataset images as PNG files (for classify and overlay)")
@@ -93,15 +91,12 @@ def make_scenes_command(argv: Sequence[str]) -> None:
     options = parser.parse_args(argv)
     from vision_attn.data.scenes import make_scenes
 
-    written = make_scenes(options.root, counts={"train": options.train, "val": options.val, "test": options.test},
+    style = {key: getattr(options, key) for key in ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette",
+                                                    "overlap", "background", "background_level", "background_weights",
+                                                    "texture_source")}
+    written = make_scenes(options.root, counts={split: getattr(options, split) for split in ("train", "val", "test")},
                           seed=options.seed, canvas_size=options.canvas_size, grid_size=options.grid_size,
-                          style={"layout": options.layout, "shade_jitter": options.shade_jitter,
-                                 "scale_jitter": options.scale_jitter, "hue_jitter": options.hue_jitter,
-                                 "palette": options.palette, "scale": tuple(options.scale),
-                                 "objects": tuple(options.objects), "overlap": options.overlap,
-                                 "background": options.background, "background_level": options.background_level,
-                                 "background_weights": options.background_weights,
-                                 "texture_source": options.texture_source},
+                          style={**style, "scale": tuple(options.scale), "objects": tuple(options.objects)},
                           fashion_mnist_root=options.fashion_mnist_root, overwrite=options.overwrite)
     for split, counts in written.items():
         print(f"{split}: {counts['images']} images in {options.root}/images/{split}, {counts['captions']} captions "

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from vision_attn.cli_arguments import at_least, bounded_int, parser_for
-from vision_attn.commands import canvas_background, tool
+from vision_attn.commands import CANVAS_SIZE, canvas_background, tool
 
 
 @contextmanager
@@ -32,9 +32,9 @@ def progress_bar(unit: str) -> Any:
             bar.close()
 
 
-def figure(value: float | None, digits: int = 3) -> str:
-    """A measure for the table: ``n/a`` when there was nothing to count."""
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+def figure(value: float | None) -> str:
+    """A measure for the table, to 3 decimals: ``n/a`` when there was nothing to count."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
 @tool("erasure", "captioner: does erasing the object α points at lower the word more than erasing another?")
@@ -85,9 +85,8 @@ def deletion_command(argv: Sequence[str]) -> None:
                         "(docs/formats/metrics.md).", "device", "head_fusion", "discard_ratio", "batch_size",
                         "canvas_background", "background_level", "texture_source")
     parser.add_argument("--ckpt", required=True, help="Fashion-MNIST ViT checkpoint")
-    parser.add_argument("--canvas-size", type=bounded_int(28, 1024, "a 28-pixel garment is a speck on a larger "
-                                                                   "canvas, which only costs memory"),
-                        default=56, help="canvas side in pixels, 28 to 1024 (default 56)")
+    parser.add_argument("--canvas-size", type=CANVAS_SIZE, default=56,
+                        help="canvas side in pixels, 28 to 1024 (default 56)")
     parser.add_argument("--count", type=bounded_int(1, 10000, "Fashion-MNIST's test split has 10000 items"),
                         default=1000, help="test items to use, 1 to 10000 (default 1000)")
     parser.add_argument("--steps", type=bounded_int(1, 256, "each step is one more forward pass per map; the curve "
