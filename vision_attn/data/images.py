@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -120,11 +119,9 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
             return image.convert(mode)
     except FileNotFoundError:
         raise BadImageError(f"{path}: file not found") from None
-    except Image.DecompressionBombError as error:  # over 4 × MAX_PIXELS: Pillow refused in Image.open
-        size = re.search(r"\((\d+) pixels\)", str(error))
-        pixels = f"{int(size.group(1)):,} pixels" if size else "more pixels"
-        raise BadImageError(f"{path}: {pixels} is more than the {MAX_PIXELS // 1_000_000}-megapixel limit; "
-                            "refused before decoding") from None
+    except Image.DecompressionBombError:  # over 4 × MAX_PIXELS: Pillow refused in Image.open, before we saw it
+        raise BadImageError(f"{path}: over {2 * Image.MAX_IMAGE_PIXELS:,} pixels is more than the "
+                            f"{MAX_PIXELS // 1_000_000}-megapixel limit; refused before decoding") from None
     except BadImageError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
