@@ -121,13 +121,18 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
     return CaptionedFiles(write_results(out, records), len(records), bad_images.skipped_note())
 
 
+def all_ranks(records: list[Any]) -> list[Any]:
+    """Every rank's ``records`` in rank order (a collective under DDP; this rank's alone otherwise)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[Any] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, records)
+        return [record for part in gathered for record in (part or [])]
+    return list(records)
+
+
 def gather_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every rank's records, one per image id (DDP may repeat images), sorted by image id."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, records)
-        records = [record for part in gathered for record in (part or [])]
-    return sorted(deduplicate(records), key=lambda record: str(record["image_id"]))
+    return sorted(deduplicate(all_ranks(records)), key=lambda record: str(record["image_id"]))
 
 
 class EvaluationRecords:

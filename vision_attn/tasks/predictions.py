@@ -12,12 +12,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 
 from vision_attn.api import ClassificationResult
-from vision_attn.captioning.evaluation import caption_batch, gather_records
+from vision_attn.captioning.evaluation import all_ranks, caption_batch, gather_records
 from vision_attn.data.caption_datasets import EvalCaptionBatch
 from vision_attn.io import write_json_atomically
 from vision_attn.results import write_results
@@ -42,15 +41,6 @@ def write_run_results(trainer: L.Trainer, records: list[dict[str, Any]], name: s
         return None
     log.info("wrote %d results to %s", len(records), write_results(path, records))
     return path
-
-
-def all_ranks(records: list[Any]) -> list[Any]:
-    """Every rank's ``records`` in rank order (a collective under DDP; this rank's alone otherwise)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[list[Any] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, records)
-        return [record for part in gathered for record in (part or [])]
-    return list(records)
 
 
 class PredictionsWriter(BasePredictionWriter):
