@@ -99,6 +99,19 @@ def test_the_captioning_data_has_no_default_dataset_a_config_must_name_its_root(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_wrong_extension_is_one_line_before_the_data_is_drawn(tmp_path) -> None:
+    """The option groups are checked before the DataModule is built: the scenes it would draw are never drawn."""
+    result = run_in_process("fit", *(arg for name in ("trainer/cpu.yaml", "tasks/captioner.yaml",
+                                                      "captioner/fashion_scenes.yaml")
+                                     for arg in ("--config", str(REPO / "configs" / name))),
+                            "--model.init_args.decoding.processors", "[{name: forbiden_words}]",
+                            "--data.init_args.root", str(tmp_path / "scenes"),
+                            "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert the_error(result) == ("error: decoding.processors: unknown extension 'forbiden_words'; did you mean "
+                                 "forbidden_words?")
+    assert not (tmp_path / "scenes").exists() and not (tmp_path / "run").exists()
+
+
 def test_a_mistyped_command_suggests_the_closest() -> None:
     assert the_error(run_in_process("fitt", *CAPTIONER)) == "error: fitt: no such command; did you mean fit?"
 

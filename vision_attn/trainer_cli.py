@@ -13,6 +13,7 @@ finds no checkpoint to read there.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from vision_attn.ckpt_path import (
 )
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
+from vision_attn.option_groups import OptionGroup
 from vision_attn.trainer_callbacks import FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
 
 # A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
@@ -100,10 +102,15 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         self.config[subcommand]["ckpt_path"] = None
 
     def before_instantiate_classes(self) -> None:
-        """Put ``--ckpt_path`` back into the config (``parse_arguments`` held it back)."""
+        """Put ``--ckpt_path`` back into the config (``parse_arguments`` held it back), and check the model's and
+        the DataModule's option groups, so that a wrong option is one line before the DataModule does any work."""
         if self.held_ckpt_path is not None:
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        for key in ("model", "data"):
+            if isinstance(config.get(key), jsonargparse.Namespace):
+                check_option_groups(config[key])
 
     def refuse_last_without_checkpoint(self) -> None:
         """Refuse ``--ckpt_path last`` with no last checkpoint (``ckpt_path.require_last_checkpoint``)."""
@@ -156,6 +163,23 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def check_option_groups(section: jsonargparse.Namespace) -> None:
+    """Coerce each option group a config gives a class (``class_path`` and ``init_args``), which refuses a wrong
+    option in one line, as the class would when it is built."""
+    cls = model_class(str(section.get("class_path") or ""))
+    init_args = section.get("init_args")
+    if cls is None or not isinstance(init_args, jsonargparse.Namespace):
+        return
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the class checks itself when built
+        return
+    for name, value in init_args.as_dict().items():
+        group = hints.get(name)
+        if isinstance(group, type) and issubclass(group, OptionGroup) and isinstance(value, dict | type(None)):
+            group.coerce(value)
 
 
 def require_predictions(config: Any, ckpt_path: str | None) -> None:

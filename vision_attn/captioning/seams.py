@@ -17,13 +17,14 @@ or a mapping with its ``name`` and its options (``{name: blocked_endings, words:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from torch import Tensor, nn
 
-from vision_attn.option_groups import OptionGroup, require
+from vision_attn.option_groups import OptionGroup
 
 Entry = str | dict[str, Any]  # how a config lists an extension: its name, or {name: ..., <its options>}
 
@@ -33,10 +34,17 @@ class NoOptions(OptionGroup):
     """An extension without options."""
 
 
+def refuse_unless(condition: bool, seam: str, message: str) -> None:
+    """Raise ``ValueError("<seam>: <message>")`` unless ``condition``: a list's one-line refusal."""
+    if not condition:
+        raise ValueError(f"{seam}: {message}")
+
+
 def entry_name(entry: Any, seam: str) -> str:
     """The name an extension entry gives, or a one-line refusal naming the seam."""
     name = entry.get("name") if isinstance(entry, Mapping) else entry
-    require(isinstance(name, str) and bool(name), seam, f"each entry is a name or a mapping with a name, got {entry!r}")
+    refuse_unless(isinstance(name, str) and bool(name), seam,
+                  f"each entry is a name or a mapping with a name, got {entry!r}")
     return name
 
 
@@ -44,12 +52,14 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
     """``entries`` as plain mappings ``{name, **options}`` with every option filled in and checked against the
     extension's ``Options``: what a checkpoint keeps. Refuses an unknown name, an extension listed twice, or a
     bad option, in one line."""
-    require(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
+    refuse_unless(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
     plain, seen = [], set()
     for entry in entries:
         name = entry_name(entry, seam)
-        require(name in registry, seam, f"unknown extension {name!r}: use one of {', '.join(sorted(registry))}")
-        require(name not in seen, seam, f"{name} is listed twice")
+        close = difflib.get_close_matches(name, list(registry), n=1)
+        refuse_unless(name in registry, seam, f"unknown extension {name!r}; " + (
+            f"did you mean {close[0]}?" if close else f"use one of {', '.join(sorted(registry))}"))
+        refuse_unless(name not in seen, seam, f"{name} is listed twice")
         seen.add(name)
         given = {key: value for key, value in entry.items() if key != "name"} if isinstance(entry, Mapping) else {}
         options_type = registry[name].Options
