@@ -240,19 +240,25 @@ def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def without_initial_weights(kind: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """``hparams`` with the initial-weight options (``INITIAL_WEIGHTS``) cleared: None, or False for a flag. A path
-    through a list of extensions clears the option in each entry that has it."""
+    """``hparams`` with the initial-weight options (``INITIAL_WEIGHTS``) cleared (``clear_initial_weights``)."""
     cleared = copy.deepcopy(dict(hparams))
-    for target in INITIAL_WEIGHTS.get(kind, ()):
+    clear_initial_weights(kind, cleared)
+    return cleared
+
+
+def clear_initial_weights(kind: str | None, options: Any) -> None:
+    """Clear, in place, the initial-weight options (``INITIAL_WEIGHTS`` of ``kind``) in ``options``: a model's
+    hyper-parameters or its config's init args (a mapping, or any object read by key with ``get``). None, or False
+    for a flag; a path through a list of extensions clears the option in each entry that has it."""
+    for target in INITIAL_WEIGHTS.get(kind or "", ()):
         *path, name = target.split(".")
-        holders: list[Any] = [cleared]
+        holders: list[Any] = [options]
         for key in path:
-            holders = [item for holder in holders if isinstance(holder, Mapping) for item in
+            holders = [item for holder in holders if hasattr(holder, "get") for item in
                        (holder[key] if isinstance(holder.get(key), list) else [holder.get(key)])]
         for holder in holders:
-            if isinstance(holder, dict) and name in holder:
+            if hasattr(holder, "get") and name in holder:
                 holder[name] = False if isinstance(holder[name], bool) else None
-    return cleared
 
 
 def upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:

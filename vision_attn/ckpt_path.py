@@ -15,8 +15,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
-    INITIAL_WEIGHTS,
     KIND_KEY,
+    clear_initial_weights,
     hyper_parameters,
     load_file,
     require_kind,
@@ -40,19 +40,12 @@ def model_kind(class_path: str) -> str | None:
     return getattr(model_class(class_path), "kind", None)
 
 
-def clear_initial_weights(model: Any, kind: str | None) -> None:
+def clear_model_initial_weights(model: Any, kind: str | None) -> None:
     """Clear, in a config's ``model`` (class path and init args), the options that say where a fit's first
-    weights come from (``checkpoint.INITIAL_WEIGHTS`` of ``kind``): None, or False for a flag, in each entry of an
-    extension list too."""
-    for target in INITIAL_WEIGHTS.get(kind or "", ()):
-        *path, name = target.split(".")
-        try:
-            holder = model[".".join(["init_args", *path])]
-        except (KeyError, TypeError):
-            continue
-        for item in holder if isinstance(holder, list) else [holder]:  # a list of extensions: each entry
-            if not isinstance(item, str) and item is not None and name in item:
-                item[name] = False if isinstance(item[name], bool) else None
+    weights come from (``checkpoint.clear_initial_weights``)."""
+    init_args = model.get("init_args") if hasattr(model, "get") else None
+    if init_args is not None:
+        clear_initial_weights(kind, init_args)
 
 
 def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[str, Any] | None:

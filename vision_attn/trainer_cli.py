@@ -31,7 +31,7 @@ from vision_attn.checkpoint import local_path
 from vision_attn.ckpt_path import (
     NAMED_CHECKPOINTS,
     checkpoint_folder,
-    clear_initial_weights,
+    clear_model_initial_weights,
     model_class,
     model_kind,
     require_last_checkpoint,
@@ -91,7 +91,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         model = config.get("model")
         class_path = str(model.get("class_path", "")) if model is not None else ""
         if model is not None:
-            clear_initial_weights(model, model_kind(class_path))
+            clear_model_initial_weights(model, model_kind(class_path))
         if ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
