@@ -65,7 +65,7 @@ def test_coverage_and_the_last_word_reach_every_product_score() -> None:
     for score in PRODUCT_SCORES:
         attention = scores(score, heads=2)
         coverage, previous = built([{"name": "coverage"}, {"name": "previous_word"}], ATTENTION_INPUTS,
-                                   widths=attention.widths, embed_dim=3)
+                                   widths=attention.widths, embed_dim=3).values()
         for parameter in [*coverage.parameters(), *previous.parameters()]:
             torch.nn.init.normal_(parameter, std=0.7)
         keys = attention.keys(a)

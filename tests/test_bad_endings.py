@@ -24,7 +24,7 @@ VOCABULARY = Vocabulary([*SPECIALS, "and", "red"])  # the tiny decoders' six wor
 def processor(name: str, ids: tuple[int, ...], **options: object) -> DecodingProcessor:
     """The processor ``name`` over the words of ``ids`` in ``VOCABULARY``."""
     return built([{"name": name, "words": [VOCABULARY.tokens[i] for i in ids], **options}], PROCESSORS,
-                 vocab=VOCABULARY)[0]
+                 vocab=VOCABULARY)[name]
 
 
 def test_beam_search_finds_the_best_caption_that_does_not_end_on_a_bad_word() -> None:

@@ -69,7 +69,7 @@ class Captioner(nn.Module):
         self._check_pretraining_normalisation()
         self.decoder = AttentionDecoder(vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim,
                                         options=decoder)
-        self.processors = nn.ModuleList(built(self.decoding.processors, PROCESSORS, vocab=self.vocab))
+        self.processors = nn.ModuleList(built(self.decoding.processors, PROCESSORS, vocab=self.vocab).values())
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",

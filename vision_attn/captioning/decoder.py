@@ -133,9 +133,8 @@ class AttentionDecoder(nn.Module):
         self.embedding = nn.Embedding(vocab_size, options.embed_dim)  # E
         self.attention = ATTENTION_SCORES[options.attention_score](  # e_ti = f_att(a_i, h_{t−1})
             annotation_dim, options.hidden_dim, options.attention_dim, heads=options.attention_heads)
-        self.attention_inputs = nn.ModuleDict({entry["name"]: extension for entry, extension in zip(
-            options.attention_inputs, built(options.attention_inputs, ATTENTION_INPUTS, widths=self.attention.widths,
-                                            embed_dim=options.embed_dim), strict=True)})
+        self.attention_inputs = nn.ModuleDict(built(options.attention_inputs, ATTENTION_INPUTS,
+                                                    widths=self.attention.widths, embed_dim=options.embed_dim))
         self.gate = nn.Linear(options.hidden_dim, 1) if options.gate else None  # w_β
         if self.gate is not None:  # β starts at ``initial_gate``: an open gate reads words off the context early
             nn.init.constant_(self.gate.bias, torch.logit(torch.tensor(options.initial_gate)).item())
@@ -146,9 +145,8 @@ class AttentionDecoder(nn.Module):
         self.output_context = nn.Linear(annotation_dim, options.embed_dim)  # L_z
         self.output_dropout = nn.Dropout(options.dropout)
         self.output_words = nn.Linear(options.embed_dim, vocab_size)  # L_o
-        self.output_terms = nn.ModuleDict({entry["name"]: extension for entry, extension in zip(
-            options.output_terms, built(options.output_terms, OUTPUT_TERMS, vocab_size=vocab_size,
-                                        hidden_dim=options.hidden_dim), strict=True)})
+        self.output_terms = nn.ModuleDict(built(options.output_terms, OUTPUT_TERMS, vocab_size=vocab_size,
+                                                hidden_dim=options.hidden_dim))
 
     def encode(self, annotations: Tensor) -> EncodedImage:
         """Precompute the score's keys for all locations: (B, L, D) -> (B, L, A)."""

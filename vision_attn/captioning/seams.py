@@ -71,10 +71,11 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
     return plain
 
 
-def built(entries: Sequence[Mapping[str, Any]], registry: Mapping[str, type], **context: Any) -> list[Any]:
-    """The extensions of checked ``entries``, each built from its options and the ``context`` it needs."""
-    return [registry[entry["name"]](registry[entry["name"]].Options.coerce(
-        {key: value for key, value in entry.items() if key != "name"}), **context) for entry in entries]
+def built(entries: Sequence[Mapping[str, Any]], registry: Mapping[str, type], **context: Any) -> dict[str, Any]:
+    """The extensions of checked ``entries`` by name, in their order, each built from its options and the
+    ``context`` it needs."""
+    return {entry["name"]: registry[entry["name"]](registry[entry["name"]].Options.coerce(
+        {key: value for key, value in entry.items() if key != "name"}), **context) for entry in entries}
 
 
 class LocationTerm(NamedTuple):

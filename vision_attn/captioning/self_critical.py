@@ -62,7 +62,7 @@ class SelfCriticalObjective:
 
     def __init__(self, options: SelfCriticalOptions, vocab: Vocabulary, max_length: int) -> None:
         self.options, self.vocab, self.max_length = options, vocab, max_length
-        self.terms = built(options.rewards, REWARDS)
+        self.terms = list(built(options.rewards, REWARDS).values())
         self.reward: CiderD | None = None
 
     def use_references(self, references: Sequence[Sequence[str]]) -> None:

@@ -70,10 +70,10 @@ class CaptionerTask(CaptionPredictions, BaseTask):
                                decoding=decoding)
         if self.model.decoder.options.compile:  # fit, validate and test; `caption` and the API stay eager
             compile_decoder(self.model.decoder, self.model.decoder.options.compile)
-        self.auxiliary = nn.ModuleDict({entry["name"]: term for entry, term in zip(self.objective.auxiliary, built(
+        self.auxiliary = nn.ModuleDict(built(
             self.objective.auxiliary, AUXILIARY, objects=objects, vocab=self.model.vocab,
             annotation_dim=self.model.encoder.annotation_dim, pretrained=encoder.pretrained,
-            pretrained_with=self.model.encoder.pretrained_with), strict=True)})
+            pretrained_with=self.model.encoder.pretrained_with))
         self.reinforce = HardAttentionReinforce(self.objective)
         self.self_critical = SelfCriticalObjective(SelfCriticalOptions.coerce(self_critical), self.model.vocab,
                                                    decoding.max_length)
