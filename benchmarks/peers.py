@@ -177,9 +177,14 @@ def extract_peer(source: Path, into: Path) -> str:
         if shown.returncode:
             raise ValueError(f"--ruotianluo {source}: its HEAD has no {name}")
         target.write_bytes(shown.stdout)
-    if checkout:
-        done = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else "checkout"
+    if checkout:  # its COMMIT file (scripts/gpu_check_prepare.sh writes one), else its own git's HEAD
+        if (source / "COMMIT").is_file():
+            return (source / "COMMIT").read_text().strip()
+        done = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel", "HEAD"],
+                              capture_output=True, text=True)
+        lines = done.stdout.split()
+        own = done.returncode == 0 and Path(lines[0]).resolve() == source.resolve()
+        return lines[1] if own else "checkout"
     return subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
 
@@ -228,13 +233,14 @@ def peer_options(shape: Shape) -> SimpleNamespace:
                            use_bn=0, vocab={str(i): f"w{i}" for i in range(1, shape.vocab)})
 
 
-def peer_step(peer: SimpleNamespace, name: str, shape: Shape, annotations: Tensor,
-              captions: Tensor) -> Callable[[], None]:
+def peer_step(peer: SimpleNamespace, name: str, shape: Shape, annotations: Tensor, captions: Tensor, *,
+              device: torch.device | None = None) -> Callable[[], None]:
     """One train step of their model ``name`` on our inputs, as their LossWrapper takes it without self-critical
     training: labels with our <start>, <end> and <pad> all their 0, the mask over the words and the <end>,
-    ``fc_feats`` the mean annotation vector (Att2in2 and Att2in do not read it)."""
+    ``fc_feats`` the mean annotation vector (Att2in2 and Att2in do not read it); on ``device`` if given (the
+    inputs' already)."""
     torch.manual_seed(0)
-    model = getattr(peer, name)(peer_options(shape)).train()
+    model = getattr(peer, name)(peer_options(shape)).to(device).train()
     criterion = peer.criterion()
     optimizer = torch.optim.Adam(model.parameters(), lr=4e-4)
     special = (captions == START_ID) | (captions == END_ID) | (captions == PAD_ID)

@@ -2,7 +2,9 @@
 # The GPU check: what this project proves on a GPU, as one script for a bare GPU machine.
 #
 #     scripts/gpu_check_prepare.sh        (first, on a machine with pip's index: fills .gpu/, ~31 MB)
-#     scripts/gpu_check.sh [OUT]          (on the GPU machine; OUT: where figures and logs go, default gpu_check/)
+#     scripts/gpu_check.sh [OUT [PART...]] (on the GPU machine; OUT: where figures and logs go, default gpu_check/;
+#                                          PARTs: which to run, default all: machine fit peers compiled_equals_eager
+#                                          benchmark rehearsal vit)
 #
 # The GPU machine needs PyTorch with CUDA, Lightning, timm, torchvision, pytest and pytest-xdist; the project's
 # other dependencies come from .gpu/ (scripts/gpu_check_prepare.sh), and nothing is downloaded. In about 7 minutes
@@ -16,11 +18,17 @@
 #   3. the COCO rehearsal on the GPU (tests/test_coco_rehearsal.py with VISION_ATTN_TEST_DEVICE=cuda): both COCO
 #      configs fit with the feature cache, test, and (VGG-19) evaluate, caption and overlay on the GPU, in
 #      bf16-mixed and in 16-mixed (OUT/rehearsal.log, rehearsal.xml);
-#   4. the ViT Fashion-MNIST default fitted for 1 minute on the GPU in bf16-mixed, then tested (OUT/vit_*.log).
+#   4. the ViT Fashion-MNIST default fitted for 1 minute on the GPU in bf16-mixed, then tested (OUT/vit_*.log);
+#   5. fit: a whole `vision-attn fit` of the COCO VGG-19 recipe on COCO-shaped data, eager and compiled
+#      (reduce-overhead), fp32 and bf16-mixed (python -m benchmarks.fit_throughput; OUT/fit_throughput.json);
+#   6. peers: the train step and beam search beside ruotianluo/ImageCaptioning.pytorch's Att2in2 and UpDown
+#      (python -m benchmarks.peers_gpu, their files from .gpu/ruotianluo; OUT/peers_gpu.json).
 # OUT/summary.md gathers the figures; each part's exit status is in it. Exit 1 if any part failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu_check}
+shift || true
+WANTED=" ${*:-machine fit peers compiled_equals_eager benchmark rehearsal vit} "
 mkdir -p "$OUT"
 [ -d .gpu/wheels ] || { echo "gpu_check.sh: .gpu/ is missing: run scripts/gpu_check_prepare.sh first" >&2; exit 2; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -37,6 +45,7 @@ PARTS=$(mktemp)
 part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to OUT/NAME.log, record the exit status
     local name=$1 limit=$2
     shift 2
+    [[ "$WANTED" == *" ${name%%_*} "* || "$WANTED" == *" $name "* ]] || return 0
     local start=$SECONDS
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
     local code=$?
@@ -48,7 +57,13 @@ echo "| part | status | time |" > "$PARTS"
 echo "| --- | --- | --- |" >> "$PARTS"
 
 part machine 30 bash -c 'nvidia-smi; python3 -c "import torch, lightning, timm, torchvision, jsonargparse; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"lightning\", lightning.__version__, \"timm\", timm.__version__, \"torchvision\", torchvision.__version__, \"jsonargparse\", jsonargparse.__version__); print(torch.cuda.get_device_name(0))"; java -version 2>&1 || echo "no Java: METEOR and the PTB tokenizer are skipped"; nproc; free -g'
-part compiled_equals_eager 90 python3 scripts/compiled_decoder_check.py --device cuda --modes default reduce-overhead
+part fit 250 python3 -m benchmarks.fit_throughput --epochs 2 --train-images 2080 --out "$OUT/fit_throughput.json" \
+    --variants "compiled reduce-overhead bf16-mixed" "eager bf16-mixed" "compiled reduce-overhead 32-true" \
+    "eager 32-true"
+PEER=()
+[ -d .gpu/ruotianluo ] && PEER=(--ruotianluo .gpu/ruotianluo)
+part peers 170 python3 -m benchmarks.peers_gpu "${PEER[@]}" --repeats 5 --out "$OUT/peers_gpu.json"
+part compiled_equals_eager 80 python3 scripts/compiled_decoder_check.py --device cuda --modes default reduce-overhead
 part benchmark 240 vision-attn benchmark --device cuda --compile --out "$OUT/benchmark.json"
 export VISION_ATTN_TEST_DEVICE=cuda
 part rehearsal 140 python3 -m pytest -q -p no:cacheprovider -n 4 --durations=0 \
@@ -69,6 +84,14 @@ part vit_test 45 vision-attn test $VIT --ckpt_path "$RUN/checkpoints/best.ckpt" 
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"; echo
     grep -m1 -E "H100|H200|A100|L4|NVIDIA" "$OUT/machine.log" | sed 's/^/    /'; echo
     cat "$PARTS"; echo
+    echo "## A whole fit of the COCO recipe"; echo
+    sed -n '/^| what/,/^$/p' "$OUT/fit.log" 2>/dev/null
+    python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/fit_throughput.json" \
+        2>/dev/null | grep -q . && ! grep -q '^| what' "$OUT/fit.log" && \
+        python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT/fit_throughput.json"
+    echo
+    echo "## Beside ruotianluo/ImageCaptioning.pytorch"; echo
+    sed -n '/^| what/,/^$/p' "$OUT/peers.log" 2>/dev/null; echo
     echo "## Compiled decoder against eager"; echo
     grep -E "ok|WRONG|equals|differs" "$OUT/compiled_equals_eager.log" | sed 's/^/    /'; echo
     echo "## Benchmark"; echo

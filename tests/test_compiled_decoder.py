@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -110,3 +111,50 @@ def test_an_unknown_compile_mode_is_refused_in_one_line(mode) -> None:
     with pytest.raises(ValueError, match="compile must be null or one of default, reduce-overhead") as raised:
         DecoderOptions.coerce({"compile": mode})
     assert "\n" not in str(raised.value)
+
+
+def test_the_task_trains_the_compiled_decoder_at_static_shapes_that_never_recompile_after_warm_up() -> None:
+    """With decoder.compile, training batches of other caption counts and lengths (grouped, uneven) reuse the one
+    graph captured on the first batch, and the loss is the unpadded batch's, as eager computes it."""
+    from vision_attn.captioning.compiled import ROW_MULTIPLE
+    from vision_attn.tasks import CaptionerTask
+
+    words = ["<pad>", "<start>", "<end>", "<unk>", "a", "red", "bag", "on", "the", "floor"]
+    options = {"embed_dim": 8, "hidden_dim": 8, "attention_dim": 8, "dropout": 0.0}
+    torch.manual_seed(0)
+    task = CaptionerTask(vocabulary=words, encoder={"width": 4}, decoder={**options, "compile": "default"},
+                         decoding={"max_length": 9})
+    plain = CaptionerTask(vocabulary=words, encoder={"width": 4}, decoder=options, decoding={"max_length": 9})
+    plain.load_state_dict(task.state_dict())
+    decoder = task.model.decoder
+    for name in ("forward", "step"):  # the task's compile (eager on the CPU), replaced by a counting capture
+        delattr(decoder, name)
+    graphs: list[int] = []
+
+    def counting(graph: torch.fx.GraphModule, example_inputs: list) -> Any:
+        graphs.append(len(graph.graph.nodes))
+        return graph.forward
+
+    torch.compiler.reset()  # no shapes remembered from other tests' compiles of the same code
+    compile_decoder(decoder, backend=counting)
+    generator = torch.Generator().manual_seed(1)
+    batches = [(3, [5, 5, 5]), (3, [4, 6, 5]), (2, [7, 6]), (4, [1, 2, 1, 1])]  # images, captions per image
+    for number, (images, counts) in enumerate(batches):
+        annotations = torch.randn(images, 16, task.model.encoder.annotation_dim, generator=generator)
+        caption_images = torch.repeat_interleave(torch.arange(images), torch.tensor(counts))
+        lengths = torch.randint(1, 10, (len(caption_images),), generator=generator)
+        captions = torch.zeros(len(lengths), int(lengths.max()) + 2, dtype=torch.long)
+        for row, length in enumerate(lengths.tolist()):
+            captions[row, : length + 2] = torch.tensor([1, *torch.randint(4, 10, (length,)).tolist(), 2])
+        assert -(-len(captions) // ROW_MULTIPLE) == 2 or number == 3  # within one row bucket, but the last
+        output = task._teacher_forced(annotations, captions, caption_images)
+        expected = plain.model.teacher_forced(annotations, captions, caption_images)
+        assert output.logits.shape == expected.logits.shape
+        torch.testing.assert_close(output.logits, expected.logits, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(output.alphas, expected.alphas, rtol=1e-5, atol=1e-6)
+        if number == 0:
+            captured = len(graphs)
+            assert captured >= 1
+        elif number < 3:
+            assert len(graphs) == captured, f"batch {number} recompiled"
+    assert len(graphs) == captured + 1  # a batch of fewer rows than the bucket is one more capture, no more

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vision_attn.captioning.decoder import AttentionDecoder
+from vision_attn.captioning.decoder import AttentionDecoder, DecoderOutput
+from vision_attn.data.vocabulary import PAD_ID
 
 
 def compile_decoder(decoder: AttentionDecoder, mode: str | None = None, *, backend: str = "inductor") -> None:
@@ -36,7 +37,14 @@ def _eager_on_cpu(eager: Callable, compiled: Callable) -> Callable:
             _say_eager_on_cpu()
             return eager(*args, **kwargs)
         return compiled(*args, **kwargs)
+    call.eager_on_cpu = True  # type: ignore[attr-defined]
     return call
+
+
+def runs_compiled(decoder: AttentionDecoder, device: torch.device) -> bool:
+    """Whether ``decoder``'s teacher-forced loop runs compiled on ``device`` (not on a CPU through inductor)."""
+    forward = vars(decoder).get("forward")
+    return forward is not None and not (getattr(forward, "eager_on_cpu", False) and device.type == "cpu")
 
 
 @functools.cache
@@ -44,3 +52,28 @@ def _say_eager_on_cpu() -> None:
     logging.getLogger(__name__).warning(
         "decoder.compile: the decoder runs eager on the CPU (inductor's CPU code for it computes wrong numbers in "
         "this torch); it is compiled on GPUs")
+
+
+ROW_MULTIPLE = 8  # the compiled loop's caption rows are rounded up to a multiple of this: few shapes, few graphs
+
+
+def static_batch(annotations: Tensor, captions: Tensor, caption_images: Tensor | None, *,
+                 width: int) -> tuple[Tensor, Tensor]:
+    """A teacher-forced batch at the compiled loop's static shapes, so that batches of other caption counts and
+    lengths reuse one graph (and one CUDA graph): an annotation copy per caption, (N', L, D), and the captions
+    (N', W), with N' the N captions rounded up to a multiple of ``ROW_MULTIPLE`` and W = max(``width``, their
+    width). Added rows are all <pad> and read image 0; added columns are <pad>. The caller keeps the first N rows
+    and the caption's own steps of the output (``real_part``), so the loss is the unpadded batch's."""
+    count, length = captions.shape
+    rows = -(-count // ROW_MULTIPLE) * ROW_MULTIPLE
+    images = caption_images if caption_images is not None else torch.arange(count, device=captions.device)
+    images = torch.cat([images, images.new_zeros(rows - count)])
+    padded = captions.new_full((rows, max(width, length)), PAD_ID)
+    padded[:count, :length] = captions
+    return annotations[images], padded
+
+
+def real_part(output: DecoderOutput, rows: int, steps: int) -> DecoderOutput:
+    """``output`` of a ``static_batch`` cut back to its first ``rows`` captions and ``steps`` steps."""
+    return DecoderOutput(**{name: None if value is None else value[:rows, :steps]
+                            for name, value in vars(output).items()})

@@ -12,7 +12,8 @@ from PIL import Image
 from torch import Tensor, nn
 
 from vision_attn.captioning.captioner import Captioner
-from vision_attn.captioning.compiled import compile_decoder
+from vision_attn.captioning.decoder import DecoderOutput
+from vision_attn.captioning.compiled import compile_decoder, real_part, runs_compiled, static_batch
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, score_records
 from vision_attn.captioning.extensions import AUXILIARY
 from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
@@ -98,7 +99,7 @@ class CaptionerTask(CaptionPredictions, BaseTask):
                          objects: Tensor | None = None, *, features: bool = False) -> Tensor:
         captions = captions.long()
         annotations, grid = self.model.encoder.encode(images, features=features)
-        output = self.model.teacher_forced(annotations, captions, caption_images)
+        output = self._teacher_forced(annotations, captions, caption_images)
         likelihood = token_likelihood(output.logits, captions)
         weight = self.objective.doubly_stochastic_weight
         terms = likelihood_objective(likelihood, output.alphas, weight, self.objective.loss_normalisation)
@@ -112,6 +113,15 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             loss = loss - self.reinforce(output, likelihood) / terms.caption_scale
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=len(captions))
         return loss
+
+    def _teacher_forced(self, annotations: Tensor, captions: Tensor, caption_images: Tensor | None) -> DecoderOutput:
+        """The decoder's teacher-forced pass; where it runs compiled, at static shapes (``static_batch``), so
+        that batches of other caption counts and lengths never recompile, and the output is cut back."""
+        if not runs_compiled(self.model.decoder, annotations.device):
+            return self.model.teacher_forced(annotations, captions, caption_images)
+        padded_annotations, padded = static_batch(annotations, captions, caption_images,
+                                                  width=self.model.decoding.max_length + 2)
+        return real_part(self.model.decoder(padded_annotations, padded), len(captions), captions.shape[1] - 1)
 
     def _self_critical_loss(self, batch: CaptionBatch) -> Tensor:
         if self.self_critical.reward is None:  # CIDEr-D's document frequencies: every training image's references
