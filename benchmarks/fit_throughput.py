@@ -54,16 +54,17 @@ VARIANTS = {  # name: (decoder.compile, precision)
 
 
 class StepClock(L.Callback):
-    """Times every training step of a fit, and each validation, into ``out`` (JSON) when the fit ends: per step
-    its epoch, the captions it trained on, when it started and ended, and how long the loop waited for its batch
-    (from the previous step's end, or the epoch's start, to this step's start). On a GPU the clock synchronises
-    at each step's end, so that a step's time is its own and not the next one's."""
+    """Times a fit into ``out`` (JSON) when it ends: each epoch's span and each validation's, on a GPU between
+    synchronisations (so that queued work is counted where it ran), and per step its epoch, its captions and how
+    long the loop waited for its batch (from the previous step's end, or the epoch's start, to this step's start,
+    on the host's clock: steps are not synchronised, so that the loader and the GPU overlap as in any fit)."""
 
     def __init__(self, out: str) -> None:
         self.out = out
         self.steps: list[dict[str, float]] = []
+        self.epochs: list[dict[str, float]] = []
         self.validations: list[dict[str, float]] = []
-        self._last_end: float | None = None
+        self._last_end = 0.0
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -71,33 +72,34 @@ class StepClock(L.Callback):
         return time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last_end = self._now(trainer)
+        self._epoch_start = self._last_end = self._now(trainer)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         now = time.perf_counter()
-        self._start = now
-        self._wait = now - self._last_end if self._last_end is not None else 0.0
-        self._captions = 0 if batch is None else len(batch.captions)
+        self.steps.append({"epoch": trainer.current_epoch, "captions": 0 if batch is None else len(batch.captions),
+                           "wait": now - self._last_end})
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._last_end = self._now(trainer)
-        self.steps.append({"epoch": trainer.current_epoch, "captions": self._captions, "start": self._start,
-                           "end": self._last_end, "wait": self._wait})
+        self._last_end = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validation_start = self._now(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         end = self._now(trainer)
-        self.validations.append({"epoch": trainer.current_epoch, "start": self._validation_start, "end": end,
+        self.validations.append({"epoch": trainer.current_epoch, "seconds": end - self._validation_start,
                                  "sanity": trainer.sanity_checking})
         self._last_end = end  # the next step's wait is the loader's, not validation's
 
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epochs.append({"epoch": trainer.current_epoch, "seconds": self._now(trainer) - self._epoch_start})
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            write_json_atomically(self.out, {"steps": self.steps, "validations": self.validations})
+            write_json_atomically(self.out, {"steps": self.steps, "epochs": self.epochs,
+                                             "validations": self.validations})
 
 
 def write_coco_shaped(root: Path, *, train: int, val: int, seed: int = 0) -> dict[str, int]:
@@ -155,26 +157,23 @@ def fit_command(data: Path, run: Path, clock: Path, *, compile_mode: str | None,
 
 
 def sustained(clock: dict[str, Any], *, val_images: int) -> dict[str, float]:
-    """The figures of one fit's clock over its epochs after the first."""
+    """The figures of one fit's clock over its epochs after the first: training time is the epochs' spans less
+    their validations."""
+    later = [epoch for epoch in clock["epochs"] if epoch["epoch"] >= 1]
+    if not later:
+        raise ValueError("the fit ran no epoch after its first: give --epochs 2 or more")
+    validations = [v for v in clock["validations"] if not v["sanity"]]
+    later_validations = [v["seconds"] for v in validations if v["epoch"] >= 1]
+    training = sum(epoch["seconds"] for epoch in later) - sum(later_validations)
     steps = [step for step in clock["steps"] if step["epoch"] >= 1]
-    if not steps:
-        raise ValueError("the fit ran no step after its first epoch: give --epochs 2 or more")
-    start = min(step["start"] - step["wait"] for step in steps)
-    end = max(step["end"] for step in steps)
-    validations = [v for v in clock["validations"] if not v["sanity"] and start <= v["start"] < end]
-    validating = sum(v["end"] - v["start"] for v in validations)
-    training = end - start - validating
     captions = sum(step["captions"] for step in steps)
-    durations = [step["end"] - step["start"] for step in steps]
-    per_image = statistics.median([v["end"] - v["start"] for v in clock["validations"] if not v["sanity"]]
-                                  ) / val_images if clock["validations"] else float("nan")
     rate = captions / training
+    per_image = (statistics.median(later_validations) if later_validations else float("nan")) / val_images
+    first = clock["epochs"][0]["seconds"]
     return {"steps": len(steps), "captions": captions, "captions_per_s": rate,
-            "captions_per_step": captions / len(steps), "median_step_s": statistics.median(durations),
+            "captions_per_step": captions / len(steps), "mean_step_s": training / len(steps),
             "loader_share": sum(step["wait"] for step in steps) / training,
-            "validation_s_per_image": per_image,
-            "first_epoch_s": (max(s["end"] for s in clock["steps"] if s["epoch"] == 0)
-                              - min(s["start"] - s["wait"] for s in clock["steps"])),
+            "validation_s_per_image": per_image, "first_epoch_s": first,
             "coco_epoch_min": (COCO_TRAIN_CAPTIONS / rate + COCO_VAL_IMAGES * per_image) / 60}
 
 
@@ -188,9 +187,9 @@ def table(results: dict[str, Any]) -> str:
             rows.append((name, f"failed: {figures['error']}", ""))
             continue
         rows.append((name, f"{figures['captions_per_s']:,.0f} captions/s ({figures['captions_per_step']:.1f} a step, "
-                           f"median step {figures['median_step_s'] * 1e3:.1f} ms); loader "
+                           f"mean step {figures['mean_step_s'] * 1e3:.1f} ms); waiting for the loader "
                            f"{figures['loader_share']:.0%} of the time; validation "
-                           f"{figures['validation_s_per_image'] * 1e3:.2f} ms an image; first epoch "
+                           f"{figures['validation_s_per_image'] * 1e3:.2f} ms an image; first epoch (compiling) "
                            f"{figures['first_epoch_s']:.0f} s",
                      f"COCO epoch {figures['coco_epoch_min']:.1f} min"))
     return markdown_table(rows)

@@ -113,3 +113,76 @@ def test_peer_benchmark_refuses_a_shape_too_large_for_memory_before_any_work(tmp
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and error.startswith("error: --batch, --locations") and "GiB" in error
     assert error.count("\n") == 1 and not out.exists()
+
+
+def test_fit_throughput_counts_the_epochs_after_the_first_less_their_validations() -> None:
+    """Hand-made clocks: 2 later epochs of 10 s with 2 s of validation each, 100 steps of 64 captions, 0.8 s of
+    loader waits: 12,800 captions in 16 s of training; validation per image from the later epochs only."""
+    from benchmarks.fit_throughput import COCO_TRAIN_CAPTIONS, COCO_VAL_IMAGES, sustained
+
+    steps = [{"epoch": epoch, "captions": 64, "wait": 0.008} for epoch in (0, 1, 2) for _ in range(100)]
+    clock = {"steps": steps, "epochs": [{"epoch": 0, "seconds": 60.0}, {"epoch": 1, "seconds": 10.0},
+                                        {"epoch": 2, "seconds": 10.0}],
+             "validations": [{"epoch": 0, "seconds": 30.0, "sanity": False}, {"epoch": 1, "seconds": 2.0,
+                                                                              "sanity": False},
+                             {"epoch": 2, "seconds": 2.0, "sanity": False}, {"epoch": 0, "seconds": 9.0,
+                                                                             "sanity": True}]}
+    figures = sustained(clock, val_images=100)
+    assert figures["steps"] == 200 and figures["captions"] == 12_800
+    assert figures["captions_per_s"] == pytest.approx(800.0) and figures["mean_step_s"] == pytest.approx(0.08)
+    assert figures["loader_share"] == pytest.approx(1.6 / 16) and figures["validation_s_per_image"] == 0.02
+    assert figures["first_epoch_s"] == 60.0
+    assert figures["coco_epoch_min"] == pytest.approx((COCO_TRAIN_CAPTIONS / 800 + COCO_VAL_IMAGES * 0.02) / 60)
+    with pytest.raises(ValueError, match="--epochs 2 or more"):
+        sustained({**clock, "epochs": clock["epochs"][:1]}, val_images=100)
+
+
+@pytest.mark.heavy
+def test_fit_throughput_fits_the_coco_recipe_on_coco_shaped_data_on_the_cpu(tmp_path, capsys) -> None:
+    """The real command at a small size: the data it writes has COCO's caption counts and lengths, and the
+    recipe's fit (its compiled decoder, eager on a CPU) runs two epochs under the clock."""
+    from benchmarks.fit_throughput import main as fit_main
+    from benchmarks.fit_throughput import write_coco_shaped
+
+    counts = write_coco_shaped(tmp_path / "shape", train=40, val=2)
+    entries = json.loads((tmp_path / "shape" / "dataset_coco.json").read_text())["images"]
+    assert counts["train_images"] == 40 and len(entries) == 44
+    assert {len(e["sentences"]) for e in entries} <= {5, 6, 7} and counts["train_captions"] >= 200
+    assert {len(s["tokens"]) for e in entries for s in e["sentences"]} <= set(range(8, 23))
+    out = tmp_path / "fit.json"
+    fit_main(["--accelerator", "cpu", "--train-images", "4", "--val-images", "2", "--epochs", "2", "--batch-size",
+              "2", "--workers", "0", "--min-word-count", "1", "--variants", "compiled reduce-overhead 32-true",
+              "--work", str(tmp_path / "work"), "--out", str(out)])
+    figures = json.loads(out.read_text())["variants"]["compiled reduce-overhead 32-true"]
+    assert figures["steps"] == 2 and figures["captions"] >= 10 and figures["captions_per_s"] > 0
+    assert "compiled reduce-overhead 32-true |" in capsys.readouterr().out
+
+
+def test_the_gpu_peer_benchmark_refuses_a_machine_without_cuda_in_one_line(tmp_path, capsys) -> None:
+    from benchmarks.peers_gpu import main as peers_gpu_main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(SystemExit) as exit_info:
+        peers_gpu_main(["--tiny", "--out", str(tmp_path / "p.json")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and error.startswith("error: benchmarks.peers_gpu needs a CUDA GPU")
+    assert error.count("\n") == 1 and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_gpu_peer_benchmark_runs_and_steps_our_side_on_the_cpu(precision) -> None:
+    """Its train steps and beam searches, eager and through decoder.compile (eager on a CPU), run at the tiny
+    shape in both precisions (a smoke test of the harness; scripts/gpu_check.sh times it on a GPU)."""
+    from benchmarks.peers import TINY
+    from benchmarks.peers_gpu import beam_runs, train_runs
+
+    cpu = torch.device("cpu")
+    runs = train_runs(None, (), TINY, cpu, precision, "default")
+    assert set(runs) == {"ours", "ours_compiled"}
+    for run in runs.values():
+        run()
+    searches = beam_runs(None, (), TINY, cpu, precision, "default", 3)
+    assert set(searches) == {"ours", "ours_compiled"}
+    for search in searches.values():
+        search()

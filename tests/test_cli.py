@@ -239,3 +239,22 @@ def test_predict_is_a_lightning_command_that_needs_a_checkpoint() -> None:
     result = run_in_process("predict", "--config", str(REPO / "tests" / "configs" / "vit_tiny.yaml"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: predict needs --ckpt_path")
+
+
+def test_a_null_given_on_the_command_line_reaches_a_nested_option_as_null() -> None:
+    """`--model.init_args.decoder.compile null` turns the COCO recipes' compiled decoder off (their eager path,
+    one option away), and `encoder.pretrained=null` drops their ImageNet weights: nulls, not the string 'None';
+    the groups' other options keep the config's values."""
+    from vision_attn.cli_arguments import nulls_to_groups
+
+    base = shipped(*SHIPPED["captioner/coco_vgg19.yaml"], "captioner/coco_vgg19.yaml")
+    recipe = run_in_process("fit", *base, "--print_config")
+    assert recipe.returncode == 0, recipe.stderr[-1500:]
+    assert "compile: reduce-overhead" in recipe.stdout and "pretrained: imagenet" in recipe.stdout
+    result = run_in_process("fit", *base, "--model.init_args.decoder.compile", "null",
+                            "--model.init_args.encoder.pretrained=null", "--print_config")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "compile: null" in result.stdout and "pretrained: null" in result.stdout and "None" not in result.stdout
+    assert "trainable_stages: 0" in result.stdout and "dropout: 0.5" in result.stdout  # the rest of each group
+    kept = ["--model.init_args.decoder.compile", "default", "--trainer.logger", "null", "--data.root", "null"]
+    assert nulls_to_groups(kept) == kept  # other values, and nulls of options that are no group's, pass as given

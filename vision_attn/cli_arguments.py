@@ -4,8 +4,10 @@ so a bad value is one argparse line before any work is done."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 
@@ -124,3 +126,29 @@ def add_shared(parser: argparse.ArgumentParser, *shared: str) -> None:
     for option in shared:
         flags, settings = SHARED_OPTIONS[option]
         parser.add_argument(*flags, **settings)
+
+
+_GROUP_OPTION = re.compile(r"--((?:model|data)(?:\.init_args)?\.\w+)\.(\w+)")
+_NULLS = ("null", "Null", "NULL", "~")
+
+
+def nulls_to_groups(args: Sequence[str]) -> list[str]:
+    """``--model.init_args.<group>.<option> null`` (or ``=null``) as ``--model.init_args.<group> {"<option>":
+    null}``, and the same under ``data``: the jsonargparse this project pins hands a null given so to an option of
+    a group nested in a subclass's arguments as the string 'None'; given as a mapping it arrives as null, merged
+    over the group's other options. Every other argument passes as it is."""
+    rewritten: list[str] = []
+    index = 0
+    while index < len(args):
+        key, equals, value = args[index].partition("=")
+        taken = 1 if equals else 2
+        if not equals:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        match = _GROUP_OPTION.fullmatch(key)
+        if match and value in _NULLS:
+            rewritten += [f"--{match.group(1)}", json.dumps({match.group(2): None})]
+            index += taken
+        else:
+            rewritten.append(args[index])
+            index += 1
+    return rewritten

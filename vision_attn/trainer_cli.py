@@ -13,6 +13,7 @@ finds no checkpoint to read there.
 
 from __future__ import annotations
 
+import sys
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from vision_attn.checkpoint import local_path
+from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.ckpt_path import (
     NAMED_CHECKPOINTS,
     checkpoint_folder,
@@ -206,12 +208,21 @@ def run_lightning(args: Sequence[str] | None) -> None:
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
-            args=args,
+            args=_arguments(args),
             auto_configure_optimizers=False,
         )
     except MisconfigurationException as error:
         raise ValueError(f"Lightning refused a setting: {error}") from None
     end_process_group()
+
+
+def _arguments(args: Sequence[str] | None) -> list[str] | None:
+    """``args`` with ``nulls_to_groups`` applied; None (``sys.argv``, rewritten in place: LightningCLI warns of
+    arguments given both ways) when they come from the command line."""
+    if args is not None:
+        return nulls_to_groups(args)
+    sys.argv[1:] = nulls_to_groups(sys.argv[1:])
+    return None
 
 
 def end_process_group() -> None:
