@@ -18,7 +18,6 @@ validation time per 125 images, and the projected epoch of COCO's Karpathy train
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random

@@ -13,8 +13,8 @@ Every time is a median between CUDA events, the runs taken in turns. Prints a ma
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +91,8 @@ def beam_runs(peer: Any, models: tuple[str, ...], shape: Shape, device: torch.de
         @torch.no_grad()
         def search(model=model) -> None:
             with autocast(device, precision):
-                model(fc_feats, annotations, None, opt={"beam_size": beam_size, "sample_method": "greedy", "sample_n": 1},
-                      mode="sample")
+                options = {"beam_size": beam_size, "sample_method": "greedy", "sample_n": 1}
+                model(fc_feats, annotations, None, opt=options, mode="sample")
         runs[name] = search
     return runs
 

@@ -12,18 +12,18 @@ import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from vision_attn.data.scenes import CLASS_WORDS
+from vision_attn.data.object_words import ObjectWords, built_in
 from vision_attn.data.vocabulary import tokenize
 
 log = logging.getLogger(__name__)
 
-_WORDS = set(CLASS_WORDS)  # the class words of the Fashion scenes, which pointing and the scene metrics count
+SAMPLES_PER_CELL = 16  # each cell's share inside a union of boxes is read at 16 x 16 points
 _warned: set[str] = set()
 _meteor: Any = None  # one METEOR scorer (a Java process) for the whole process: each start loads its tables
 _meteor_pid = 0
@@ -188,55 +188,99 @@ def pointed_box(alpha: Tensor, grid: Sequence[int], image_size: Sequence[int],
     return best
 
 
+def box_coverage(boxes: Sequence[tuple[float, float, float, float]], grid: tuple[int, int],
+                 size: tuple[float, float]) -> Tensor:
+    """Each cell's share inside the boxes (x0, y0, x1, y1) on a (Gh, Gw) grid over an (H, W) image, (Gh, Gw):
+    exact for one box; for several, their union read at ``SAMPLES_PER_CELL``² points of each cell."""
+    (grid_h, grid_w), (height, width) = grid, size
+    cell_h, cell_w = height / grid_h, width / grid_w
+    if len(boxes) == 1:
+        x0, y0, x1, y1 = boxes[0]
+        lefts = torch.arange(grid_w, dtype=torch.float64) * cell_w
+        tops = torch.arange(grid_h, dtype=torch.float64) * cell_h
+        overlap_x = ((lefts + cell_w).clamp(max=x1) - lefts.clamp(min=x0)).clamp(min=0) / cell_w  # (Gw,)
+        overlap_y = ((tops + cell_h).clamp(max=y1) - tops.clamp(min=y0)).clamp(min=0) / cell_h  # (Gh,)
+        return overlap_y[:, None] * overlap_x[None, :]
+    steps = (torch.arange(SAMPLES_PER_CELL, dtype=torch.float64) + 0.5) / SAMPLES_PER_CELL
+    xs = ((torch.arange(grid_w, dtype=torch.float64)[:, None] + steps) * cell_w).flatten()  # (Gw·S,)
+    ys = ((torch.arange(grid_h, dtype=torch.float64)[:, None] + steps) * cell_h).flatten()  # (Gh·S,)
+    inside = torch.zeros(len(ys), len(xs), dtype=torch.bool)
+    for x0, y0, x1, y1 in boxes:
+        inside |= ((ys >= y0) & (ys <= y1))[:, None] & ((xs >= x0) & (xs <= x1))[None, :]
+    return inside.double().view(grid_h, SAMPLES_PER_CELL, grid_w, SAMPLES_PER_CELL).mean(dim=(1, 3))
+
+
 def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
-                    *, box_scale: Mapping[Any, tuple[float, float]] | None = None) -> dict[str, float]:
-    """Pointing accuracy (does the word's object's box hold α_t's argmax cell, ``pointed_box``) and mean α mass in
-    the box over the class words of results records (``docs/formats/results.md``). ``boxes`` maps an image id to
-    (class word, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
-    (sx, sy) to the network input."""
-    hits, masses, counted = 0, 0.0, 0
+                    *, box_scale: Mapping[Any, tuple[float, float]] | None = None, words: ObjectWords | None = None,
+                    masks: Callable[[Any, str], Tensor | None] | None = None) -> dict[str, float]:
+    """Pointing accuracy (does a box of the named category hold α_t's argmax cell, ``pointed_box``) and mean α
+    mass in its boxes, over every object a caption names (``words``, default the scenes' class words) whose
+    category the image holds, in results records (``docs/formats/results.md``). ``boxes`` maps an image id to
+    (category, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
+    (sx, sy) to the network input. ``masks(image_id, category)``, where given, is the category's pixels in the
+    image file (H, W), and adds the mean α mass in the mask (the grid laid over the whole image)."""
+    words = words or built_in("scenes")
+    hits, masses, counted, mask_masses, masked = 0, 0.0, 0, 0.0, 0
     for record in records:
-        objects = {entry[0]: entry[1] for entry in boxes.get(record["image_id"], [])}  # (word, box, ...)
+        objects: dict[str, list[Sequence[float]]] = {}
+        for entry in boxes.get(record["image_id"], []):  # (category, box, ...)
+            objects.setdefault(entry[0], []).append(entry[1])
         grid_h, grid_w = record["grid"]
         height, width = record["image_size"]
-        cell_h, cell_w = height / grid_h, width / grid_w
         scale_x, scale_y = (box_scale or {}).get(record["image_id"], (1.0, 1.0))
         alphas = torch.as_tensor(record["alphas"], dtype=torch.float64)
-        for t, token in enumerate(record["tokens"]):
-            if token not in _WORDS or token not in objects:
+        for t, category in words.mentions(record["tokens"]):
+            if category not in objects:
                 continue
-            x, y, w, h = objects[token]
-            x0, y0, x1, y1 = x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y
+            rectangles = [(x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y)
+                          for x, y, w, h in objects[category]]
             alpha = alphas[t].view(grid_h, grid_w)  # (L,) -> (Gh, Gw)
-            hits += pointed_box(alpha, (grid_h, grid_w), (height, width), [(x0, y0, x1, y1)]) is not None
-            # α mass in the box: each cell's α spread evenly over the cell, times the cell's overlap with the box
-            lefts = torch.arange(grid_w, dtype=torch.float64) * cell_w
-            tops = torch.arange(grid_h, dtype=torch.float64) * cell_h
-            overlap_x = ((lefts + cell_w).clamp(max=x1) - lefts.clamp(min=x0)).clamp(min=0) / cell_w  # (Gw,)
-            overlap_y = ((tops + cell_h).clamp(max=y1) - tops.clamp(min=y0)).clamp(min=0) / cell_h  # (Gh,)
-            masses += float((alpha * overlap_y[:, None] * overlap_x[None, :]).sum())
+            hits += pointed_box(alpha, (grid_h, grid_w), (height, width), rectangles) is not None
+            # α mass in the boxes: each cell's α spread evenly over the cell, times the cell's share inside them
+            masses += float((alpha * box_coverage(rectangles, (grid_h, grid_w), (height, width))).sum())
             counted += 1
+            mask = masks(record["image_id"], category) if masks is not None else None
+            if mask is not None:
+                coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], (grid_h, grid_w))[0, 0]
+                mask_masses += float((alpha * coverage).sum())
+                masked += 1
     if counted == 0:
         return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0}
-    return {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
-            "pointing_words": float(counted)}
+    scores = {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
+              "pointing_words": float(counted)}
+    if masks is not None:
+        scores["alpha_mass_in_mask"] = mask_masses / masked if masked else float("nan")
+    return scores
 
 
-def pointing_by_mention(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]]
-                        ) -> dict[tuple[int, int], dict[str, float]]:
-    """``pointing_scores`` split by (objects in the scene, mention): the n-th class word of each caption. When the
+def pointing_by_mention(records: Iterable[Mapping[str, Any]],
+                        boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
+                        words: ObjectWords | None = None) -> dict[tuple[int, int], dict[str, float]]:
+    """``pointing_scores`` split by (objects in the scene, mention): the n-th object each caption names. When the
     references name a scene's objects in every order, the first mentions are those the decoder had to choose."""
+    words = words or built_in("scenes")
     groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for record in records:
         objects = len(boxes.get(record["image_id"], []))
-        mention = 0
-        for t, token in enumerate(record["tokens"]):
-            if token not in _WORDS:
-                continue
-            mention += 1
+        for mention, (t, _) in enumerate(words.mentions(record["tokens"]), start=1):
             only_this = [word if i == t else "" for i, word in enumerate(record["tokens"])]
             groups.setdefault((objects, mention), []).append({**record, "tokens": only_this})
-    return {key: pointing_scores(groups[key], boxes) for key in sorted(groups)}
+    return {key: pointing_scores(groups[key], boxes, words=words) for key in sorted(groups)}
+
+
+def hallucination_scores(records: Iterable[Mapping[str, Any]], present: Mapping[Any, set[str]],
+                         words: ObjectWords) -> dict[str, float]:
+    """CHAIR (Rohrbach et al. 2018, "Object Hallucination in Image Captioning") over the objects the captions'
+    ``tokens`` name (``words``): CHAIRi, the share of those mentions whose category is not ``present`` in the
+    image, and CHAIRs, the share of captions with at least one such mention; and the mentions counted."""
+    mentions = hallucinated = captions = bad_captions = 0
+    for record in records:
+        found = [category for _, category in words.mentions(record["tokens"])]
+        wrong = sum(category not in present.get(record["image_id"], set()) for category in found)
+        mentions, hallucinated = mentions + len(found), hallucinated + wrong
+        captions, bad_captions = captions + 1, bad_captions + (wrong > 0)
+    return {"CHAIRi": hallucinated / mentions if mentions else float("nan"),
+            "CHAIRs": bad_captions / captions if captions else float("nan"), "object_mentions": float(mentions)}
 
 
 def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
@@ -266,29 +310,31 @@ def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
     return masks[torch.arange(len(masks), device=masks.device), rows, cols].bool()
 
 
-def scene_scores(records: Iterable[Mapping[str, Any]], scenes: Mapping[Any, Sequence[tuple[str, str | None]]]
-                 ) -> dict[str, float]:
+def scene_scores(records: Iterable[Mapping[str, Any]], scenes: Mapping[Any, Sequence[tuple[str, str | None]]],
+                 words: ObjectWords | None = None) -> dict[str, float]:
     """The scene metrics (``docs/formats/metrics.md``: object recall and precision, colour accuracy, repeated-object
-    rate) over each caption's emitted ``tokens``; ``scenes`` maps an image id to its objects as (class word, colour
-    or None)."""
+    rate) over the objects each caption's emitted ``tokens`` name (``words``, default the scenes' class words);
+    ``scenes`` maps an image id to its objects as (category, colour or None)."""
+    words = words or built_in("scenes")
     objects = emitted = named_right = coloured = colour_right = repeated = captions = recalled = 0
     for record in records:
         scene = list(scenes.get(record["image_id"], []))
         tokens = list(record["tokens"])
         in_scene = Counter(name for name, _ in scene)
         colours = {name: colour for name, colour in scene}
-        said = Counter(token for token in tokens if token in _WORDS)
+        named = words.mentions(tokens)
+        said = Counter(category for _, category in named)
         captions += 1
         objects += len(scene)
         recalled += sum(1 for name, _ in scene if said[name])
         emitted += sum(said.values())
         repeated += any(count > 1 and in_scene[word] == 1 for word, count in said.items())
-        for t, token in enumerate(tokens):
-            if token in _WORDS and in_scene[token]:
+        for t, category in named:
+            if in_scene[category]:
                 named_right += 1
-                if colours[token] is not None:
+                if colours[category] is not None:
                     coloured += 1
-                    colour_right += t > 0 and tokens[t - 1] == colours[token]
+                    colour_right += t > 0 and tokens[t - 1] == colours[category]
     nan = float("nan")
     return {"object_recall": recalled / objects if objects else nan,
             "object_precision": named_right / emitted if emitted else nan,

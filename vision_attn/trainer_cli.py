@@ -29,7 +29,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from vision_attn.checkpoint import local_path
-from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.ckpt_path import (
     NAMED_CHECKPOINTS,
     checkpoint_folder,
@@ -39,6 +38,7 @@ from vision_attn.ckpt_path import (
     require_last_checkpoint,
     restored_model,
 )
+from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup

@@ -6,6 +6,7 @@ Lightning: the ranks are gathered with ``torch.distributed`` when it is initiali
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ from torch import Tensor
 from vision_attn.captioning.beam_search import Hypothesis
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.data.caption_datasets import EvalCaptionBatch
-from vision_attn.data.coco import load_caption_image, load_coco, read_coco_captions, read_instances
+from vision_attn.data.coco import category_mask, load_caption_image, load_coco, read_coco_captions, read_instances
 from vision_attn.data.images import (
     BadImageCounter,
     OnBadImage,
@@ -30,10 +31,11 @@ from vision_attn.data.images import (
     readable_batches,
     to_pil,
 )
+from vision_attn.data.object_words import ObjectWords, object_words
 from vision_attn.data.vocabulary import tokenize
 from vision_attn.errors import Interrupted
 from vision_attn.io import output_file, write_json_atomically
-from vision_attn.metrics import caption_scores, deduplicate, pointing_scores, scene_scores
+from vision_attn.metrics import caption_scores, deduplicate, hallucination_scores, pointing_scores, scene_scores
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, read_scored_results, write_results
 
@@ -157,19 +159,30 @@ class EvaluationRecords:
 
 
 def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
-                  box_scale: dict[Any, tuple[float, float]] | None = None) -> dict[str, float]:
+                  box_scale: dict[Any, tuple[float, float]] | None = None, words: ObjectWords | None = None,
+                  masks: Callable[[Any, str], Tensor | None] | None = None) -> dict[str, float]:
     """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``, and the number of images;
     with their ``objects`` (SceneObject) the scene metrics too, and with ``pointing`` the pointing metrics
-    (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network input)."""
+    (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network input; ``masks`` adds the α mass in
+    each named category's mask). ``words``, an object-words table, names the objects in captions (default the
+    scenes' class words) and adds CHAIR, each image's categories counted once, and the categories its
+    references name counted as present, as Rohrbach et al. count them."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
     if boxes:
         if pointing:
-            scores.update(pointing_scores(records, boxes, box_scale=box_scale))
+            scores.update(pointing_scores(records, boxes, box_scale=box_scale, words=words, masks=masks))
         scenes = {image_id: [(entry[0], entry[2] if len(entry) > 2 else None) for entry in objects]
                   for image_id, objects in boxes.items()}
-        scores.update(scene_scores([r for r in records if r["image_id"] in boxes], scenes))
+        with_objects = [r for r in records if r["image_id"] in boxes]
+        if words is not None:  # categories, each once per image, without colours
+            scenes = {image_id: [(name, None) for name in dict.fromkeys(name for name, _ in scene)]
+                      for image_id, scene in scenes.items()}
+            present = {r["image_id"]: {name for name, _ in scenes[r["image_id"]]} | words.named_in(r["references"])
+                       for r in with_objects}
+            scores.update(hallucination_scores(with_objects, present, words))
+        scores.update(scene_scores(with_objects, scenes, words))
     scores["images"] = float(len(records))
     return scores
 
@@ -184,14 +197,20 @@ def caption_figures(images: Tensor, records: Sequence[dict[str, Any]], mean: Seq
 
 def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike, *,
                      instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
-                     out: str | os.PathLike | None = None) -> dict[str, float]:
+                     words: str | os.PathLike | None = None, out: str | os.PathLike | None = None) -> dict[str, float]:
     """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
     file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too, and
-    pointing when every record carries its attention. Every file is read and checked before any scoring: each
-    image must be in the annotations with references, and in the instances when given. The scores are written
-    to ``out`` (checked before any work) when given."""
+    pointing when every record carries its attention. ``words`` names an object-words table (``coco``, ``scenes``
+    or a JSON file: ``data/object_words.py``): the objects are then the instances' categories as the table names
+    them, CHAIR is added, and the α mass in each named category's segmentation mask where the instances have
+    masks. Every file is read and checked before any scoring: each image must be in the annotations with
+    references, and in the instances when given. The scores are written to ``out`` (checked before any work)
+    when given."""
     inputs = [path for path in (results, annotations, instances, attributes) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
+    if words is not None and instances is None:
+        raise ValueError("--words names the objects of the instances: give --instances too")
+    table = object_words(words) if words is not None else None
     records = read_scored_results(results)
     coco = load_coco(Path(annotations), "captions")
     _all_in(results, records, coco.imgs, annotations)
@@ -225,7 +244,10 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
         record.setdefault("tokens", tokenize(record["caption"]))
         if found is not None:
             record["objects"] = found.objects[record["image_id"]]
-    scores = score_records(records, pointing=pointing, box_scale=scale)
+    masks = None
+    if table is not None and pointing:
+        masks = functools.partial(category_mask, found.index, source=instances)
+    scores = score_records(records, pointing=pointing, box_scale=scale, words=table, masks=masks)
     if target is not None:
         write_json_atomically(target, scores)
     return scores

@@ -102,12 +102,17 @@ def evaluate_command(argv: Sequence[str]) -> None:
     parser.add_argument("--annotations", required=True, help="COCO captions JSON holding the references")
     parser.add_argument("--instances", help="COCO instances JSON: scene metrics, and pointing for `caption`'s JSON")
     parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")
+    parser.add_argument("--words", help="with --instances, which caption words name which category: coco (the 80 "
+                        "categories' words), scenes, or a JSON table (docs/formats/object-words.md); adds CHAIR "
+                        "and, with masks in the instances, the α mass in the mask")
     parser.add_argument("--out", default="scores.json", help="scores JSON to write (default scores.json)")
     options = parser.parse_args(argv)
+    if options.words and not options.instances:
+        parser.error("--words goes with --instances")
     from vision_attn.captioning.evaluation import evaluate_results, scores_table
 
     scores = evaluate_results(options.results, options.annotations, instances=options.instances,
-                              attributes=options.attributes, out=options.out)
+                              attributes=options.attributes, words=options.words, out=options.out)
     print(f"{scores_table(scores)}\nwrote {options.out}")
 
 

@@ -154,6 +154,7 @@ class Instances(NamedTuple):
 
     objects: dict[int | str, list[SceneObject]]
     sizes: dict[int | str, tuple[int, int] | None]
+    index: COCO | None = None  # pycocotools' index of the file (category_mask reads its segmentations)
 
 
 def read_instances(path: Path, attributes: Path | None = None) -> Instances:
@@ -167,7 +168,25 @@ def read_instances(path: Path, attributes: Path | None = None) -> Instances:
                for image_id in coco.imgs}
     sizes = {image_id: (image["width"], image["height"]) if "width" in image and "height" in image else None
              for image_id, image in coco.imgs.items()}
-    return Instances(objects, sizes)
+    return Instances(objects, sizes, coco)
+
+
+def category_mask(coco: COCO, image_id: int | str, category: str, *, source: str | os.PathLike = "") -> Tensor | None:
+    """The pixels (H, W) of the image's instances of ``category`` that have a segmentation (polygons or RLE),
+    united, from pycocotools' ``annToMask``; None when none has one. A segmentation pycocotools cannot read is
+    refused in one line naming ``source`` and the annotation."""
+    wanted = {key for key, entry in coco.cats.items() if entry["name"] == category}
+    mask = None
+    for annotation in coco.imgToAnns.get(image_id, []):
+        if annotation["category_id"] not in wanted or not annotation.get("segmentation"):
+            continue
+        try:
+            pixels = torch.from_numpy(coco.annToMask(annotation).astype(bool))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+            raise ValueError(f"{source}: annotation {annotation.get('id')!r} has a segmentation pycocotools cannot "
+                             f"read: {type(error).__name__}") from None
+        mask = pixels if mask is None else mask | pixels
+    return mask
 
 
 def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, list[SceneObject]]:

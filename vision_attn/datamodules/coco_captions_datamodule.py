@@ -30,13 +30,14 @@ from vision_attn.data.coco import (
     ObjectTargets,
     load_caption_image,
     read_coco_captions,
+    read_instances,
     read_karpathy,
     read_object_targets,
-    read_objects,
 )
 from vision_attn.data.feature_cache import FeatureCache, FrozenPart, fill_caches, split_caches
 from vision_attn.data.formats import read_json
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
+from vision_attn.data.object_words import object_words
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
 from vision_attn.datamodules.data_options import (
@@ -93,6 +94,8 @@ class CocoCaptionsDataModule(SplitDataModule):
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ValueError(f"mean and std need 3 values each (RGB), got {self.mean} and {self.std}")
         self._records: dict[str, list[CaptionedImage]] = {}
+        self._sizes: dict[str, dict[Any, tuple[int, int] | None]] = {}  # per role, each image's file size
+        self.object_words = object_words(self.layout.object_words) if self.layout.object_words else None
         if scenes.generate:
             self._generate_scenes(scenes)
         self.vocab = self._vocabulary()
@@ -200,10 +203,18 @@ class CocoCaptionsDataModule(SplitDataModule):
             instances = self.root / self.layout.instances_file_pattern.format(split=self.splits[role])
             attributes = self.root / self.layout.attributes_file_pattern.format(split=self.splits[role])
             if role != "train" and instances.is_file():
-                boxes = read_objects(instances, attributes if attributes.is_file() else None)
-                self._records[role] = [replace(record, objects=boxes.get(record.image_id, []))
+                found = read_instances(instances, attributes if attributes.is_file() else None)
+                self._sizes[role] = found.sizes
+                self._records[role] = [replace(record, objects=found.objects.get(record.image_id, []))
                                        for record in self._records[role]]
         return self._records[role]
+
+    def box_scale(self, role: Literal["val", "test"]) -> dict[Any, tuple[float, float]]:
+        """Per image id of the split playing ``role``, (sx, sy) from its instances' boxes (the file's pixels) to the
+        network input, which squashes the image to ``image_size``²; images without a size are left out."""
+        self.records(role)
+        return {image_id: (self.image_size / size[0], self.image_size / size[1])
+                for image_id, size in self._sizes.get(role, {}).items() if size}
 
     def setup(self, stage: str | None = None) -> None:
         """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features."""

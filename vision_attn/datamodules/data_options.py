@@ -35,6 +35,10 @@ class CocoLayout(OptionGroup):
     """a split's COCO instances file (objects and boxes: the scene metrics, and object_targets)"""
     attributes_file_pattern: str = "annotations/attributes_{split}.json"
     """a split's attributes file (the objects' colours)"""
+    object_words: str | None = None
+    """which caption words name which instance category, for the object metrics of validation and test (pointing,
+    α mass, recall, CHAIR): coco (the 80 categories' words), scenes, or a JSON table (docs/formats/object-words.md);
+    null: the scenes' class words, without CHAIR"""
     karpathy_file: str | None = None
     """Karpathy's split file (null: root/dataset_coco.json)"""
     karpathy_image_root: str | None = None

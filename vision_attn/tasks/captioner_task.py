@@ -12,8 +12,8 @@ from PIL import Image
 from torch import Tensor, nn
 
 from vision_attn.captioning.captioner import Captioner
-from vision_attn.captioning.decoder import DecoderOutput
 from vision_attn.captioning.compiled import compile_decoder, real_part, runs_compiled, static_batch
+from vision_attn.captioning.decoder import DecoderOutput
 from vision_attn.captioning.evaluation import EvaluationRecords, caption_figures, score_records
 from vision_attn.captioning.extensions import AUXILIARY
 from vision_attn.captioning.likelihood import likelihood_objective, token_likelihood
@@ -169,7 +169,11 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         """Gather every rank's records; rank 0 scores them, every rank logs the scores."""
         records = self.evaluation.gather()
         if not self.trainer.sanity_checking:
-            scores = score_records(records) if self.trainer.is_global_zero and records else {}
+            data = self.trainer.datamodule
+            words = getattr(data, "object_words", None)  # the DataModule's object-words table, if it has one
+            scale = data.box_scale(stage) if hasattr(data, "box_scale") else None  # its boxes to the input's pixels
+            scores = score_records(records, words=words, box_scale=scale) if self.trainer.is_global_zero and records \
+                else {}
             for name, value in self.trainer.strategy.broadcast(scores, src=0).items():
                 if not math.isnan(value):  # NaN: pointing on a split whose captions name no object
                     self.log(f"{stage}/{name}", value, rank_zero_only=False, sync_dist=False)
