@@ -149,3 +149,28 @@ def test_the_datamodule_reads_its_table_and_scales_the_instances_boxes_to_the_ne
     assert data.object_words is built_in("coco")
     assert data.box_scale("test") == {1: (0.5, 0.5), 2: (0.5, 0.5)} and data.box_scale("val") == {}
     assert [o.name for o in data.records("test")[0].objects] == ["person", "dog"]
+
+
+def test_the_grounding_aid_finds_a_category_by_any_of_its_table_words() -> None:
+    """With the coco table, the person class is named by "men" and the dog class by "puppy": each looks at its
+    object's box; a class named by no word of the vocabulary names nothing."""
+    import torch
+
+    from vision_attn.captioning.extensions.grounding import Grounding, GroundingOptions
+    from vision_attn.captioning.options import ObjectNames
+    from vision_attn.data.vocabulary import SPECIALS, Vocabulary
+
+    vocab = Vocabulary([*SPECIALS, "two", "men", "and", "a", "puppy"])
+    coco = built_in("coco")
+    classes = ["person", "dog", "giraffe"]
+    words = [[phrase[0] for phrase, category in coco.phrases.items() if category == name and len(phrase) == 1]
+             for name in classes]
+    term = Grounding(GroundingOptions(), objects=ObjectNames(classes=classes, class_words=words), vocab=vocab)
+    tokens = torch.tensor([[vocab.id(w) for w in "two men and a puppy".split()]])
+    person, dog = [0, -1, 0.0, 0.0, 0.5, 0.5], [1, -1, 0.5, 0.5, 1.0, 1.0]  # top-left and bottom-right cells
+    from vision_attn.captioning.extensions.grounding import grounding_targets
+
+    target, mask = grounding_targets(tokens, torch.tensor([[person, dog]]), (2, 2), term.class_word_ids)
+    assert mask[0].tolist() == [False, True, False, False, True]
+    assert target[0, 1].tolist() == [1.0, 0.0, 0.0, 0.0] and target[0, 4].tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert term.class_word_ids[2].tolist() == [-1] * term.class_word_ids.shape[1]  # no giraffe word here

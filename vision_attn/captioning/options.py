@@ -278,3 +278,6 @@ class ObjectNames(OptionGroup):
     """the object classes, in the order of the training targets"""
     colours: list[str] = field(default_factory=list)
     """the object colours, in the order of the training targets"""
+    class_words: list[list[str]] = field(default_factory=list)
+    """the single words that name each class in captions, in the order of ``classes`` (from the DataModule's
+    object-words table); empty: each class is named by its own name"""

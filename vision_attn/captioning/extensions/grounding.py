@@ -38,13 +38,15 @@ def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], cl
 
     ``tokens`` (N, T) are the words emitted at each step (``captions[:, 1:]`` in teacher forcing); ``objects``
     (N, K, 6) the object rows of each caption's image (``data.coco.ObjectTargets``, class −1 for padding);
-    ``class_word_ids`` (C,) the vocabulary id of each object class's word (−1: not one word of the vocabulary);
-    ``colour_word_ids`` likewise per colour. Returns the target weights (N, T, L) and the mask of the words that
-    name an object (N, T)."""
+    ``class_word_ids`` (C,) the vocabulary id of each object class's word, or (C, W) the ids of the W words that
+    may name it (−1: none, or not one word of the vocabulary); ``colour_word_ids`` (one per colour) likewise.
+    Returns the target weights (N, T, L) and the mask of the words that name an object (N, T)."""
     classes, colours = objects[..., 0].long(), objects[..., 1].long()  # (N, K)
     present = classes >= 0
-    object_words = torch.where(present, class_word_ids[classes.clamp_min(0)], -1)  # (N, K); −1 never matches
-    named = (tokens.unsqueeze(-1) == object_words.unsqueeze(1)) & (object_words.unsqueeze(1) >= 0)  # (N, T, K)
+    by_class = class_word_ids if class_word_ids.dim() == 2 else class_word_ids.unsqueeze(-1)  # (C, W)
+    object_words = torch.where(present.unsqueeze(-1), by_class[classes.clamp_min(0)], -1)  # (N, K, W); −1: none
+    named = ((tokens[:, :, None, None] == object_words.unsqueeze(1))
+             & (object_words.unsqueeze(1) >= 0)).any(-1)  # (N, T, K)
     if colour_word_ids is not None and len(colour_word_ids):
         colour_words = torch.where(present & (colours >= 0), colour_word_ids[colours.clamp_min(0)], -1)  # (N, K)
         before = torch.zeros_like(named)
@@ -82,9 +84,13 @@ class Grounding(AuxiliaryTerm):
             raise ValueError("objective.auxiliary.grounding needs the training images' objects: set the DataModule's "
                              "object_targets: true (it reads the train split's instances file)")
         self.weight, self.inside = options.weight, options.target == "inside"
-        # the vocabulary ids of the object classes' and colours' words (−1: not a word of the vocabulary)
-        self.register_buffer("class_word_ids", torch.tensor(
-            [vocab.id(name) if name in vocab else -1 for name in objects.classes], dtype=torch.long), persistent=False)
+        # the vocabulary ids of the words that name each class (its object-words table's single words, else its
+        # name), (C, W) padded with −1, and of the colours' words (−1: not a word of the vocabulary)
+        words = objects.class_words or [[name] for name in objects.classes]
+        ids = [[vocab.id(word) for word in names if word in vocab] or [-1] for names in words]
+        width = max(len(row) for row in ids)
+        self.register_buffer("class_word_ids", torch.tensor([row + [-1] * (width - len(row)) for row in ids],
+                                                            dtype=torch.long), persistent=False)
         self.register_buffer("colour_word_ids", torch.tensor(
             [vocab.id(name) if name in vocab else -1 for name in objects.colours], dtype=torch.long), persistent=False)
 
