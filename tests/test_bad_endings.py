@@ -84,3 +84,17 @@ def test_bad_endings_are_checked_and_read_from_the_vocabulary() -> None:
     assert blocked.ids.tolist() == [task.model.vocab.id("and"), task.model.vocab.id("a")]
     plain = CaptionerTask(vocabulary=[*SPECIALS, "a"], image={"size": 96}, encoder={"width": 8})
     assert not len(plain.model.processors)
+
+
+def test_the_scenes_default_never_ends_a_caption_on_an_article_a_conjunction_or_a_colour() -> None:
+    """The shipped default blocks <end> after every word that needs a noun after it: the articles, "and", the
+    prepositions it uses, and each colour of the scenes (a caption ending "... and a blue" names nothing)."""
+    import yaml
+
+    from tests.conftest import REPO
+    from vision_attn.data.scenes import COLOURS
+
+    config = yaml.safe_load((REPO / "configs" / "captioner" / "fashion_scenes.yaml").read_text())
+    processors = config["model"]["init_args"]["decoding"]["processors"]
+    blocked = next(p for p in processors if p["name"] == "blocked_endings")["words"]
+    assert set(COLOURS) | {"a", "the", "and", "of", "with"} <= set(blocked)

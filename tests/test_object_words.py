@@ -174,3 +174,20 @@ def test_the_grounding_aid_finds_a_category_by_any_of_its_table_words() -> None:
     assert mask[0].tolist() == [False, True, False, False, True]
     assert target[0, 1].tolist() == [1.0, 0.0, 0.0, 0.0] and target[0, 4].tolist() == [0.0, 0.0, 0.0, 1.0]
     assert term.class_word_ids[2].tolist() == [-1] * term.class_word_ids.shape[1]  # no giraffe word here
+
+
+def test_one_object_named_twice_under_two_names_is_counted() -> None:
+    """"a white shirt and a white dress" with both words' α on the shirt: the caption names one object twice; a
+    caption whose two words look at their own objects does not."""
+    from vision_attn.metrics import pointing_scores
+
+    boxes = {1: [("shirt", [0, 0, 50, 50]), ("dress", [50, 50, 50, 50])]}
+    tokens = ["a", "white", "shirt", "and", "a", "white", "dress"]
+    on_shirt, on_dress, flat = [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.25] * 4
+    twice = {"image_id": 1, "tokens": tokens, "grid": [2, 2], "image_size": [100, 100],
+             "alphas": [flat, flat, on_shirt, flat, flat, flat, on_shirt]}
+    apart = {**twice, "image_id": 1, "alphas": [flat, flat, on_shirt, flat, flat, flat, on_dress]}
+    words = ObjectWords({"shirt": ["shirt"], "dress": ["dress"]})
+    assert pointing_scores([twice], boxes, words=words)["object_named_twice_rate"] == 1.0
+    assert pointing_scores([apart], boxes, words=words)["object_named_twice_rate"] == 0.0
+    assert pointing_scores([twice, apart], boxes, words=words)["object_named_twice_rate"] == 0.5

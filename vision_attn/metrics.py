@@ -218,9 +218,12 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
     category the image holds, in results records (``docs/formats/results.md``). ``boxes`` maps an image id to
     (category, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
     (sx, sy) to the network input. ``masks(image_id, category)``, where given, is the category's pixels in the
-    image file (H, W), and adds the mean α mass in the mask (the grid laid over the whole image)."""
+    image file (H, W), and adds the mean α mass in the mask (the grid laid over the whole image).
+    ``object_named_twice_rate`` is the share of captions in which the α of two mentions peaks on one object
+    (``pointed_box`` over all the image's boxes): "a white shirt and a white dress" said of one shirt."""
     words = words or built_in("scenes")
     hits, masses, counted, mask_masses, masked = 0, 0.0, 0, 0.0, 0
+    captions = twice = 0
     for record in records:
         objects: dict[str, list[Sequence[float]]] = {}
         for entry in boxes.get(record["image_id"], []):  # (category, box, ...)
@@ -229,7 +232,14 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
         height, width = record["image_size"]
         scale_x, scale_y = (box_scale or {}).get(record["image_id"], (1.0, 1.0))
         alphas = torch.as_tensor(record["alphas"], dtype=torch.float64)
-        for t, category in words.mentions(record["tokens"]):
+        every_box = [(x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y)
+                     for entry in boxes.get(record["image_id"], []) for x, y, w, h in [entry[1]]]
+        mentions = words.mentions(record["tokens"])
+        pointed = [pointed_box(alphas[t].view(grid_h, grid_w), (grid_h, grid_w), (height, width), every_box)
+                   for t, _ in mentions]  # the object each mention's α peaks on, by index
+        held = [index for index in pointed if index is not None]
+        captions, twice = captions + 1, twice + (len(held) > len(set(held)))
+        for t, category in mentions:
             if category not in objects:
                 continue
             rectangles = [(x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y)
@@ -244,10 +254,12 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
                 coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], (grid_h, grid_w))[0, 0]
                 mask_masses += float((alpha * coverage).sum())
                 masked += 1
+    named_twice = twice / captions if captions else float("nan")
     if counted == 0:
-        return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0}
+        return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0,
+                "object_named_twice_rate": named_twice}
     scores = {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
-              "pointing_words": float(counted)}
+              "pointing_words": float(counted), "object_named_twice_rate": named_twice}
     if masks is not None:
         scores["alpha_mass_in_mask"] = mask_masses / masked if masked else float("nan")
     return scores
