@@ -68,7 +68,10 @@ class RunSchedule(L.Callback):
         """Read the run's length (its steps, and its time budget) from ``trainer``, as the optimiser is set up."""
         self._trainer = trainer
         self.total_steps = max(1, int(trainer.estimated_stepping_batches))
-        steps_per_epoch = self.total_steps / max(1, trainer.max_epochs or 1)
+        if trainer.max_steps > 0 and self.total_steps == trainer.max_steps:  # a step budget: an epoch's own steps
+            steps_per_epoch = max(1.0, trainer.num_training_batches / trainer.accumulate_grad_batches)
+        else:
+            steps_per_epoch = self.total_steps / max(1, trainer.max_epochs or 1)
         self.warmup_steps = max(1, round(self.options.warmup_epochs * steps_per_epoch))
         self._timer = budget_timer(trainer)
         if self.options.by_time and self._timer is None:
@@ -129,6 +132,17 @@ class RunSchedule(L.Callback):
         budget = remaining + timer.time_elapsed("train")
         stop = 0 < remaining < min(took, self.tail * budget)  # past max_time, Lightning's own stop is next
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Say, in one line and in the logged metrics (``stopped_by_max_time``), when ``max_time`` (a safety
+        ceiling over a step budget) ended the fit before its ``max_steps``: its figures are a shorter run's."""
+        timer = budget_timer(trainer)
+        if (trainer.max_steps > 0 and trainer.global_step < trainer.max_steps and timer is not None
+                and timer.time_remaining("train") <= 0):
+            log.warning("trainer.max_time ended the fit at step %d of its max_steps %d: the figures are those of a "
+                        "shorter run than the config's", trainer.global_step, trainer.max_steps)
+            if trainer.logger is not None:
+                trainer.logger.log_metrics({"stopped_by_max_time": 1.0}, step=trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         """The steps at which the run's phases started, kept in checkpoints so a resumed run stays in them."""
