@@ -33,8 +33,9 @@ chromium:
 	fi
 
 # The main job on the embedded default: pretrain the captioner's encoder on single Fashion-MNIST items drawn as
-# the scenes draw them, over clutter (6 min), generate Fashion scenes and train the Show-Attend-Tell captioner from
-# that encoder (7.5 min; both fits within 15 on 2 cores), test it on the default scenes (BLEU, METEOR, ROUGE-L,
+# the scenes draw them, over clutter (6 epochs), generate Fashion scenes and train the Show-Attend-Tell captioner
+# from that encoder (700 steps; budgets in steps, the same run on every machine), test it on the default scenes
+# (BLEU, METEOR, ROUGE-L,
 # CIDEr-D, pointing, the scene metrics), score it again on scenes drawn another way (items anywhere, other shades of
 # each colour, over photographs it never trained on), draw its attention over a handful of scenes of both kinds,
 # and write the attention explorer of the test split's captions (a static site: open its index.html).
@@ -46,7 +47,7 @@ VIT      := $(CPU) --config configs/tasks/classifier.yaml --config configs/data/
 CAP_RUN  := $(RUNS)/captioner_fashion_scenes
 SCENES   := data/fashion_scenes_mixed
 HELD_OUT := data/fashion_scenes_held_out
-# The captioner's final weights, where its cosine ends at max_time (best.ckpt, the best by val CIDEr-D, is kept
+# The captioner's final weights, where its cosine ends at max_steps (best.ckpt, the best by val CIDEr-D, is kept
 # too).
 CAP_CKPT := $(CAP_RUN)/checkpoints/last.ckpt
 demo: setup
