@@ -49,3 +49,71 @@ def test_a_schedule_without_a_trainer_has_no_progress_and_no_phase() -> None:
     assert schedule.progress() == 0.0 and schedule.time_share() is None
     assert not schedule.phase_started("self-critical training", epoch=0, share=0.0)
     assert schedule.state_dict() == {"phases": {}}
+
+
+class _Steps(__import__("lightning").LightningModule):
+    """A model whose every step takes ``pause`` seconds; its optimiser's schedule is a ``RunSchedule``."""
+
+    def __init__(self, schedule: RunSchedule, pause: float = 0.0) -> None:
+        super().__init__()
+        self.layer, self.schedule, self.pause = torch.nn.Linear(1, 1), schedule, pause
+
+    def training_step(self, batch, batch_idx):
+        import time
+
+        time.sleep(self.pause)
+        return self.layer(batch[0]).sum()
+
+    def configure_callbacks(self):
+        return [self.schedule]  # as the tasks bring theirs
+
+    def configure_optimizers(self):
+        self.schedule.attach(self.trainer)
+        optim = torch.optim.SGD(self.parameters(), lr=1.0)
+        return {"optimizer": optim, "lr_scheduler": {"scheduler": LambdaLR(optim, self.schedule.lr_factor),
+                                                     "interval": "step"}}
+
+
+def _loader(batches: int):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.zeros(batches, 1)), batch_size=1)
+
+
+def test_under_a_step_budget_the_warm_up_counts_an_epochs_own_steps(tmp_path) -> None:
+    """max_steps 25 over epochs of 10 steps, warm-up 0.5 epoch: 5 steps (not 25 / max_epochs)."""
+    import lightning as L
+
+    schedule = RunSchedule(Schedule(warmup_epochs=0.5))
+    trainer = L.Trainer(max_steps=25, max_epochs=100, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(_Steps(schedule), _loader(10))
+    assert trainer.global_step == 25 and schedule.total_steps == 25 and schedule.warmup_steps == 5
+
+
+def test_a_max_time_ceiling_that_ends_a_step_budget_says_so(tmp_path, caplog) -> None:
+    """max_steps 1000 of 0.2-s steps under a 1-s max_time: the fit ends early, says so in one line, and logs
+    stopped_by_max_time; a fit that reaches its max_steps says nothing."""
+    import logging
+    from datetime import timedelta
+
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    def fit(steps: int, pause: float) -> L.Trainer:
+        trainer = L.Trainer(max_steps=steps, max_epochs=1000, max_time=timedelta(seconds=1), enable_progress_bar=False,
+                            logger=CSVLogger(tmp_path, name=f"run{steps}"), enable_checkpointing=False,
+                            enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(_Steps(RunSchedule(Schedule()), pause), _loader(5))
+        return trainer
+
+    with caplog.at_level(logging.WARNING, logger="vision_attn.tasks.schedule"):
+        stopped = fit(1000, 0.2)
+    assert stopped.global_step < 1000
+    said = [r.getMessage() for r in caplog.records if "max_time ended the fit" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and f"step {stopped.global_step} of its max_steps 1000" in said[0]
+    assert "stopped_by_max_time" in next(tmp_path.glob("run1000/*/metrics.csv")).read_text()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vision_attn.tasks.schedule"):
+        fit(3, 0.0)
+    assert not [r for r in caplog.records if "max_time ended the fit" in r.getMessage()]
