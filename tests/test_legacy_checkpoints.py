@@ -91,7 +91,7 @@ def test_a_legacy_checkpoint_tests_to_the_metrics_it_gave(name: str, tmp_path: P
                             "--trainer.enable_progress_bar", "false")
     assert result.returncode == 0, result.stderr[-3000:]
     ours, recorded = printed_metrics(result.stdout), json.loads((LEGACY / f"{name}_test_metrics.json").read_text())
-    assert ours.keys() == recorded.keys()
+    assert recorded.keys() <= ours.keys()  # a metric added since the checkpoint's day is new, not changed
     for metric, value in recorded.items():
         assert ours[metric] == pytest.approx(value, rel=1e-4, abs=1e-6), metric
 

@@ -68,8 +68,9 @@ class RunSchedule(L.Callback):
         """Read the run's length (its steps, and its time budget) from ``trainer``, as the optimiser is set up."""
         self._trainer = trainer
         self.total_steps = max(1, int(trainer.estimated_stepping_batches))
-        if trainer.max_steps > 0 and self.total_steps == trainer.max_steps:  # a step budget: an epoch's own steps
-            steps_per_epoch = max(1.0, trainer.num_training_batches / trainer.accumulate_grad_batches)
+        batches = trainer.num_training_batches
+        if trainer.max_steps > 0 and self.total_steps == trainer.max_steps and math.isfinite(batches):
+            steps_per_epoch = max(1.0, batches / trainer.accumulate_grad_batches)  # a step budget: an epoch's own
         else:
             steps_per_epoch = self.total_steps / max(1, trainer.max_epochs or 1)
         self.warmup_steps = max(1, round(self.options.warmup_epochs * steps_per_epoch))
