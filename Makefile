@@ -69,7 +69,7 @@ demo: setup
 		--attributes $(SCENES)/annotations/attributes_test.json --out $(CAP_RUN)/explorer --overwrite
 	@echo "Attention explorer: open $(CURDIR)/$(CAP_RUN)/explorer/index.html (or: python3 -m http.server -d $(CAP_RUN)/explorer)"
 
-# The ViT on Fashion-MNIST (<= 10 min), its test accuracy, top-5 classes of a few test images, and its
+# The ViT on Fashion-MNIST (20 epochs), its test accuracy, top-5 classes of a few test images, and its
 # rollout overlays on those images and on garments placed at random on a larger canvas.
 VIT_RUN := $(RUNS)/vit_fashion_mnist
 demo-vit: setup
