@@ -163,8 +163,7 @@ def test_the_grounding_aid_finds_a_category_by_any_of_its_table_words() -> None:
     vocab = Vocabulary([*SPECIALS, "two", "men", "and", "a", "puppy"])
     coco = built_in("coco")
     classes = ["person", "dog", "giraffe"]
-    words = [[phrase[0] for phrase, category in coco.phrases.items() if category == name and len(phrase) == 1]
-             for name in classes]
+    words = [coco.single_words(name) for name in classes]
     term = Grounding(GroundingOptions(), objects=ObjectNames(classes=classes, class_words=words), vocab=vocab)
     tokens = torch.tensor([[vocab.id(w) for w in "two men and a puppy".split()]])
     person, dog = [0, -1, 0.0, 0.0, 0.5, 0.5], [1, -1, 0.5, 0.5, 1.0, 1.0]  # top-left and bottom-right cells

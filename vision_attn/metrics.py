@@ -225,15 +225,15 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
     hits, masses, counted, mask_masses, masked = 0, 0.0, 0, 0.0, 0
     captions = twice = 0
     for record in records:
-        objects: dict[str, list[Sequence[float]]] = {}
-        for entry in boxes.get(record["image_id"], []):  # (category, box, ...)
-            objects.setdefault(entry[0], []).append(entry[1])
+        scale_x, scale_y = (box_scale or {}).get(record["image_id"], (1.0, 1.0))
+        objects: dict[str, list[tuple[float, float, float, float]]] = {}  # category -> its boxes, x0 y0 x1 y1
+        for entry in boxes.get(record["image_id"], []):  # (category, [x, y, w, h], ...)
+            x, y, w, h = entry[1]
+            objects.setdefault(entry[0], []).append((x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y))
+        every_box = [box for rectangles in objects.values() for box in rectangles]
         grid_h, grid_w = record["grid"]
         height, width = record["image_size"]
-        scale_x, scale_y = (box_scale or {}).get(record["image_id"], (1.0, 1.0))
         alphas = torch.as_tensor(record["alphas"], dtype=torch.float64)
-        every_box = [(x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y)
-                     for entry in boxes.get(record["image_id"], []) for x, y, w, h in [entry[1]]]
         mentions = words.mentions(record["tokens"])
         pointed = [pointed_box(alphas[t].view(grid_h, grid_w), (grid_h, grid_w), (height, width), every_box)
                    for t, _ in mentions]  # the object each mention's α peaks on, by index
@@ -242,8 +242,7 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
         for t, category in mentions:
             if category not in objects:
                 continue
-            rectangles = [(x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y)
-                          for x, y, w, h in objects[category]]
+            rectangles = objects[category]
             alpha = alphas[t].view(grid_h, grid_w)  # (L,) -> (Gh, Gw)
             hits += pointed_box(alpha, (grid_h, grid_w), (height, width), rectangles) is not None
             # α mass in the boxes: each cell's α spread evenly over the cell, times the cell's share inside them

@@ -50,6 +50,10 @@ class ObjectWords:
                 index += 1
         return found
 
+    def single_words(self, category: str) -> list[str]:
+        """The one-word phrases that name ``category`` (what a word-level model can emit for it)."""
+        return [phrase[0] for phrase, named in self.phrases.items() if named == category and len(phrase) == 1]
+
     def named_in(self, captions: Sequence[str]) -> set[str]:
         """The categories some of ``captions`` (raw text) name."""
         return {category for caption in captions for _, category in self.mentions(tokenize(caption))}

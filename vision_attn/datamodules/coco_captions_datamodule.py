@@ -121,8 +121,7 @@ class CocoCaptionsDataModule(SplitDataModule):
     @property
     def object_names(self) -> ObjectNames:
         """The classes and colours of the training objects (``object_targets``), for the CLI to link into the model."""
-        words = [[phrase[0] for phrase, category in self.object_words.phrases.items()
-                  if category == name and len(phrase) == 1] for name in self.object_classes] \
+        words = [self.object_words.single_words(name) for name in self.object_classes] \
             if self.object_words is not None else []
         return ObjectNames(classes=list(self.object_classes), colours=list(self.object_colours), class_words=words)
 
