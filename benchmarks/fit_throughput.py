@@ -133,17 +133,13 @@ def write_coco_shaped(root: Path, *, train: int, val: int, seed: int = 0) -> dic
 def fit_command(data: Path, run: Path, clock: Path, *, compile_mode: str | None, precision: str, epochs: int,
                 accelerator: str, workers: int, batch_size: int, eval_batch_size: int,
                 min_word_count: int) -> list[str]:
-    """The recipe's ``vision-attn fit``, with the sizes, paths, variant and the clock overridden (the model's
-    options in a config file beside ``clock``: a null given on the command line reaches a nested option group as
-    the string 'None' in the jsonargparse this project pins)."""
+    """The recipe's ``vision-attn fit``, with the sizes, paths, variant and the clock overridden."""
     configs = [part for config in RECIPE for part in ("--config", config)]
-    overrides = clock.with_suffix(".yaml")
-    overrides.write_text(json.dumps({  # JSON is YAML
-        "model": {"init_args": {"encoder": {"pretrained": None}, "decoder": {"compile": compile_mode}}},
-        "data": {"init_args": {"vocabulary": {"min_word_count": min_word_count}}}}))
     callback = {"class_path": "benchmarks.fit_throughput.StepClock", "init_args": {"out": str(clock)}}
     return [sys.executable, "-c", "from vision_attn.cli import main; main()", "fit", *configs,
-            "--config", str(overrides),
+            "--model.init_args.encoder.pretrained", "null",
+            "--model.init_args.decoder.compile", "null" if compile_mode is None else compile_mode,
+            "--data.init_args.vocabulary.min_word_count", str(min_word_count),
             "--trainer.accelerator", accelerator, "--trainer.precision", precision,
             "--trainer.max_epochs", str(epochs), "--trainer.limit_val_batches", "1",
             "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
