@@ -133,14 +133,23 @@ def step_inputs(shape: Shape) -> tuple[Tensor, Tensor]:
     return annotations, captions
 
 
+def our_decoder(shape: Shape, device: torch.device | None = None, *, compile_mode: str | None = None,
+                train: bool = True) -> AttentionDecoder:
+    """Our decoder at ``shape``'s widths, seeded, on ``device``, in training (``train``) or eval mode; through
+    ``decoder.compile`` in ``compile_mode`` if given."""
+    torch.manual_seed(0)
+    decoder = AttentionDecoder(vocab_size=shape.vocab, annotation_dim=shape.dim, embed_dim=shape.width,
+                               hidden_dim=shape.width, attention_dim=shape.width, dropout=0.5).to(device)
+    decoder.train(train)
+    if compile_mode:
+        compile_decoder(decoder, compile_mode)
+    return decoder
+
+
 def our_step(shape: Shape, annotations: Tensor, captions: Tensor, *, compiled: bool = False) -> Callable[[], None]:
     """One train step of our decoder at ``shape`` (Adam; through ``decoder.compile``'s default mode if
     ``compiled``)."""
-    torch.manual_seed(0)
-    decoder = AttentionDecoder(vocab_size=shape.vocab, annotation_dim=shape.dim, embed_dim=shape.width,
-                               hidden_dim=shape.width, attention_dim=shape.width, dropout=0.5).train()
-    if compiled:
-        compile_decoder(decoder)
+    decoder = our_decoder(shape, compile_mode="default" if compiled else None)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
     return lambda: decoder_train_step(decoder, optimizer, annotations, captions)
 

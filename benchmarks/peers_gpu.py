@@ -21,12 +21,19 @@ from typing import Any
 import torch
 
 from benchmarks.device import autocast
-from benchmarks.peers import PEER_MODELS, PEER_NAMES, Shape, load_peer, peer_options, peer_step, step_inputs
+from benchmarks.peers import (
+    PEER_MODELS,
+    PEER_NAMES,
+    Shape,
+    load_peer,
+    our_decoder,
+    peer_options,
+    peer_step,
+    step_inputs,
+)
 from benchmarks.run import decoder_train_step, markdown_table
 from benchmarks.timing import median_times
 from vision_attn.captioning.beam_search import beam_search
-from vision_attn.captioning.compiled import compile_decoder
-from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.cli_arguments import OneLineParser, at_least
 from vision_attn.data.vocabulary import END_ID, START_ID
 from vision_attn.errors import exit_on_user_error
@@ -34,16 +41,6 @@ from vision_attn.io import output_file, write_json_atomically
 
 PRECISIONS = ("32-true", "bf16-mixed")
 GOAL = "≥ 3×"
-
-
-def our_decoder(shape: Shape, device: torch.device, *, compile_mode: str | None, train: bool) -> AttentionDecoder:
-    torch.manual_seed(0)
-    decoder = AttentionDecoder(vocab_size=shape.vocab, annotation_dim=shape.dim, embed_dim=shape.width,
-                               hidden_dim=shape.width, attention_dim=shape.width, dropout=0.5).to(device)
-    decoder.train(train)
-    if compile_mode:
-        compile_decoder(decoder, compile_mode)
-    return decoder
 
 
 def train_runs(peer: Any, models: tuple[str, ...], shape: Shape, device: torch.device, precision: str,
