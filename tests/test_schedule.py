@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
+import lightning as L
 import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -51,7 +52,7 @@ def test_a_schedule_without_a_trainer_has_no_progress_and_no_phase() -> None:
     assert schedule.state_dict() == {"phases": {}}
 
 
-class _Steps(__import__("lightning").LightningModule):
+class _Steps(L.LightningModule):
     """A model whose every step takes ``pause`` seconds; its optimiser's schedule is a ``RunSchedule``."""
 
     def __init__(self, schedule: RunSchedule, pause: float = 0.0) -> None:
@@ -82,8 +83,6 @@ def _loader(batches: int):
 
 def test_under_a_step_budget_the_warm_up_counts_an_epochs_own_steps(tmp_path) -> None:
     """max_steps 25 over epochs of 10 steps, warm-up 0.5 epoch: 5 steps (not 25 / max_epochs)."""
-    import lightning as L
-
     schedule = RunSchedule(Schedule(warmup_epochs=0.5))
     trainer = L.Trainer(max_steps=25, max_epochs=100, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
@@ -97,7 +96,6 @@ def test_a_max_time_ceiling_that_ends_a_step_budget_says_so(tmp_path, caplog) ->
     import logging
     from datetime import timedelta
 
-    import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
     def fit(steps: int, pause: float) -> L.Trainer:
