@@ -13,7 +13,10 @@ every kind) and ``OUT/protocol.md`` (the tables the README and the attention gui
 groups are ``KINDS`` below; the training mixes are ``configs/captioner/fashion_scenes.yaml``'s and
 ``configs/vit/fashion_mnist_canvas.yaml``'s. Held out: the photographs shipped with matplotlib (the defaults train
 on scikit-image's), noise up to 75% of white (training draws up to 50%), and gratings and checkerboards that this
-script paints under clean scenes (``FOREIGN``: no generator of the project draws them).
+script paints under clean scenes (``FOREIGN``: no generator of the project draws them). Also held out, and drawn
+by ``held_out_scenes.py`` rather than the project's generator (``HELD_OUT``): grey noise and saturated colour at
+40-75% of white, garments at half and at 1.3 times their size, and six garments a scene; the ViT is scored on those
+of them that a one-item grey canvas can show.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ KINDS = {
 }
 # drawn by this script, not by the project's generator: clean scenes repainted over patterns no training draws
 FOREIGN = {"gratings": ("held-out clutter", 0.25)}
+# drawn by held_out_scenes.py, whose code no training calls (its HELD_OUT table says how)
+HELD_OUT = {"noise_grey_40_75": "held-out clutter", "noise_colour_40_75": "held-out clutter",
+            "scale_0.5": "held-out sizes", "scale_1.3": "held-out sizes", "objects_6": "held-out counts"}
+VIT_HELD_OUT = ("noise_grey_40_75", "scale_0.5", "scale_1.3")  # one grey item a canvas: no colour, no six
 SCORES = ("pointing_accuracy", "object_recall", "object_precision", "alpha_mass_in_box", "colour_accuracy",
           "repeated_object_rate", "CIDEr-D", "erasure")
 HEADINGS = ("pointing", "recall", "precision", "α mass", "colour", "repeats", "CIDEr-D", "erasure")
@@ -102,7 +109,11 @@ def scene_flags(style: dict) -> list[str]:
 def captioner_kind(ckpt: str, out: Path, scenes: Path, kind: str, count: int, seed: int) -> dict:
     """Scenes of one kind (in ``scenes``), and the captioner's scores and erasure share on them."""
     root = scenes / f"scenes_{kind}_{count}_{seed}"
-    if not (root / "annotations" / "captions_test.json").is_file():
+    if kind in HELD_OUT and not (root / "annotations" / "captions_test.json").is_file():
+        from held_out_scenes import fashion_mnist_test, write_split
+
+        write_split(root, kind, count, seed, *fashion_mnist_test())
+    elif not (root / "annotations" / "captions_test.json").is_file():
         style = KINDS[kind][1] if kind in KINDS else {}
         run(["make-scenes", "--root", str(root), "--train", "0", "--val", "0", "--test", str(count), "--seed",
              str(seed), *scene_flags(style), "--overwrite"], out / f"make_{kind}.log")
@@ -129,6 +140,10 @@ def vit_kind(ckpt: str, kind: str, count: int, seed: int) -> dict:
     from vision_attn.vit.deletion import fashion_mnist_deletion
     from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
 
+    if kind in HELD_OUT:
+        from held_out_scenes import vit_scores
+
+        return vit_scores(ckpt, kind, count, seed)
     style = KINDS[kind][1]
     background = Background(style.get("background", "black"), style.get("background_level", 0.5),
                             style.get("texture_source", "skimage"))
@@ -145,8 +160,8 @@ def table(rows: dict[str, dict], scores: tuple[str, ...], headings: tuple[str, .
     """A markdown table of every kind: its group, then the figures of ``scores`` under ``headings``."""
     lines = ["| scenes | group | " + " | ".join(headings) + " |", "| --- " * (len(headings) + 2) + "|"]
     for kind, row in rows.items():
-        cells = [f"{row[key]:.1%}" if key in ("repeated_object_rate", "accuracy") else f"{row[key]:.3f}"
-                 for key in scores]
+        cells = ["–" if key not in row else f"{row[key]:.1%}" if key in ("repeated_object_rate", "accuracy")
+                 else f"{row[key]:.3f}" for key in scores]
         lines.append(f"| {kind} | {row['group']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -162,8 +177,8 @@ def main() -> None:
                         help="test scenes (300) or canvases (1000) of each kind, 1 to 5000")
     parser.add_argument("--seed", type=int, default=7, help="the scenes' and canvases' seed (the defaults train "
                                                             "on seed 0's)")
-    parser.add_argument("--kinds", nargs="+", choices=[*KINDS, *FOREIGN], default=[*KINDS, *FOREIGN],
-                        help="the kinds to score")
+    every = [*KINDS, *FOREIGN, *HELD_OUT]
+    parser.add_argument("--kinds", nargs="+", choices=every, default=every, help="the kinds to score")
     args = parser.parse_args()
     if not (args.captioner or args.vit):
         parser.error("give --captioner CKPT, --vit CKPT or both")
@@ -180,14 +195,15 @@ def main() -> None:
             continue
         count, rows = args.count or (300 if model == "captioner" else 1000), {}
         for kind in args.kinds:
-            if model == "vit" and kind in ("objects_4_5", *FOREIGN):
-                continue  # one item a canvas; the foreign patterns are drawn for scenes only
+            if model == "vit" and (kind in ("objects_4_5", *FOREIGN) or kind in HELD_OUT and kind not in VIT_HELD_OUT):
+                continue  # one grey item a canvas; the foreign patterns are drawn for scenes only
             started = time.perf_counter()
             if model == "captioner":
                 figures = captioner_kind(ckpt, out, Path(args.scenes or out), kind, count, args.seed)
             else:
                 figures = vit_kind(ckpt, kind, count, args.seed)
-            rows[kind] = {"group": {**KINDS, **FOREIGN}[kind][0], **figures}
+            group = HELD_OUT[kind] if kind in HELD_OUT else {**KINDS, **FOREIGN}[kind][0]
+            rows[kind] = {"group": group, **figures}
             print(f"{model} {kind}: {json.dumps(rows[kind])} ({time.perf_counter() - started:.0f} s)", flush=True)
         found[model] = {"ckpt": ckpt, "count": count, "kinds": rows}
     (out / "protocol.json").write_text(json.dumps({"seed": args.seed, **found}, indent=1) + "\n")

@@ -115,3 +115,26 @@ def test_a_max_time_ceiling_that_ends_a_step_budget_says_so(tmp_path, caplog) ->
     with caplog.at_level(logging.WARNING, logger="vision_attn.tasks.schedule"):
         fit(3, 0.0)
     assert not [r for r in caplog.records if "max_time ended the fit" in r.getMessage()]
+
+
+def test_a_max_time_ceiling_that_ends_an_epoch_budget_says_so(tmp_path, caplog) -> None:
+    """max_epochs 200 of five 0.2-s steps under a 1-s max_time: the fit ends in an early epoch and says which; a fit
+    that reaches its max_epochs says nothing."""
+    import logging
+    from datetime import timedelta
+
+    def fit(epochs: int, pause: float) -> L.Trainer:
+        trainer = L.Trainer(max_epochs=epochs, max_time=timedelta(seconds=1), enable_progress_bar=False, logger=False,
+                            enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(_Steps(RunSchedule(Schedule()), pause), _loader(5))
+        return trainer
+
+    with caplog.at_level(logging.WARNING, logger="vision_attn.tasks.schedule"):
+        stopped = fit(200, 0.2)
+    said = [r.getMessage() for r in caplog.records if "max_time ended the fit" in r.getMessage()]
+    assert stopped.current_epoch < 200
+    assert len(said) == 1 and f"epoch {stopped.current_epoch} of its max_epochs 200" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vision_attn.tasks.schedule"):
+        fit(2, 0.0)
+    assert not [r for r in caplog.records if "max_time ended the fit" in r.getMessage()]

@@ -136,12 +136,19 @@ class RunSchedule(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Say, in one line and in the logged metrics (``stopped_by_max_time``), when ``max_time`` (a safety
-        ceiling over a step budget) ended the fit before its ``max_steps``: its figures are a shorter run's."""
+        ceiling over a step or epoch budget) ended the fit before its budget: its figures are a shorter run's."""
         timer = budget_timer(trainer)
-        if (trainer.max_steps > 0 and trainer.global_step < trainer.max_steps and timer is not None
-                and timer.time_remaining("train") <= 0):
-            log.warning("trainer.max_time ended the fit at step %d of its max_steps %d: the figures are those of a "
-                        "shorter run than the config's", trainer.global_step, trainer.max_steps)
+        if timer is None or timer.time_remaining("train") > 0:
+            return
+        if trainer.max_steps > 0:
+            short = trainer.global_step < trainer.max_steps
+            budget = f"step {trainer.global_step} of its max_steps {trainer.max_steps}"
+        else:
+            short = trainer.max_epochs is not None and trainer.current_epoch < trainer.max_epochs
+            budget = f"epoch {trainer.current_epoch} of its max_epochs {trainer.max_epochs}"
+        if short:
+            log.warning("trainer.max_time ended the fit at %s: the figures are those of a shorter run than the "
+                        "config's", budget)
             if trainer.logger is not None:
                 trainer.logger.log_metrics({"stopped_by_max_time": 1.0}, step=trainer.global_step)
 
