@@ -58,7 +58,7 @@ def one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:
 
 def manifest_files(folder: Path) -> list[str]:
     """The files the manifest in ``folder`` lists; they must all be there."""
-    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    listed = [entry["path"] for entry in json.loads((folder / MANIFEST).read_text())["files"]]
     assert listed and all((folder / name).is_file() for name in listed), listed
     return listed
 
