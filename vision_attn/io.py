@@ -103,7 +103,8 @@ def output_folder(path: str | os.PathLike) -> Path:
     """A folder a command will write into, checked before any work: not an existing file, not under a file."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{path}: is a file, not a folder to write into")
+        raise ValueError(f"{path}: is {'a file' if path.is_file() else 'a device, a pipe or a socket'}, not a folder "
+                         "to write into")
     _check_parents(path)
     return path
 
@@ -217,14 +218,15 @@ def read_manifest(folder: str | os.PathLike) -> Manifest | None:
 class OwnedFolder:
     """An output folder that a command owns, checked before any work and written through a staging folder.
 
-    The command's manifest (``MANIFEST``) lists the files it wrote with their size and SHA-256: writing again
-    replaces those that still match and removes the ones not written again; nothing else is ever removed. A folder
-    with other files, and no manifest of this command that every listed file still matches, is the user's: refused
-    unless ``overwrite``, which replaces files of the names written and keeps every other. ``exclusive`` (a dataset,
-    never a mix of two runs) refuses the command's own earlier output too unless ``overwrite``, which replaces it
-    whole; ``legacy(folder)`` lists what the command wrote before it kept a manifest. A link to a folder is
-    followed; inside it nothing is written or removed through a link, or outside the folder. ``inputs`` that the
-    earlier output holds are refused, as writing would replace or remove them.
+    The command's manifest (``MANIFEST``) lists the files it wrote with their size and SHA-256. When every listed
+    file still there matches its record, inside the folder and through no link, the files are the command's own:
+    writing again replaces them and removes the ones not written again. A folder with other files and no such
+    manifest is the user's: refused unless ``overwrite``, which replaces files of the names written, removes
+    nothing and keeps every other file. ``exclusive`` (a dataset, never a mix of two runs) refuses the command's
+    own earlier output too unless ``overwrite``, which replaces it whole; ``legacy(folder)`` lists what the command
+    wrote before it kept a manifest (used where there is none). A link to a folder is followed; inside it nothing
+    is written or removed through a link, or outside the folder. ``inputs`` that the earlier output holds are
+    refused, as writing would replace or remove them.
     """
 
     def __init__(self, path: str | os.PathLike, command: str, *, overwrite: bool = False, exclusive: bool = False,
@@ -237,10 +239,12 @@ class OwnedFolder:
                 raise ValueError(f"{path}: a link to {target}, which is not a folder to write into")
             path = target
         self.path, self.command, self.overwrite = output_folder(path), command, overwrite
+        if os.path.lexists(path / MANIFEST) and not stat.S_ISREG(os.lstat(path / MANIFEST).st_mode):
+            raise ValueError(f"{path / MANIFEST}: is not a regular file, and `vision-attn {command}` keeps its list "
+                             "of what it wrote there; move it, or write elsewhere")
         manifest = read_manifest(path) if path.is_dir() else None
         own = manifest is not None and manifest.command == command and not manifest.foreign
-        self.previous: dict[str, dict[str, Any] | None] = dict(manifest.ours) if manifest and manifest.command == \
-            command else {}
+        self.previous: dict[str, dict[str, Any] | None] = dict(manifest.ours) if own else {}
         try:
             held = [entry for entry in path.iterdir() if entry.name != MANIFEST
                     and not entry.name.startswith(STAGING_PREFIX)] if path.is_dir() else []
@@ -254,7 +258,7 @@ class OwnedFolder:
                     else f"holds files that `vision-attn {command}` did not write")
             keep = "replace it" if exclusive else "write into it anyway (other files are kept)"
             raise FileExistsError(f"{path}: {what}; choose an empty folder, or pass --overwrite to {keep}")
-        if held and overwrite and not self.previous and legacy is not None:
+        if held and overwrite and manifest is None and legacy is not None:
             self.previous = {name: None for name in legacy(path) if inside(path, name) is not None}
         writable_folder(path)
         earlier = {os.path.realpath(path / name) for name in self.previous}
