@@ -5,9 +5,11 @@ folder behind; make-scenes never leaves a dataset that mixes two runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:
 
 def manifest_files(folder: Path) -> list[str]:
     """The files the manifest in ``folder`` lists; they must all be there."""
-    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    listed = [entry["path"] for entry in json.loads((folder / MANIFEST).read_text())["files"]]
     assert listed and all((folder / name).is_file() for name in listed), listed
     return listed
 
@@ -203,3 +205,162 @@ def test_a_read_only_folder_is_one_line_before_any_work(captions, trained_captio
     for result in results:
         one_line_error(result, "cannot write there", str(locked))
     assert sorted(p.relative_to(locked).as_posix() for p in locked.rglob("*")) == ["site"]
+
+
+def planted(folder: Path, command: str, files: list) -> None:
+    """A manifest in ``folder`` that names ``command`` as its writer and lists ``files``, as anyone could write it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text(json.dumps({"written_by": "vision-attn", "command": command, "files": files}))
+
+
+def sha256_record(path: Path) -> dict:
+    return {"path": "", "size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+@pytest.mark.parametrize("entries", ["names", "true records", "false records"])
+def test_a_planted_manifest_removes_nothing_of_the_users(entries, captions, tmp_path) -> None:
+    """The probes' planted manifest: it names `overlay`, lists a file of the user's and one outside --out through a
+    symlinked subfolder (with their true size and hash, too), an absolute path and a `..` path. Refused without
+    --overwrite; with it, every one of those files stays."""
+    out, elsewhere = tmp_path / "given", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim.txt").write_text("outside --out, reached through sub/")
+    (tmp_path / "above.txt").write_text("above --out")
+    out.mkdir()
+    (out / "user.txt").write_text("the user's")
+    (out / "sub").symlink_to(elsewhere, target_is_directory=True)
+    names = ["sub/victim.txt", "user.txt", str(tmp_path / "above.txt"), "../above.txt"]
+    files = {"names": names,
+             "true records": [{**sha256_record(out / name), "path": name} for name in names],
+             "false records": [{"path": name, "size": 1, "sha256": "0" * 64} for name in names]}[entries]
+    planted(out, "overlay", files)
+    before = snapshot(tmp_path)
+    one_line_error(run_in_process(*command_args("overlay", captions, out)), str(out), "--overwrite")
+    assert snapshot(tmp_path) == before
+    written = run_in_process(*command_args("overlay", captions, out), "--overwrite")
+    assert written.returncode == 0, written.stderr[-2000:]
+    kept = {name: data for name, data in before.items() if not name.startswith("given/.vision-attn")}
+    assert {name: data for name, data in snapshot(tmp_path).items() if name in kept} == kept
+    assert (out / "sub").is_symlink() and files_in(elsewhere) == {"victim.txt"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link"])
+def test_a_manifest_that_is_not_a_regular_file_is_one_line(kind, captions, tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    {"fifo": lambda: os.mkfifo(out / MANIFEST), "folder": lambda: (out / MANIFEST).mkdir(),
+     "link": lambda: (out / MANIFEST).symlink_to(tmp_path / "anywhere.json")}[kind]()
+    one_line_error(run_in_process(*command_args("overlay", captions, out)), MANIFEST, "not a regular file")
+    assert files_in(out) == set()
+
+
+@pytest.mark.parametrize("command", ("explore", "make-scenes"))
+def test_symlinked_subfolders_of_an_owned_folder_are_never_written_through(command, captions, tmp_path) -> None:
+    """An old site's (or dataset's) subfolders linked to another folder: refused without --overwrite, and with it
+    refused in one line before anything moves; the other folder is as it was."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    assert run_in_process(*command_args(command, captions, out)).returncode == 0
+    elsewhere.mkdir()
+    for sub in ("images", "data" if command == "explore" else "annotations"):
+        shutil.move(out / sub, elsewhere / sub)
+        (out / sub).symlink_to(elsewhere / sub, target_is_directory=True)
+    before = snapshot(tmp_path)
+    one_line_error(run_in_process(*command_args(command, captions, out)), str(out), "--overwrite")
+    refused = run_in_process(*command_args(command, captions, out), "--overwrite")
+    one_line_error(refused, "is a link", "writes nothing through a link")
+    assert snapshot(tmp_path) == before and not list(out.glob(f"{STAGING_PREFIX}*"))
+
+
+@pytest.mark.parametrize("change", ["edited", "renamed", "hard-linked"])
+def test_a_file_changed_since_it_was_written_is_the_users(change, captions, tmp_path) -> None:
+    """One of overlay's PNGs edited, renamed (the user's own file put at its name) or hard-linked from elsewhere:
+    the folder is no longer overlay's own (refused without --overwrite), and a rerun that no longer writes that
+    name keeps the user's bytes; a hard link outside keeps its content whatever is replaced."""
+    out = tmp_path / "out"
+    assert run_in_process(*command_args("overlay", captions, out)).returncode == 0
+    smaller = run_in_process(*command_args("overlay", captions, tmp_path / "probe", smaller=True))
+    assert smaller.returncode == 0
+    dropped = sorted(set(manifest_files(out)) - set(manifest_files(tmp_path / "probe")))[0]
+    target, outside = out / dropped, tmp_path / "kept.png"
+    ours = target.read_bytes()
+    if change == "edited":
+        target.write_bytes(ours + b"the user's edit")
+    elif change == "renamed":
+        target.rename(out / "mine.png")
+        target.write_bytes(b"the user's own file")
+    else:
+        os.link(target, outside)
+    users = target.read_bytes()
+    if change != "hard-linked":
+        one_line_error(run_in_process(*command_args("overlay", captions, out, smaller=True)), dropped, "--overwrite")
+    again = run_in_process(*command_args("overlay", captions, out, smaller=True), "--overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
+    if change == "hard-linked":  # still ours by content, so removed; the other link keeps it
+        assert not target.exists() and outside.read_bytes() == ours
+    else:
+        assert target.read_bytes() == users
+    if change == "renamed":
+        assert (out / "mine.png").read_bytes() == ours
+
+
+def is_null_device(path: str) -> bool:
+    mode = os.stat(path).st_mode
+    return stat.S_ISCHR(mode) and os.major(os.stat(path).st_rdev) == 1
+
+
+@pytest.fixture
+def devices_kept():
+    """/dev/null and /dev/full as they were, checked after the test (restored, as root, should a bug replace one, so
+    that the rest of the machine is not broken by a failing test)."""
+    yield
+    for name, minor in (("/dev/null", 3), ("/dev/full", 7)):
+        if os.path.lexists(name) and not is_null_device(name) and os.geteuid() == 0:
+            os.unlink(name)
+            os.mknod(name, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+            os.chmod(name, 0o666)
+            pytest.fail(f"{name} was replaced (restored)")
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "/dev/full", "fifo", "folder"])
+def test_an_out_that_is_not_a_regular_file_is_refused_before_any_work(target, captions, trained_captioner,
+                                                                       devices_kept, tmp_path) -> None:
+    """As root a rename would replace /dev/null with a regular file: every command refuses such an --out in one
+    line, and it stays what it was."""
+    if target == "fifo":
+        target = str(tmp_path / "fifo")
+        os.mkfifo(target)
+    elif target == "folder":
+        target = str(tmp_path / "folder.json")
+        os.mkdir(target)
+    ckpt, scenes = str(trained_captioner["ckpt"]), trained_captioner["scenes"]
+    runs = [["caption", "--ckpt", ckpt, str(captions["images"] / "scene1.png"), "--out", target],
+            ["evaluate", str(captions["all"]), "--annotations", str(scenes / "annotations" / "captions_test.json"),
+             "--out", target],
+            ["erasure", "--ckpt", ckpt, "--root", str(scenes), "--count", "1", "--out", target],
+            ["classify", "--ckpt", ckpt, str(captions["images"] / "scene1.png"), "--out", target]]
+    for args in runs:
+        one_line_error(run_in_process(*args), target, "regular file" if "folder" not in target else "is a folder")
+    for folder_command in ("overlay", "explore", "export-samples"):
+        if "folder" not in target:
+            one_line_error(run_in_process(*command_args(folder_command, captions, Path(target))), target,
+                           "not a folder")
+    if target.startswith("/dev/"):
+        assert is_null_device(target)
+    else:
+        assert stat.S_ISFIFO(os.stat(target).st_mode) if "fifo" in target else Path(target).is_dir()
+
+
+def test_erasure_never_writes_over_its_dataset(trained_captioner, tmp_path) -> None:
+    """The probes' `erasure --root ROOT --out ROOT/annotations/instances_test.json`: any file of the dataset, by its
+    path, a symlink or a hard link, is refused in one line, and the dataset is as it was."""
+    scenes = trained_captioner["scenes"]
+    before = snapshot(scenes)
+    link, hard = tmp_path / "link.json", tmp_path / "hard.json"
+    link.symlink_to(scenes / "annotations" / "instances_test.json")
+    os.link(scenes / "annotations" / "captions_train.json", hard)
+    for out in (scenes / "annotations" / "instances_test.json", scenes / "annotations" / "captions_val.json",
+                scenes / "images" / "test" / "1.png", link, hard):
+        refused = run_in_process("erasure", "--ckpt", str(trained_captioner["ckpt"]), "--root", str(scenes),
+                                 "--count", "1", "--out", str(out))
+        one_line_error(refused, str(out), "is one of the inputs")
+    assert snapshot(scenes) == before

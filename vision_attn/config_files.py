@@ -1,7 +1,9 @@
 """The config files of ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``: found on the command line
-(``--config``/``-c``, and a ``--trainer``/``--model``/``--data`` value that is a file), and checked before
-LightningCLI reads them. One that does not exist, is not UTF-8 text, is too large, is not YAML, is empty, is not a
-mapping or is tagged with a Python object is refused in one line naming it.
+(``--config``/``-c``, a ``--trainer``/``--model``/``--data`` value that is a file, any option's value that is a
+``.yaml``/``.yml`` file, and such a file named inside a config), and checked before LightningCLI reads them. One that
+does not exist, is not UTF-8 text, is too large (in bytes, or once its YAML aliases are expanded), nests too deeply,
+is not YAML, is empty, is not a mapping or is tagged with a Python object is refused in one line naming it. A value
+given on the command line is YAML to jsonargparse too: its aliases and nesting are bounded the same way.
 """
 
 from __future__ import annotations
@@ -13,31 +15,52 @@ from typing import Any
 CONFIG_FLAGS = ("--config", "-c")
 SECTION_FLAGS = ("--trainer", "--model", "--data")  # these take a config file of their section too
 MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KB; more is not one
+MAX_CONFIG_DEPTH = 64  # a config nests a few levels (model, init_args, a group, a list of its entries)
+YAML_SUFFIXES = (".yaml", ".yml")
 YAML_TAG_PREFIX = "tag:yaml.org,2002:"  # how PyYAML names the ``!!`` tags
 
 
 def config_files(args: Sequence[str]) -> list[tuple[str, Path]]:
     """The config files named in ``args``, in order, with the flag that named each: every ``--config``/``-c``
-    value, and a ``--trainer``/``--model``/``--data`` value that is an existing file."""
+    value, a ``--trainer``/``--model``/``--data`` value that is an existing file, and any option's value that is an
+    existing ``.yaml``/``.yml`` file (jsonargparse reads such a file as the option's value)."""
     found = []
     for index, arg in enumerate(args):
         flag, equals, value = arg.partition("=")
         if not equals:
             value = args[index + 1] if index + 1 < len(args) else ""
-        if flag in CONFIG_FLAGS or (flag in SECTION_FLAGS and value and Path(value).is_file()):
+        is_file = bool(value) and is_a_file(value)
+        if flag in CONFIG_FLAGS or (flag.startswith("-") and is_file and (
+                flag in SECTION_FLAGS or value.lower().endswith(YAML_SUFFIXES))):
             found.append((flag, Path(value)))
     return found
 
 
+def is_a_file(value: str) -> bool:
+    """Whether a command-line value names an existing file (a value too long, or with a NUL, names none)."""
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def check_config_files(args: Sequence[str]) -> None:
     """Refuse, in one line naming it, a config file of ``args`` that does not exist or is not readable, not UTF-8
-    text, larger than ``MAX_CONFIG_BYTES``, not YAML, empty, not a mapping, or tagged with a Python object."""
-    for flag, path in config_files(args):
-        check_config_file(flag, path)
+    text, larger than ``MAX_CONFIG_BYTES`` (in bytes, or once its aliases are expanded), nested deeper than
+    ``MAX_CONFIG_DEPTH``, not YAML, empty, not a mapping, or tagged with a Python object; the same for each YAML
+    file a config names as a value, and the bounds for every value given on the command line."""
+    seen: set[Path] = set()
+    files = config_files(args)
+    while files:
+        flag, path = files.pop(0)
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            files += [(flag, named) for named in named_yaml_files(check_config_file(flag, path), path)]
+    check_yaml_values(args)
 
 
-def check_config_file(flag: str, path: Path) -> None:
-    """``check_config_files`` for one file, named by ``flag``."""
+def check_config_file(flag: str, path: Path) -> dict[str, Any]:
+    """``check_config_files`` for one file, named by ``flag``; its content."""
     import yaml
 
     if not path.is_file():
@@ -54,13 +77,19 @@ def check_config_file(flag: str, path: Path) -> None:
     except OSError as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
     try:
-        tagged = next(refused_tags(yaml.compose(text, Loader=yaml.SafeLoader)), None)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ValueError(f"{path}: nests too deeply to be a config (at most {MAX_CONFIG_DEPTH} levels)") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ValueError(f"{path}: not valid YAML, {where}{error.problem}") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    problem = yaml_size_problem(root)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    tagged = next(refused_tags(root), None)
     if tagged is not None:
         mark = tagged.start_mark
         raise ValueError(f"{path}: line {mark.line + 1}, column {mark.column + 1}: the YAML tag "
@@ -72,24 +101,116 @@ def check_config_file(flag: str, path: Path) -> None:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: a config file holds a mapping of options (trainer:, model:, data:), not a "
                          f"{type(loaded).__name__}")
+    return loaded
 
 
-def refused_tags(node: Any) -> Iterator[Any]:
-    """The nodes of a composed YAML document (``yaml.compose``) whose tag PyYAML's safe loader has no constructor
-    for (a Python object's, or an unknown one), in document order."""
+def named_yaml_files(config: Any, path: Path) -> list[Path]:
+    """The ``.yaml``/``.yml`` files that the strings of a loaded ``config`` name, from the working directory or the
+    config's folder, where they are files."""
+    found, stack = [], [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack += [*node.keys(), *node.values()]
+        elif isinstance(node, list):
+            stack += node
+        elif isinstance(node, str) and node.lower().endswith(YAML_SUFFIXES):
+            found += [candidate for candidate in (Path(node), path.parent / node) if is_a_file(str(candidate))][:1]
+    return found
+
+
+def check_yaml_values(args: Sequence[str]) -> None:
+    """Refuse a command-line value that jsonargparse would read as YAML expanding past ``MAX_CONFIG_BYTES`` through
+    its aliases, or nested deeper than ``MAX_CONFIG_DEPTH``, in one line naming the option."""
     import yaml
 
-    if node is None:
-        return
-    if node.tag not in yaml.SafeLoader.yaml_constructors:
+    for index, arg in enumerate(args):
+        flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if not equals:
+            flag = args[index - 1] if index and args[index - 1].startswith("-") else "a command-line value"
+        if not any(mark in value for mark in "*[{-:"):
+            continue  # a plain scalar: no alias, no nesting
+        try:
+            node = yaml.compose(value, Loader=yaml.SafeLoader)
+        except RecursionError:
+            raise ValueError(f"{flag}: the value nests too deeply to be a value (at most {MAX_CONFIG_DEPTH} "
+                             "levels)") from None
+        except yaml.YAMLError:
+            continue  # not YAML: jsonargparse takes it as a string
+        problem = yaml_size_problem(node)
+        if problem:
+            raise ValueError(f"{flag}: the value {problem}")
+
+
+def yaml_nodes(root: Any) -> Iterator[Any]:
+    """Each node of a composed YAML document once (an alias is the node it names), in document order, without
+    recursion."""
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
         yield node
+        stack += reversed(_children(node))
+
+
+def _children(node: Any) -> list[Any]:
+    import yaml
+
     if isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            yield from refused_tags(item)
-    elif isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            yield from refused_tags(key)
-            yield from refused_tags(value)
+        return list(node.value)
+    return [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else []
+
+
+def expanded(root: Any, limit: int) -> tuple[int, int] | None:
+    """(size, depth) of a composed YAML document once its aliases are expanded, as a consumer of the loaded
+    values walks it: one per node plus the characters of each scalar (counting stops past ``limit``), and how
+    deeply it nests. None where an alias is inside the node it names (a document that never ends)."""
+    import yaml
+
+    found: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            open_nodes.discard(key)
+            inner = [found[id(child)] for child in _children(node)]
+            size = 1 + (len(str(node.value)) if isinstance(node, yaml.ScalarNode) else sum(s for s, _ in inner))
+            found[key] = (min(size, limit + 1), 1 + max((depth for _, depth in inner), default=0))
+        elif key in open_nodes:
+            return None
+        elif key not in found:
+            open_nodes.add(key)
+            stack += [(node, True), *((child, False) for child in _children(node))]
+    return found[id(root)]
+
+
+def yaml_size_problem(root: Any) -> str | None:
+    """What makes a composed YAML document too large to read, or None: an alias inside the node it names, nesting
+    deeper than ``MAX_CONFIG_DEPTH``, or aliases that expand it past ``MAX_CONFIG_BYTES`` (``expanded``)."""
+    if root is None:
+        return None
+    found = expanded(root, MAX_CONFIG_BYTES)
+    if found is None:
+        return "holds a YAML alias inside the node it names (it would never end)"
+    size, depth = found
+    if depth > MAX_CONFIG_DEPTH:
+        return f"nests {depth} levels deep (aliases expanded), more than the {MAX_CONFIG_DEPTH} a config may"
+    if size > MAX_CONFIG_BYTES:
+        return (f"grows past {MAX_CONFIG_BYTES // 2**20} MiB once its YAML aliases (*name) are expanded, more than "
+                "a config may hold; write the values out")
+    return None
+
+
+def refused_tags(root: Any) -> Iterator[Any]:
+    """The nodes of a composed YAML document (``yaml.compose``) whose tag PyYAML's safe loader has no constructor
+    for (a Python object's, or an unknown one), in document order, each once."""
+    import yaml
+
+    return (node for node in yaml_nodes(root) if node.tag not in yaml.SafeLoader.yaml_constructors)
 
 
 def read_config(path: Path) -> Any:

@@ -34,7 +34,7 @@ from vision_attn.checkpoint import CAPTIONER, KIND_NAMES, VIT, checkpoint_kind, 
 from vision_attn.data.coco import SceneObject, read_objects
 from vision_attn.data.images import BadImageCounter, OnBadImage, expand_inputs, open_image, readable_batches
 from vision_attn.errors import CheckpointError
-from vision_attn.io import MANIFEST, OwnedFolder, input_file
+from vision_attn.io import OwnedFolder, input_file
 from vision_attn.metrics import pointing_scores, scene_scores
 from vision_attn.overlay import _colour_table
 from vision_attn.results import read_results
@@ -42,7 +42,6 @@ from vision_attn.vit.classifier import Classifier, centre_square
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 VIEW_SIZE, THUMB_SIZE = 448, 112
-LEGACY_MARKER = ".vision-attn-explorer"  # marked a site written before manifests: it is written over, as its own
 
 
 def js_data(callback: str, payload: Any) -> str:
@@ -144,13 +143,12 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
 
 def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bool = False) -> OwnedFolder:
     """The site's folder, checked before any work (``io.OwnedFolder``): refused when it holds an input, or files
-    that no ``explore`` wrote (unless ``overwrite``; a site marked with ``LEGACY_MARKER`` is written over)."""
+    that no ``explore`` wrote (unless ``overwrite``)."""
     resolved = Path(out).resolve()
     for path in inputs:
         if resolved in Path(path).resolve().parents:
             raise ValueError(f"{out}: holds the input {path}; write the site to another folder")
-    legacy = (Path(out) / LEGACY_MARKER).is_file() and not (Path(out) / MANIFEST).exists()
-    return OwnedFolder(out, "explore", overwrite=overwrite or legacy, inputs=inputs)
+    return OwnedFolder(out, "explore", overwrite=overwrite, inputs=inputs)
 
 
 def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict[str, Any]]]) -> Path:

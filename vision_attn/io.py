@@ -1,22 +1,46 @@
-"""Writing result files so that a crash never leaves a half-written file under the final name, and output folders
-that a command owns: it replaces only what it wrote there (``OwnedFolder``)."""
+"""Writing result files so that a crash never leaves a half-written file under the final name, and never in place of
+something that is not a regular file (a device, a pipe); and output folders that a command owns: it replaces only
+what it wrote there and can prove it wrote (``OwnedFolder``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` may not be replaced by a file written there: it is (or links to) a folder, a device, a pipe or
+    a socket. None when it is a regular file, or not there (a dangling link too: the rename replaces the link)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return "is a folder" if stat.S_ISDIR(mode) else "is not a regular file (a device, a pipe or a socket)"
+
+
+def refuse_not_a_file(path: Path) -> None:
+    """Raise, in one line, where ``path`` is there and not a regular file (``not_a_file``)."""
+    problem = not_a_file(path)
+    if problem:
+        raise ValueError(f"{path}: {problem}; give the name of a regular file to write")
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
     """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX); if ``write``
-    fails the temporary file is removed and ``path`` is untouched."""
+    fails the temporary file is removed and ``path`` is untouched. A ``path`` that is not a regular file (a device
+    such as /dev/null, a pipe) is refused before writing and again before the rename, which would replace it."""
     path = Path(path)
+    refuse_not_a_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
                                      delete=False) as file:
@@ -27,23 +51,21 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
             os.unlink(file.name)
             raise
         temporary = Path(file.name)
-    umask = os.umask(0)
-    os.umask(umask)
-    temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
-    temporary.replace(path)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
+        refuse_not_a_file(path)  # it may have become one while the file was written
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path
 
 
 def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
     """Write JSON to ``path`` atomically."""
     return replace_atomically(path, lambda file: file.write(json.dumps(payload).encode("utf-8")))
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _check_parents(path: Path) -> None:
@@ -54,14 +76,26 @@ def _check_parents(path: Path) -> None:
             return
 
 
-def output_file(path: str | os.PathLike, *, inputs: Sequence[str | os.PathLike] = ()) -> Path:
-    """A file a command will write, checked before any work: not a folder, not under a file, not one of ``inputs``."""
+def output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """A file a command will write, checked before any work: not a folder, a device, a pipe or a socket, not under
+    a file, and not one of ``inputs`` (the same file, by a link, a hard link or another spelling of its path)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the name of a file to write")
+    refuse_not_a_file(path)
     _check_parents(path)
-    if any(_same_file(path, Path(item)) for item in inputs):
-        raise ValueError(f"{path}: is one of the inputs; writing it would overwrite it (choose another output)")
+    try:
+        own = os.stat(path)
+    except OSError:  # not there yet: it is none of the inputs
+        return path
+    for item in inputs:
+        try:
+            found = os.stat(item)
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (own.st_dev, own.st_ino):
+            raise ValueError(f"{path}: is one of the inputs ({item}); writing it would overwrite it (choose another "
+                             "output)")
     return path
 
 
@@ -69,7 +103,8 @@ def output_folder(path: str | os.PathLike) -> Path:
     """A folder a command will write into, checked before any work: not an existing file, not under a file."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{path}: is a file, not a folder to write into")
+        raise ValueError(f"{path}: is {'a file' if path.is_file() else 'a device, a pipe or a socket'}, not a folder "
+                         "to write into")
     _check_parents(path)
     return path
 
@@ -88,6 +123,7 @@ def input_file(path: str | os.PathLike, what: str, *, error: type[Exception] = V
 
 
 MANIFEST = ".vision-attn-manifest.json"  # in a folder a command wrote: the command and the files it wrote there
+MAX_MANIFEST_BYTES = 64 * 2**20  # far above what any command lists; a larger one is not ours
 STAGING_PREFIX = ".vision-attn-staging-"  # a command writes into such a hidden folder, then moves the files in
 
 
@@ -105,32 +141,92 @@ def writable_folder(path: str | os.PathLike) -> Path:
     return path
 
 
-def _listed(name: object) -> bool:
+def file_record(path: Path) -> dict[str, Any]:
+    """What the manifest keeps of a file written: its size and SHA-256, which a later run checks it against."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def inside(folder: Path, name: object) -> Path | None:
+    """``folder / name`` where it is safe to write or remove: ``name`` a relative path without ``..``, none of its
+    parents under ``folder`` a link or anything but a folder, itself no link, and it resolves inside ``folder``;
+    else None."""
     parts = Path(name).parts if isinstance(name, str) else ()
-    return bool(parts) and not Path(name).is_absolute() and ".." not in parts and name != MANIFEST
+    if not parts or Path(name).is_absolute() or ".." in parts or Path(name) == Path(MANIFEST):
+        return None
+    step = folder
+    for part in parts:
+        step = step / part
+        try:
+            mode = os.lstat(step).st_mode
+        except OSError:
+            break  # not there yet: nothing below it is either
+        if stat.S_ISLNK(mode) or (step != folder / name and not stat.S_ISDIR(mode)):
+            return None
+    real = os.path.realpath(folder)
+    return folder / name if os.path.realpath(folder / name).startswith(real + os.sep) else None
 
 
-def read_manifest(folder: str | os.PathLike) -> tuple[str, list[str]] | None:
-    """(command, relative paths of the files it wrote) from a folder's manifest, less paths that would leave the
-    folder; None when there is none or it is not one of ours."""
+class Manifest(NamedTuple):
+    """A folder's manifest, checked against the folder: the command that wrote it; ``ours``, the files it lists
+    that are still what was written (relative path -> ``file_record``); ``foreign``, the listed files that are
+    there but are not (changed, replaced, a link, or outside the folder). Listed files no longer there are
+    neither."""
+
+    command: str
+    ours: dict[str, dict[str, Any]]
+    foreign: list[str]
+
+
+def _verified(folder: Path, name: str, record: dict[str, Any]) -> bool:
+    target = inside(folder, name)
     try:
-        data = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return target is not None and stat.S_ISREG(os.lstat(target).st_mode) and file_record(target) == record
+    except OSError:
+        return False
+
+
+def read_manifest(folder: str | os.PathLike) -> Manifest | None:
+    """The manifest of ``folder`` checked file by file (``Manifest``); None when there is none, it is not one of
+    ours, or it is a link, a pipe or larger than ``MAX_MANIFEST_BYTES``."""
+    folder = Path(folder)
+    try:
+        found = os.lstat(folder / MANIFEST)
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_MANIFEST_BYTES:
+            return None
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     if not (isinstance(data, dict) and isinstance(data.get("command"), str) and isinstance(data.get("files"), list)):
         return None
-    return data["command"], [name for name in data["files"] if _listed(name)]
+    ours, foreign = {}, []
+    for entry in data["files"]:
+        name = entry.get("path") if isinstance(entry, dict) else entry
+        if not isinstance(name, str) or not os.path.lexists(folder / name):
+            continue
+        record = {key: entry.get(key) for key in ("size", "sha256")} if isinstance(entry, dict) else {}
+        if _verified(folder, name, record):
+            ours[name] = record
+        else:
+            foreign.append(name)
+    return Manifest(data["command"], ours, foreign)
 
 
 class OwnedFolder:
     """An output folder that a command owns, checked before any work and written through a staging folder.
 
-    The command's manifest (``MANIFEST``) lists the files it wrote: writing again replaces them and removes the
-    listed ones not written again; nothing else is touched. A folder with other files and no manifest of this
-    command is refused unless ``overwrite`` (which keeps the other files). ``exclusive`` (a dataset, never a mix of
-    two runs) refuses the command's own earlier output too unless ``overwrite``, which replaces it whole;
-    ``legacy(folder)`` lists what the command wrote before it kept a manifest. A link to a folder is followed.
-    ``inputs`` that the earlier output holds are refused, as writing would replace or remove them.
+    The command's manifest (``MANIFEST``) lists the files it wrote with their size and SHA-256. When every listed
+    file still there matches its record, inside the folder and through no link, the files are the command's own:
+    writing again replaces them and removes the ones not written again. A folder with other files and no such
+    manifest is the user's: refused unless ``overwrite``, which replaces files of the names written, removes
+    nothing and keeps every other file. ``exclusive`` (a dataset, never a mix of two runs) refuses the command's
+    own earlier output too unless ``overwrite``, which replaces it whole; ``legacy(folder)`` lists what the command
+    wrote before it kept a manifest (used where there is none). A link to a folder is followed; inside it nothing
+    is written or removed through a link, or outside the folder. ``inputs`` that the earlier output holds are
+    refused, as writing would replace or remove them.
     """
 
     def __init__(self, path: str | os.PathLike, command: str, *, overwrite: bool = False, exclusive: bool = False,
@@ -142,10 +238,13 @@ class OwnedFolder:
             if target.exists() and not target.is_dir():
                 raise ValueError(f"{path}: a link to {target}, which is not a folder to write into")
             path = target
-        self.path, self.command = output_folder(path), command
+        self.path, self.command, self.overwrite = output_folder(path), command, overwrite
+        if os.path.lexists(path / MANIFEST) and not stat.S_ISREG(os.lstat(path / MANIFEST).st_mode):
+            raise ValueError(f"{path / MANIFEST}: is not a regular file, and `vision-attn {command}` keeps its list "
+                             "of what it wrote there; move it, or write elsewhere")
         manifest = read_manifest(path) if path.is_dir() else None
-        own = manifest is not None and manifest[0] == command
-        self.previous = manifest[1] if own else []
+        own = manifest is not None and manifest.command == command and not manifest.foreign
+        self.previous: dict[str, dict[str, Any] | None] = dict(manifest.ours) if own else {}
         try:
             held = [entry for entry in path.iterdir() if entry.name != MANIFEST
                     and not entry.name.startswith(STAGING_PREFIX)] if path.is_dir() else []
@@ -153,12 +252,14 @@ class OwnedFolder:
             raise ValueError(f"{path}: cannot read it ({error.strerror or error}); choose a folder you can write "
                              "to") from None
         if held and not overwrite and (exclusive or not own):
-            what = (f"already holds what `vision-attn {command}` wrote" if own
+            changed = manifest is not None and manifest.command == command and manifest.foreign
+            what = (f"holds {manifest.foreign[0]}, which its manifest lists but `vision-attn {command}` did not "
+                    "write as it is now" if changed else f"already holds what `vision-attn {command}` wrote" if own
                     else f"holds files that `vision-attn {command}` did not write")
             keep = "replace it" if exclusive else "write into it anyway (other files are kept)"
             raise FileExistsError(f"{path}: {what}; choose an empty folder, or pass --overwrite to {keep}")
-        if held and overwrite and not own and legacy is not None:
-            self.previous = [name for name in legacy(path) if _listed(name)]
+        if held and overwrite and manifest is None and legacy is not None:
+            self.previous = {name: None for name in legacy(path) if inside(path, name) is not None}
         writable_folder(path)
         earlier = {os.path.realpath(path / name) for name in self.previous}
         for item in inputs:
@@ -180,35 +281,52 @@ class OwnedFolder:
             shutil.rmtree(staging, ignore_errors=True)
             _remove_empty(made)  # the deepest first
 
+    def _check_targets(self, entries: dict[str, bool], stale: Sequence[str]) -> None:
+        """Refuse, before anything in the folder changes, a target that is a link or under one, outside the
+        folder, a folder where a file goes or the reverse, not a regular file, or (without ``overwrite``) a file
+        of the user's in the way."""
+        for name, is_folder in entries.items():
+            target, kind = self.path / name, "folder" if is_folder else "file"
+            if inside(self.path, name) is None:
+                raise FileExistsError(f"{target}: is a link, or under one; `vision-attn {self.command}` writes "
+                                      f"nothing through a link (it could land outside {self.path}); move it, or "
+                                      "write elsewhere")
+            if not os.path.lexists(target) or name in stale:
+                continue
+            if target.is_dir() != is_folder or not (is_folder or target.is_file()):
+                raise FileExistsError(f"{target}: is in the way of the {kind} `vision-attn {self.command}` writes "
+                                      "there; move it, or write elsewhere")
+            if not (is_folder or self.overwrite or name in self.previous):
+                raise FileExistsError(f"{target}: is a file `vision-attn {self.command}` did not write; move it, "
+                                      "or pass --overwrite to replace it")
+
     def commit(self, staging: Path) -> list[str]:
         """Move every file under ``staging`` into the folder, remove the earlier output's files that were not
-        written again, and list what was written in the manifest; returns the relative paths written."""
+        written again (each checked once more against its record), and list what was written in the manifest;
+        returns the relative paths written."""
         entries = {p.relative_to(staging).as_posix(): p.is_dir() for p in sorted(staging.rglob("*"))}
-        written = [name for name, is_folder in entries.items() if not is_folder]
-        stale = sorted(set(self.previous) - set(written))
-        for name, is_folder in entries.items():  # a folder where a file goes, or a file where a folder goes
-            target = self.path / name
-            if target.exists() and target.is_dir() != is_folder and name not in stale:
-                raise FileExistsError(f"{target}: is in the way of the {'folder' if is_folder else 'file'} "
-                                      f"`vision-attn {self.command}` writes there; move it, or write elsewhere")
-        self._write_manifest(sorted(set(self.previous) | set(written)))  # all ours, should the moves be cut short
-        for name in stale:
-            target = self.path / name
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            _remove_empty(list(target.parents)[: len(Path(name).parts) - 1])
+        records = {name: file_record(staging / name) for name, is_folder in entries.items() if not is_folder}
+        stale = sorted(set(self.previous) - set(records))
+        self._check_targets(entries, stale)
+        self._write_manifest({**{k: v for k, v in self.previous.items() if v is not None}, **records})
+        for name in stale:  # only what is still ours: a file changed since the check stays
+            record, target = self.previous[name], inside(self.path, name)
+            if target is not None and (record is None or _verified(self.path, name, record)):
+                target.unlink(missing_ok=True)
+                _remove_empty(list(target.parents)[: len(Path(name).parts) - 1])
         for name, is_folder in entries.items():  # parents before their files, as sorted
             if is_folder:
                 (self.path / name).mkdir(exist_ok=True)
             else:
                 os.replace(staging / name, self.path / name)
-        self._write_manifest(written)
-        self.previous = written
-        return written
+        self._write_manifest(records)
+        self.previous = dict(records)
+        return list(records)
 
-    def _write_manifest(self, files: list[str]) -> None:
-        write_json_atomically(self.path / MANIFEST, {"written_by": "vision-attn", "command": self.command,
-                                                     "files": files})
+    def _write_manifest(self, records: dict[str, dict[str, Any]]) -> None:
+        write_json_atomically(self.path / MANIFEST, {
+            "written_by": "vision-attn", "command": self.command,
+            "files": [{"path": name, **records[name]} for name in sorted(records)]})
 
 
 def _remove_empty(folders: Sequence[Path]) -> None:

@@ -16,11 +16,13 @@ from typing import Any
 
 from torch import Tensor
 
-from vision_attn.data.formats import read_json
+from vision_attn.data.formats import MAX_CAPTION_WORDS, MAX_ID, caption_problem, read_json
 from vision_attn.io import write_json_atomically
 
 RECORD_KEYS = ("image_id", "file_name", "caption", "tokens", "grid", "image_size", "alphas", "betas")
 OPTIONAL_KEYS = ("head_alphas", "beams")  # a multihead score's per-head α; every beam (`caption --all-beams`)
+MAX_NAME = 4096  # characters of an image id or file name given as a string: a path's length (PATH_MAX)
+MAX_RESULTS_WORDS = 10_000_000  # the words of all of a file's captions: a large split's images at a generous length
 
 
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
@@ -62,15 +64,22 @@ def record_problem(record: Any) -> str | None:
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
-    if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-        return f"image_id must be a number or a string, got {image_id!r}"
-    if not isinstance(name, str) or not name:
-        return f"file_name must be a non-empty string, got {name!r}"
+    problem = id_problem(image_id)
+    if problem:
+        return problem
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        return f"file_name must be a non-empty string of at most {MAX_NAME} characters, got {name!r:.60}"
     if not isinstance(caption, str):
-        return f"caption must be a string, got {caption!r}"
+        return f"caption must be a string, got {caption!r:.60}"
+    problem = caption_problem(caption)
+    if problem:
+        return problem
     tokens, grid, alphas, betas = (record.get(key) for key in ("tokens", "grid", "alphas", "betas"))
     if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
         return "tokens must be a list of strings (write the file with `vision-attn caption`)"
+    if len(tokens) > MAX_CAPTION_WORDS or sum(map(len, tokens)) > len(caption):
+        return (f"tokens must be the caption's words, at most {MAX_CAPTION_WORDS}, got {len(tokens)} tokens of "
+                f"{sum(map(len, tokens))} characters for a caption of {len(caption)}")
     for key in ("grid", "image_size"):
         value = record.get(key)
         if (key == "grid" or value is not None) and not (isinstance(value, list) and len(value) == 2
@@ -106,6 +115,26 @@ def record_problem(record: Any) -> str | None:
     return None
 
 
+def id_problem(image_id: Any) -> str | None:
+    """What is wrong with a record's ``image_id`` (a whole number of 64 bits, or a string of at most ``MAX_NAME``
+    characters), or None."""
+    if isinstance(image_id, bool) or not isinstance(image_id, int | str):
+        return f"image_id must be a number or a string, got {image_id!r:.60}"
+    if isinstance(image_id, int) and not -MAX_ID <= image_id <= MAX_ID:
+        return f"image_id must be a 64-bit whole number, got one of {len(str(abs(image_id)))} digits"
+    if isinstance(image_id, str) and len(image_id) > MAX_NAME:
+        return f"image_id must be at most {MAX_NAME} characters, got {len(image_id)}"
+    return None
+
+
+def check_total_words(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Refuse a results file whose captions hold more than ``MAX_RESULTS_WORDS`` words together."""
+    total = sum(len(record["caption"].split()) for record in records)
+    if total > MAX_RESULTS_WORDS:
+        raise ValueError(f"{path}: its captions hold {total} words, more than the {MAX_RESULTS_WORDS} a results file "
+                         "may (scoring time grows with them)")
+
+
 def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None
                  ) -> list[tuple[dict[str, Any], Path]]:
     """The records of a results JSON with the image file each names, found in ``image_dir`` (by its path or its
@@ -118,7 +147,7 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
     for index, record in enumerate(loaded):
         problem = record_problem(record)
         if problem:
-            raise ValueError(f"{path}: record {index} ({record.get('file_name') or record.get('image_id')!r}): "
+            raise ValueError(f"{path}: record {index} ({record.get('file_name') or record.get('image_id')!r:.60}): "
                              f"{problem}")
         name = record["file_name"]
         if image_dir is not None:
@@ -132,6 +161,7 @@ def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None
             raise FileNotFoundError(f"{path}: image {name!r} of record {record.get('image_id')!r} not found "
                                     f"(looked in {where})")
         found.append((record, image))
+    check_total_words(path, loaded)
     return found
 
 
@@ -156,11 +186,15 @@ def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
             raise ValueError(f'{path}: record {index} is a {type(record).__name__}, not a {{"image_id", "caption"}} '
                              "record")
         image_id, caption = record.get("image_id"), record.get("caption")
-        if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-            raise ValueError(f"{path}: record {index}: image_id must be a number or a string, got {image_id!r:.60}")
+        problem = id_problem(image_id)
+        if problem:
+            raise ValueError(f"{path}: record {index}: {problem}")
         where = f"{path}: record {index} (image {image_id!r:.60})"
         if not isinstance(caption, str):
             raise ValueError(f"{where}: caption must be a string, got {caption!r:.60}")
+        problem = caption_problem(caption)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
         if any(record.get(key) is not None for key in ATTENTION_KEYS):
             problem = record_problem({**record, "file_name": "-"})
             if problem:
@@ -176,4 +210,5 @@ def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
         records.append(dict(record))
     if not records:
         raise ValueError(f"{path}: holds no records to score")
+    check_total_words(path, records)
     return records

@@ -206,7 +206,7 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
     masks. Every file is read and checked before any scoring: each image must be in the annotations with
     references, and in the instances when given. The scores are written to ``out`` (checked before any work)
     when given."""
-    inputs = [path for path in (results, annotations, instances, attributes) if path]
+    inputs = [path for path in (results, annotations, instances, attributes, words) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
     if words is not None and instances is None:
         raise ValueError("--words names the objects of the instances: give --instances too")

@@ -64,7 +64,9 @@ def caption_command(argv: Sequence[str]) -> None:
     if not options.inputs and not options.coco_annotations:
         parser.error("give image files or folders, or --coco-annotations with --image-dir")
     from vision_attn.captioning.evaluation import caption_inputs, write_captions
+    from vision_attn.io import output_file
 
+    output_file(options.out, inputs=[options.coco_annotations] if options.coco_annotations else [])
     inputs = caption_inputs(options.inputs, coco_annotations=options.coco_annotations, image_dir=options.image_dir)
     written = write_captions(options.ckpt, inputs, options.out, beam_size=options.beam, batch_size=options.batch_size,
                              on_bad_image=options.on_bad_image, device=options.device,

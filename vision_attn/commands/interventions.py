@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from vision_attn.cli_arguments import at_least, bounded_int, parser_for
@@ -57,9 +58,12 @@ def erasure_command(argv: Sequence[str]) -> None:
     parser.add_argument("--out", default="erasure.json", help="JSON to write (default erasure.json)")
     options = parser.parse_args(argv)
     from vision_attn.captioning.erasure import erasure_test, write_erasure
+    from vision_attn.data.scenes import dataset_files
     from vision_attn.io import output_file
 
-    out = output_file(options.out, inputs=[options.ckpt])
+    root = Path(options.root)  # the dataset's files are inputs: the report never replaces one of them
+    dataset = [root / name for name in dataset_files(root)] if root.is_dir() else []
+    out = output_file(options.out, inputs=[options.ckpt, *dataset])
     with progress_bar("scene") as advance:
         report = erasure_test(options.ckpt, options.root, split=options.split, count=options.count,
                               beam_size=options.beam, batch_size=options.batch_size, seed=options.seed,
@@ -99,10 +103,17 @@ def deletion_command(argv: Sequence[str]) -> None:
                              "patches are filled with it")
     parser.add_argument("--out", default="deletion.json", help="JSON to write (default deletion.json)")
     options = parser.parse_args(argv)
+    from vision_attn.data.fashion_mnist import FILES, find_fashion_mnist
+    from vision_attn.errors import DatasetNotFoundError
     from vision_attn.io import output_file, write_json_atomically
     from vision_attn.vit.deletion import fashion_mnist_deletion
 
-    out = output_file(options.out, inputs=[options.ckpt])
+    try:  # Fashion-MNIST's files are inputs too (where they are found now; a download comes later)
+        source = find_fashion_mnist(options.root, download=False)
+    except DatasetNotFoundError:
+        source = None
+    dataset = [source / name for pair in FILES.values() for name in pair] if source else []
+    out = output_file(options.out, inputs=[options.ckpt, *dataset])
     with progress_bar("image") as advance:
         scores = fashion_mnist_deletion(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, steps=options.steps, seed=options.seed,

@@ -20,6 +20,12 @@ from vision_attn.io import input_file
 
 MAX_JSON_BYTES = 1 << 30  # 1 GiB: MS COCO's largest annotation file (instances_train2017.json) is 448 MB
 MAX_JSON_DEPTH = 64  # every format we read nests at most 7 levels (a results record's beams' head_alphas)
+MAX_JSON_CONTAINERS = 1 << 25  # arrays and objects in one file: a few per COCO annotation; each costs far more
+# memory decoded than its two bytes of text, so a file of empty ones is bounded by this, not by its size
+MAX_ID = 2**63 - 1  # ids are 64-bit integers (pycocotools and numpy hold them so)
+MAX_SIDE = 2**31 - 1  # an image's width or height: PNG's own limit
+MAX_CAPTION_WORDS = 200  # decoding.max_length's bound: no decoder here writes a longer caption
+MAX_CAPTION_CHARS = 4000  # 200 words of up to 19 characters, and the spaces between them
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string literal, escapes included
 _NOT_BRACKET = bytes(code for code in range(256) if code not in b"[]{}")
@@ -29,7 +35,10 @@ _CHUNK = 1 << 22
 def nesting_depth(data: bytes) -> int:
     """How deeply the arrays and objects of a JSON text nest (0 for a bare number or string), counted without
     recursion: the brackets outside string literals, as running sums in chunks (memory bounded by the chunk)."""
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    return _nesting(_STRING.sub(b"", data).translate(None, _NOT_BRACKET))
+
+
+def _nesting(brackets: bytes) -> int:
     depth = deepest = 0
     for start in range(0, len(brackets), _CHUNK):
         codes = np.frombuffer(brackets, dtype=np.uint8, count=min(_CHUNK, len(brackets) - start), offset=start)
@@ -58,10 +67,15 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not a readable JSON file (not UTF-8 text: byte {error.start}); expected "
                          f"{what}") from None
-    depth = nesting_depth(data)
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    depth = _nesting(brackets)
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"{path}: JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} allowed; expected "
                          f"{what}")
+    containers = len(brackets) // 2
+    if containers > MAX_JSON_CONTAINERS:
+        raise ValueError(f"{path}: {containers} JSON arrays and objects, more than the {MAX_JSON_CONTAINERS} a file "
+                         f"may hold here (decoded, each takes far more memory than its text); expected {what}")
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, or an integer of over 4300 digits
@@ -70,7 +84,19 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and -MAX_ID <= value <= MAX_ID
+
+
+def caption_problem(caption: str) -> str | None:
+    """What makes a caption longer than a decoder writes (``MAX_CAPTION_CHARS`` characters, ``MAX_CAPTION_WORDS``
+    words), or None; the characters are counted first, so a huge one is refused at once."""
+    if len(caption) > MAX_CAPTION_CHARS:
+        return (f"caption has {len(caption)} characters, more than the {MAX_CAPTION_CHARS} a caption may have (no "
+                f"decoder writes over {MAX_CAPTION_WORDS} words)")
+    words = len(caption.split())
+    if words > MAX_CAPTION_WORDS:
+        return f"caption has {words} words, more than the {MAX_CAPTION_WORDS} a decoder writes (decoding.max_length)"
+    return None
 
 
 def _is_number(value: Any) -> bool:
@@ -136,8 +162,9 @@ def _check_images(refuse: _Refusal, data: Any, *, file_names: bool) -> dict[int,
         if (file_names or "file_name" in image) and not (isinstance(name, str) and name):
             raise refuse(f"{where}: 'file_name' must be a non-empty string, got {_short(name)}")
         for key in ("width", "height"):
-            if key in image and not (_is_id(image[key]) and image[key] > 0):
-                raise refuse(f"{where}: {key!r} must be a positive whole number, got {_short(image[key])}")
+            if key in image and not (_is_id(image[key]) and 0 < image[key] <= MAX_SIDE):
+                raise refuse(f"{where}: {key!r} must be a positive whole number, got {_short(image[key])} (at most "
+                             f"{MAX_SIDE})")
     return ids
 
 
@@ -157,6 +184,9 @@ def check_coco_captions(data: Any, path: Path) -> dict[str, Any]:
         if not isinstance(annotation.get("caption"), str):
             hint = " (an instances file? give the captions file)" if "bbox" in annotation else ""
             raise refuse(f"{where}: 'caption' must be a string, got {_short(annotation.get('caption'))}{hint}")
+        problem = caption_problem(annotation["caption"])
+        if problem:
+            raise refuse(f"{where}: {problem}")
     return {key: value for key, value in data.items() if key != "categories"}
 
 

@@ -338,10 +338,10 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
 
 def dataset_files(root: Path) -> list[str]:
     """The files of a Fashion scenes dataset written before ``make-scenes`` kept a manifest, relative to ``root``:
-    each split's annotation files and the numbered PNGs of its image folder."""
+    each split's annotation files and the numbered PNGs of its image and background folders."""
     splits = set(SPLIT_CODES) | {path.stem.removeprefix("captions_") for path in root.glob("annotations/captions_*")}
     names = [f"annotations/{kind}_{split}.json" for split in sorted(splits)
              for kind in ("captions", "instances", "attributes")]
     names = [name for name in names if (root / name).is_file()]
-    return names + [f"images/{split}/{path.name}" for split in sorted(splits)
-                    for path in sorted((root / "images" / split).glob("*.png")) if path.stem.isdigit()]
+    return names + [f"{kind}/{split}/{path.name}" for kind in ("images", "backgrounds") for split in sorted(splits)
+                    for path in sorted((root / kind / split).glob("*.png")) if path.stem.isdigit()]
