@@ -2,7 +2,7 @@
 LightningCLI builds anything (weights-only, refused when another model family wrote it), and its hyper-parameters,
 upgraded to today's groups, as the model's config. The options that say where a fit's first weights come from
 (``checkpoint.INITIAL_WEIGHTS``) are cleared: the checkpoint holds those weights, so it runs anywhere with only the
-data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none.
+data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none; a model registry is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +22,17 @@ from vision_attn.checkpoint import (
     require_kind,
     without_initial_weights,
 )
+from vision_attn.errors import CheckpointError
 
-NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+NAMED_CHECKPOINTS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself, read by SafeCheckpointIO
+
+
+def refuse_registry(ckpt_path: str) -> None:
+    """Refuse ``--ckpt_path registry`` (or ``registry:NAME``): Lightning would fetch it from a model registry, and a
+    fetched file is what could carry code (``checkpoint.local_path``)."""
+    if ckpt_path.lower() == "registry" or ckpt_path.lower().startswith("registry:"):
+        raise CheckpointError(f"--ckpt_path {ckpt_path}: checkpoints are not fetched from a model registry, because "
+                              "loading one can run code it carries; download it, check it, and pass the local file")
 
 
 def model_class(class_path: str) -> type | None:

@@ -35,6 +35,7 @@ from vision_attn.ckpt_path import (
     clear_model_initial_weights,
     model_class,
     model_kind,
+    refuse_registry,
     require_last_checkpoint,
     restored_model,
 )
@@ -94,6 +95,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         class_path = str(model.get("class_path", "")) if model is not None else ""
         if model is not None:
             clear_model_initial_weights(model, model_kind(class_path))
+        refuse_registry(str(ckpt_path))
         if ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
@@ -142,15 +144,15 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                                       "--overwrite true")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The configured Trainer, whose checkpoints are read safely and written atomically by ``SafeCheckpointIO``
-        (added to the config's plugins unless they hold a CheckpointIO of their own), with a ``PacedProgressBar``
+        """The configured Trainer, whose checkpoints are read safely by ``SafeCheckpointIO`` (``safe_plugins``),
+        with a ``PacedProgressBar``
         where the config sets no bar of its own, ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no
         LearningRateMonitor without a logger, and a warning for bf16 on a CPU without bf16 arithmetic."""
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
-        if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
+        if "plugins" not in kwargs:
+            kwargs["plugins"] = safe_plugins(plugins)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
@@ -165,6 +167,15 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def safe_plugins(plugins: list[Any]) -> list[Any]:
+    """The config's ``trainer.plugins`` with every checkpoint read by ``SafeCheckpointIO``: added when they name no
+    CheckpointIO (it then writes atomically too), and wrapped around one they name, which still writes."""
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        return [*plugins, SafeCheckpointIO()]
+    return [plugin if isinstance(plugin, SafeCheckpointIO) or not isinstance(plugin, CheckpointIO) else
+            SafeCheckpointIO(writer=plugin) for plugin in plugins]
 
 
 def check_option_groups(section: jsonargparse.Namespace) -> None:
