@@ -73,6 +73,43 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
     return {"class_path": class_path, "init_args": without_initial_weights(kind, hparams)}
 
 
+# The model's option group that a checkpoint's user may change: how captions are searched, not what was learnt
+CHANGEABLE_GROUPS = ("decoding",)
+
+
+def model_options_given(args: list[str]) -> list[str]:
+    """The model options (``--model.init_args.GROUP...`` or ``--model.GROUP...``) named on the command line
+    ``args``, as given (without their value): a checkpoint's hyper-parameters replace them."""
+    found = []
+    for arg in args:
+        name = arg.partition("=")[0]
+        if name.startswith("--model.") and name not in ("--model.class_path", "--model.init_args"):
+            found.append(name)
+    return found
+
+
+def refuse_fixed_options(args: list[str], ckpt_path: str) -> None:
+    """Refuse, in one line, a model option on the command line outside ``CHANGEABLE_GROUPS`` when ``--ckpt_path``
+    gives the model's options: the checkpoint's would silently replace it."""
+    for name in model_options_given(args):
+        group = name.removeprefix("--model.").removeprefix("init_args.").partition(".")[0]
+        if group not in CHANGEABLE_GROUPS:
+            raise ValueError(f"{name}: the model's options come from --ckpt_path {ckpt_path}, which replaces this one; "
+                             f"only its {', '.join(CHANGEABLE_GROUPS)} options can be changed")
+
+
+def with_changes(restored: dict[str, Any], given: Any) -> dict[str, Any]:
+    """The model config ``restored`` from a checkpoint with the ``CHANGEABLE_GROUPS`` options that the user's
+    config files and command line set (``given``: the model's init args parsed without defaults) over its own."""
+    init_args = dict(restored["init_args"])
+    for group in CHANGEABLE_GROUPS:
+        changes = given.get(group) if hasattr(given, "get") else None
+        changes = changes.as_dict() if hasattr(changes, "as_dict") else changes
+        if isinstance(changes, dict) and changes and isinstance(init_args.get(group, {}), dict):
+            init_args[group] = {**(init_args.get(group) or {}), **changes}
+    return {**restored, "init_args": init_args}
+
+
 def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
     """Where a ModelCheckpoint will write, by the rule its documentation gives: its ``dirpath``, else the first
     logger's ``log_dir/checkpoints`` (a versioned logger picks a new version), else

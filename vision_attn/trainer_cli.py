@@ -35,9 +35,11 @@ from vision_attn.ckpt_path import (
     clear_model_initial_weights,
     model_class,
     model_kind,
+    refuse_fixed_options,
     refuse_registry,
     require_last_checkpoint,
     restored_model,
+    with_changes,
 )
 from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.config_errors import OneLineErrors
@@ -100,7 +102,13 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
             if restored and class_path:
-                self.config = parser.parse_object({subcommand: {"model": restored}}, self.config)
+                given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+                refuse_fixed_options(given, ckpt_path)
+                explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
+                    parser.parse_args(args, defaults=False)
+                changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
+                                                  self.config)
             ckpt_path = local
         self.held_ckpt_path = ckpt_path
         self.config[subcommand]["ckpt_path"] = None
