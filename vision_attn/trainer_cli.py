@@ -41,7 +41,7 @@ from vision_attn.ckpt_path import (
     restored_model,
     with_changes,
 )
-from vision_attn.cli_arguments import nulls_to_groups
+from vision_attn.cli_arguments import nulls_to_groups, whole_batch_limits
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
@@ -67,6 +67,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
     and its refusals in one line naming the option or the config file (``config_errors.OneLineErrors``)."""
 
     held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
+    batch_limits: typing.ClassVar[dict[str, int]] = {}  # the limit_*_batches given as whole numbers (parse_arguments)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -88,6 +89,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
+        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+        self.batch_limits = whole_batch_limits(given)
         ckpt_path = config.get("ckpt_path")
         if subcommand == "predict":
             require_predictions(config, ckpt_path)
@@ -102,7 +105,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
             if restored and class_path:
-                given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
                 refuse_fixed_options(given, ckpt_path)
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
@@ -120,6 +122,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
         config = self.config[self.subcommand] if self.subcommand else self.config
+        for name, batches in self.batch_limits.items():  # a whole number means batches: 1 is one, not all (1.0)
+            if config.get("trainer") is not None and config["trainer"].get(name) == batches:
+                config["trainer"][name] = batches
         for key in ("model", "data"):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
@@ -161,6 +166,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs:
             kwargs["plugins"] = safe_plugins(plugins)
+        kwargs = {**self.batch_limits, **kwargs}  # instantiation reads them as floats again: 1 would be all (1.0)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
