@@ -85,12 +85,12 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         resolves later too. The path is then held back from the config (``held_ckpt_path``) until
         ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
+        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+        self.batch_limits = whole_batch_limits(given)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         config = self.config[subcommand]
-        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
-        self.batch_limits = whole_batch_limits(given)
         ckpt_path = config.get("ckpt_path")
         if subcommand == "predict":
             require_predictions(config, ckpt_path)
