@@ -15,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
+    INITIAL_WEIGHTS,
     KIND_KEY,
     clear_initial_weights,
     hyper_parameters,
@@ -90,10 +91,13 @@ def model_options_given(args: list[str]) -> list[str]:
 
 def refuse_fixed_options(args: list[str], ckpt_path: str) -> None:
     """Refuse, in one line, a model option on the command line outside ``CHANGEABLE_GROUPS`` when ``--ckpt_path``
-    gives the model's options: the checkpoint's would silently replace it."""
+    gives the model's options: the checkpoint's would silently replace it. The initial-weight options
+    (``checkpoint.INITIAL_WEIGHTS``) pass: a restored checkpoint never reads them, as documented."""
+    initial = {target for targets in INITIAL_WEIGHTS.values() for target in targets}
     for name in model_options_given(args):
-        group = name.removeprefix("--model.").removeprefix("init_args.").partition(".")[0]
-        if group not in CHANGEABLE_GROUPS:
+        path = name.removeprefix("--model.").removeprefix("init_args.")
+        if path.partition(".")[0] not in CHANGEABLE_GROUPS and not any(  # those are cleared, not read
+                target == path or target.startswith(f"{path}.") for target in initial):
             raise ValueError(f"{name}: the model's options come from --ckpt_path {ckpt_path}, which replaces this one; "
                              f"only its {', '.join(CHANGEABLE_GROUPS)} options can be changed")
 
