@@ -25,6 +25,7 @@ from torch import Tensor
 
 from vision_attn import __version__
 from vision_attn.captioning.upgrades import extension_weight_name, upgrade_extensions
+from vision_attn.checkpoint_checks import first_non_finite, metadata_problem, zip_damage
 from vision_attn.checkpoint_files import inspect_torch_file
 from vision_attn.errors import CheckpointError
 from vision_attn.io import input_file
@@ -46,8 +47,23 @@ def local_path(location: str | os.PathLike) -> Path:
 
 
 def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code."""
+    """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code, and only
+    when it is sound (``checkpoint_checks``): a zip archive whose members all pass their CRC checks, finite weights,
+    and vision-attn's own fields of the types it writes. Each refusal is one line naming the file."""
     path = input_file(local_path(path), "a checkpoint file", error=CheckpointError)
+    loaded = _read(path, map_location)
+    non_finite = first_non_finite(loaded)
+    if non_finite is not None:
+        raise CheckpointError(f"{path}: the weight {non_finite} holds NaN or infinite values; a fit that diverged "
+                              "wrote it, or the file was altered")
+    problem = metadata_problem(loaded)
+    if problem:
+        raise CheckpointError(f"{path}: not a vision-attn checkpoint as written, {problem}")
+    return loaded
+
+
+def _read(path: Path, map_location: Any) -> dict[str, Any]:
+    """The contents of the checkpoint or weights file at the local ``path`` (``load_file``)."""
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file as load_safetensors
@@ -59,6 +75,9 @@ def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str
     problem = torch_file_problem(path)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
+    damage = zip_damage(path) if _is_zip(path) else None
+    if damage:
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, truncated or damaged ({damage})")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # protocol notices; the outcome is what matters
@@ -81,6 +100,11 @@ def torch_file_problem(path: Path) -> str | None:
     if magic[:2] != b"PK" and magic[:1] != b"\x80":
         return "not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"
     return None
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as file:
+        return file.read(2) == b"PK"
 
 
 def unreadable_reason(error: BaseException, path: Path) -> str:

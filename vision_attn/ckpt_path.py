@@ -2,7 +2,7 @@
 LightningCLI builds anything (weights-only, refused when another model family wrote it), and its hyper-parameters,
 upgraded to today's groups, as the model's config. The options that say where a fit's first weights come from
 (``checkpoint.INITIAL_WEIGHTS``) are cleared: the checkpoint holds those weights, so it runs anywhere with only the
-data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none.
+data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none; a model registry is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
+    INITIAL_WEIGHTS,
     KIND_KEY,
     clear_initial_weights,
     hyper_parameters,
@@ -22,8 +23,17 @@ from vision_attn.checkpoint import (
     require_kind,
     without_initial_weights,
 )
+from vision_attn.errors import CheckpointError
 
-NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+NAMED_CHECKPOINTS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself, read by SafeCheckpointIO
+
+
+def refuse_registry(ckpt_path: str) -> None:
+    """Refuse ``--ckpt_path registry`` (or ``registry:NAME``): Lightning would fetch it from a model registry, and a
+    fetched file is what could carry code (``checkpoint.local_path``)."""
+    if ckpt_path.lower() == "registry" or ckpt_path.lower().startswith("registry:"):
+        raise CheckpointError(f"--ckpt_path {ckpt_path}: checkpoints are not fetched from a model registry, because "
+                              "loading one can run code it carries; download it, check it, and pass the local file")
 
 
 def model_class(class_path: str) -> type | None:
@@ -62,6 +72,46 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
     if not hparams:
         return None
     return {"class_path": class_path, "init_args": without_initial_weights(kind, hparams)}
+
+
+# The model's option group that a checkpoint's user may change: how captions are searched, not what was learnt
+CHANGEABLE_GROUPS = ("decoding",)
+
+
+def model_options_given(args: list[str]) -> list[str]:
+    """The model options (``--model.init_args.GROUP...`` or ``--model.GROUP...``) named on the command line
+    ``args``, as given (without their value): a checkpoint's hyper-parameters replace them."""
+    found = []
+    for arg in args:
+        name = arg.partition("=")[0]
+        if name.startswith("--model.") and name not in ("--model.class_path", "--model.init_args"):
+            found.append(name)
+    return found
+
+
+def refuse_fixed_options(args: list[str], ckpt_path: str) -> None:
+    """Refuse, in one line, a model option on the command line outside ``CHANGEABLE_GROUPS`` when ``--ckpt_path``
+    gives the model's options: the checkpoint's would silently replace it. The initial-weight options
+    (``checkpoint.INITIAL_WEIGHTS``) pass: a restored checkpoint never reads them, as documented."""
+    initial = {target for targets in INITIAL_WEIGHTS.values() for target in targets}
+    for name in model_options_given(args):
+        path = name.removeprefix("--model.").removeprefix("init_args.")
+        if path.partition(".")[0] not in CHANGEABLE_GROUPS and not any(  # those are cleared, not read
+                target == path or target.startswith(f"{path}.") for target in initial):
+            raise ValueError(f"{name}: the model's options come from --ckpt_path {ckpt_path}, which replaces this one; "
+                             f"only its {', '.join(CHANGEABLE_GROUPS)} options can be changed")
+
+
+def with_changes(restored: dict[str, Any], given: Any) -> dict[str, Any]:
+    """The model config ``restored`` from a checkpoint with the ``CHANGEABLE_GROUPS`` options that the user's
+    config files and command line set (``given``: the model's init args parsed without defaults) over its own."""
+    init_args = dict(restored["init_args"])
+    for group in CHANGEABLE_GROUPS:
+        changes = given.get(group) if hasattr(given, "get") else None
+        changes = changes.as_dict() if hasattr(changes, "as_dict") else changes
+        if isinstance(changes, dict) and changes and isinstance(init_args.get(group, {}), dict):
+            init_args[group] = {**(init_args.get(group) or {}), **changes}
+    return {**restored, "init_args": init_args}
 
 
 def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:

@@ -152,3 +152,41 @@ def nulls_to_groups(args: Sequence[str]) -> list[str]:
             rewritten.append(args[index])
             index += 1
     return rewritten
+
+
+# Lightning's Trainer options typed ``float | int``, float first: jsonargparse reads a whole number given to one as a
+# float, and Lightning reads 1.0 as 100% of the batches where the user wrote 1 (one batch)
+FRACTION_FIRST = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
+
+
+def whole_batch_limits(args: Sequence[str]) -> dict[str, int]:
+    """The ``FRACTION_FIRST`` Trainer options that the command line ``args`` and the config files it names
+    (``--config FILE``, read in order: the last one given wins) give as a whole number, which means batches."""
+    import yaml
+
+    found: dict[str, int] = {}
+
+    def note(name: str, value: Any) -> None:
+        if isinstance(value, str) and re.fullmatch(r"\s*\+?\d+\s*", value):
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found[name] = value
+        else:
+            found.pop(name, None)
+
+    for index, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        value = value if equals else (args[index + 1] if index + 1 < len(args) else "")
+        if flag == "--config":
+            try:
+                with open(value, encoding="utf-8") as file:
+                    loaded = yaml.safe_load(file)
+            except (OSError, yaml.YAMLError, UnicodeDecodeError):
+                continue  # the config's own check names a file it cannot read
+            trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+            for name in FRACTION_FIRST:
+                if isinstance(trainer, dict) and name in trainer:
+                    note(name, trainer[name])
+        elif flag.removeprefix("--trainer.") in FRACTION_FIRST:
+            note(flag.removeprefix("--trainer."), value)
+    return found

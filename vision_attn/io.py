@@ -65,7 +65,8 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
 
 def write_json_atomically(path: str | os.PathLike, payload: Any) -> Path:
     """Write JSON to ``path`` atomically."""
-    return replace_atomically(path, lambda file: file.write(json.dumps(payload).encode("utf-8")))
+    text = json.dumps(payload, allow_nan=False)  # JSON has no NaN or Infinity: refused before anything is written
+    return replace_atomically(path, lambda file: file.write(text.encode("utf-8")))
 
 
 def _check_parents(path: Path) -> None:

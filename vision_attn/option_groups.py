@@ -50,6 +50,11 @@ class OptionGroup:
             if unknown:
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
+            wrong = next((f"{cls.name}.{field.name} must be {SCALAR_TYPES[field.type][0]}, got "
+                          f"{type(value[field.name]).__name__}" for field in fields_of(cls)
+                          if field.name in value and not scalar_fits(field.type, value[field.name])), None)
+            if wrong:  # a checkpoint's hyper-parameters meet no parser: a type is checked here, naming the option
+                raise ValueError(wrong)
             base = {} if default is None else {field.name: getattr(default, field.name) for field in fields_of(cls)}
             group = cls(**{**base, **value})
         else:
@@ -71,6 +76,24 @@ class OptionGroup:
     def to_dict(self) -> dict[str, Any]:
         """The group as a plain dict (nested groups as dicts, tuples as lists), as a checkpoint stores it."""
         return plain(self)
+
+
+# The scalar annotations of groups' fields: how a message says each, and the types a value may have
+SCALAR_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "int": ("a whole number", (int,)), "float": ("a number", (int, float)), "bool": ("true or false", (bool,)),
+    "str": ("a string", (str,)), "int | None": ("a whole number or null", (int, type(None))),
+    "float | None": ("a number or null", (int, float, type(None))),
+    "str | None": ("a string or null", (str, type(None))),
+}
+
+
+def scalar_fits(annotation: Any, value: Any) -> bool:
+    """Whether ``value`` has a type of the scalar field ``annotation`` (``SCALAR_TYPES``; True for any other
+    annotation, whose group checks it): a bool is no number, a number no bool."""
+    if annotation not in SCALAR_TYPES:
+        return True
+    types = SCALAR_TYPES[annotation][1]
+    return isinstance(value, types) and (bool in types or not isinstance(value, bool))
 
 
 def fields_of(group: type[OptionGroup]) -> tuple:

@@ -29,7 +29,12 @@ def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: T
                    image_size: tuple[int, int], file_name: str = "", head_alphas: Tensor | None = None
                    ) -> dict[str, Any]:
     """A results record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words; a multihead
-    score's ``head_alphas`` (T, K, L) adds each head's α (``alphas`` is their mean)."""
+    score's ``head_alphas`` (T, K, L) adds each head's α (``alphas`` is their mean). A non-finite α or β is refused
+    naming the image: JSON has no NaN, and what made it is no caption."""
+    for name, values in (("α", alphas), ("β", betas), ("α", head_alphas)):
+        if values is not None and not bool(values.isfinite().all()):
+            raise FloatingPointError(f"{file_name or image_id}: the captioner's {name} is NaN or infinite for this "
+                                     "image; its weights or this input make it overflow")
     record = {"image_id": image_id, "file_name": file_name, "caption": " ".join(words), "tokens": list(words),
               "grid": list(grid), "image_size": list(image_size),
               "alphas": [[round(float(a), 6) for a in row] for row in alphas.tolist()],

@@ -1,7 +1,8 @@
 """What the command line adds to every Trainer it builds (``trainer_cli.VisionAttnCLI.instantiate_trainer``):
-checkpoints written atomically and read weights-only (``SafeCheckpointIO``), a progress bar redrawn at most a few
-times a second (``PacedProgressBar``), and a ``last`` checkpoint that holds the weights the fit ended with
-(``FinalWeightsInLast``). Each is built on Lightning's public classes and hooks only.
+checkpoints written atomically and read weights-only, whatever CheckpointIO the config names
+(``SafeCheckpointIO``), a progress bar redrawn at most a few times a second (``PacedProgressBar``), and a ``last``
+checkpoint that holds the weights the fit ended with (``FinalWeightsInLast``). Each is built on Lightning's public
+classes and hooks only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -20,15 +22,37 @@ from vision_attn.io import replace_atomically
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Checkpoints read only through ``checkpoint.load_file`` (weights-only, local), and written to a temporary
-    file beside the target, then renamed: a crash (even SIGKILL) mid-write leaves the previous checkpoint whole.
-    Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read."""
+    """Checkpoints read only through ``checkpoint.load_file`` (weights-only, local, sound), and written to a
+    temporary file beside the target, then renamed: a crash (even SIGKILL) mid-write leaves the previous checkpoint
+    whole. Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read.
+
+    ``writer``: a CheckpointIO the config names (``trainer.plugins``), which writes and removes the checkpoints in
+    its place; reading stays ours, so that no plugin opens a path to a checkpoint that carries code."""
+
+    def __init__(self, writer: CheckpointIO | None = None) -> None:
+        super().__init__()
+        self.writer = writer
+        if writer is not None and getattr(writer, "checkpoint_io", False) is None:  # a wrapper (AsyncCheckpointIO)
+            writer.checkpoint_io = SafeCheckpointIO()  # with no writer of its own: the strategy gives none to ours
 
     def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
-        """Write ``checkpoint`` to a local ``path`` atomically (a remote one with Lightning's writer)."""
+        """Write ``checkpoint`` with the ``writer``, else to a local ``path`` atomically (a remote one with
+        Lightning's writer)."""
+        if self.writer is not None:
+            return self.writer.save_checkpoint(checkpoint, path, storage_options)
         if "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         replace_atomically(path, lambda file: torch.save(checkpoint, file))
+        return None
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Remove a checkpoint with the ``writer`` (which may keep its files elsewhere), else Lightning's way."""
+        (self.writer or super()).remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Let the ``writer`` finish (an asynchronous one waits for its last save)."""
+        if self.writer is not None:
+            self.writer.teardown()
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
         """Read a local checkpoint weights-only with ``checkpoint.load_file`` (on the CPU unless told otherwise)."""

@@ -35,10 +35,13 @@ from vision_attn.ckpt_path import (
     clear_model_initial_weights,
     model_class,
     model_kind,
+    refuse_fixed_options,
+    refuse_registry,
     require_last_checkpoint,
     restored_model,
+    with_changes,
 )
-from vision_attn.cli_arguments import nulls_to_groups
+from vision_attn.cli_arguments import nulls_to_groups, whole_batch_limits
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
@@ -64,6 +67,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
     and its refusals in one line naming the option or the config file (``config_errors.OneLineErrors``)."""
 
     held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
+    batch_limits: typing.ClassVar[dict[str, int]] = {}  # the limit_*_batches given as whole numbers (parse_arguments)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -81,6 +85,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         resolves later too. The path is then held back from the config (``held_ckpt_path``) until
         ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
+        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+        self.batch_limits = whole_batch_limits(given)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -94,11 +100,17 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         class_path = str(model.get("class_path", "")) if model is not None else ""
         if model is not None:
             clear_model_initial_weights(model, model_kind(class_path))
+        refuse_registry(str(ckpt_path))
         if ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
             if restored and class_path:
-                self.config = parser.parse_object({subcommand: {"model": restored}}, self.config)
+                refuse_fixed_options(given, ckpt_path)
+                explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
+                    parser.parse_args(args, defaults=False)
+                changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
+                                                  self.config)
             ckpt_path = local
         self.held_ckpt_path = ckpt_path
         self.config[subcommand]["ckpt_path"] = None
@@ -110,6 +122,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
         config = self.config[self.subcommand] if self.subcommand else self.config
+        for name, batches in self.batch_limits.items():  # a whole number means batches: 1 is one, not all (1.0)
+            if config.get("trainer") is not None and config["trainer"].get(name) == batches:
+                config["trainer"][name] = batches
         for key in ("model", "data"):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
@@ -142,15 +157,16 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                                       "--overwrite true")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The configured Trainer, whose checkpoints are read safely and written atomically by ``SafeCheckpointIO``
-        (added to the config's plugins unless they hold a CheckpointIO of their own), with a ``PacedProgressBar``
+        """The configured Trainer, whose checkpoints are read safely by ``SafeCheckpointIO`` (``safe_plugins``),
+        with a ``PacedProgressBar``
         where the config sets no bar of its own, ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no
         LearningRateMonitor without a logger, and a warning for bf16 on a CPU without bf16 arithmetic."""
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
-        if "plugins" not in kwargs and not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            kwargs["plugins"] = [*plugins, SafeCheckpointIO()]
+        if "plugins" not in kwargs:
+            kwargs["plugins"] = safe_plugins(plugins)
+        kwargs = {**self.batch_limits, **kwargs}  # instantiation reads them as floats again: 1 would be all (1.0)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
@@ -165,6 +181,15 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def safe_plugins(plugins: list[Any]) -> list[Any]:
+    """The config's ``trainer.plugins`` with every checkpoint read by ``SafeCheckpointIO``: added when they name no
+    CheckpointIO (it then writes atomically too), and wrapped around one they name, which still writes."""
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        return [*plugins, SafeCheckpointIO()]
+    return [plugin if isinstance(plugin, SafeCheckpointIO) or not isinstance(plugin, CheckpointIO) else
+            SafeCheckpointIO(writer=plugin) for plugin in plugins]
 
 
 def check_option_groups(section: jsonargparse.Namespace) -> None:

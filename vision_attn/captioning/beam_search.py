@@ -6,6 +6,7 @@ All B images and their k beams advance together as one (B·k) batch per step. Ev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +48,10 @@ def beam_search(
     """The ``beam_size`` best captions of each image, best first.
 
     The search space is every caption of at most ``max_length`` words followed by <end>; <start> and <pad>
-    are never emitted. ``annotations`` is (B, L, D). Scores are summed log-probabilities divided by
+    are never emitted (<unk> may be: a model trained on rare words says it), so a caption with a finite score has
+    at most ``max_length`` words and no other special token; beams without a finite score are left out, but for
+    the best when no beam has one (a model whose scores are NaN), which the caller refuses. ``annotations`` is
+    (B, L, D). Scores are summed log-probabilities divided by
     length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
     ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
     ``max_length`` so that every search decodes the same number of steps). The ``processors`` (``seams.py``)
@@ -136,7 +140,9 @@ def beam_search(
                 score=float(normalised[b, j]),
                 head_alphas=None if history_heads is None else history_heads[b, j, :keep].cpu(),
             ))
-        results.append(beams)
+        # A beam scored -inf (fewer live candidates than beams: a tiny vocabulary, or processors that forbid
+        # words) is no caption; the best is kept whatever its score, for the caller to refuse by its image
+        results.append([beam for beam in beams if math.isfinite(beam.score)] or beams[:1])
     return results
 
 

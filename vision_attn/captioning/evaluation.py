@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -50,6 +51,10 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
     decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams, features=features)
     size = (captioner.image_size, captioner.image_size) if features else (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
+    for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True):
+        if not math.isfinite(hypothesis.score):  # its words are not a search's: JSON would get NaN, or <pad>s
+            raise FloatingPointError(f"{name or image_id}: the captioner's score for this image is "
+                                     f"{hypothesis.score}, not a finite number; its weights or this input overflow")
     records = [caption_record(image_id, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas,
                               grid=decoded.grid, image_size=size, file_name=name, head_alphas=hypothesis.head_alphas)
                for image_id, name, hypothesis in zip(image_ids, names, decoded.hypotheses, strict=True)]
