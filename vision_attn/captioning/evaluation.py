@@ -254,8 +254,18 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
         masks = functools.partial(category_mask, found.index, source=instances)
     scores = score_records(records, pointing=pointing, box_scale=scale, words=table, masks=masks)
     if target is not None:
-        write_json_atomically(target, scores)
+        write_json_atomically(target, nulls_for_nan(scores))
     return scores
+
+
+def nulls_for_nan(value: Any) -> Any:
+    """``value`` with every NaN float, however deep in dicts and lists, as None: a measure with nothing to count
+    is null in a JSON scores file (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {key: nulls_for_nan(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [nulls_for_nan(item) for item in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _all_in(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: Any,
