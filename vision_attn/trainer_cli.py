@@ -41,11 +41,11 @@ from vision_attn.ckpt_path import (
     restored_model,
     with_changes,
 )
-from vision_attn.cli_arguments import nulls_to_groups, whole_batch_limits
+from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
-from vision_attn.trainer_callbacks import FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
+from vision_attn.trainer_callbacks import BatchCountTrainer, FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
 
 # A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -67,7 +67,10 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
     and its refusals in one line naming the option or the config file (``config_errors.OneLineErrors``)."""
 
     held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
-    batch_limits: typing.ClassVar[dict[str, int]] = {}  # the limit_*_batches given as whole numbers (parse_arguments)
+
+    def __init__(self, *args: Any, trainer_class: type[L.Trainer] = BatchCountTrainer, **kwargs: Any) -> None:
+        """LightningCLI's arguments; its Trainer a ``BatchCountTrainer`` unless ``trainer_class`` names another."""
+        super().__init__(*args, trainer_class=trainer_class, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -86,7 +89,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
         given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
-        self.batch_limits = whole_batch_limits(given)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -122,9 +124,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
         config = self.config[self.subcommand] if self.subcommand else self.config
-        for name, batches in self.batch_limits.items():  # a whole number means batches: 1 is one, not all (1.0)
-            if config.get("trainer") is not None and config["trainer"].get(name) == batches:
-                config["trainer"][name] = batches
         for key in ("model", "data"):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
@@ -166,7 +165,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs:
             kwargs["plugins"] = safe_plugins(plugins)
-        kwargs = {**self.batch_limits, **kwargs}  # instantiation reads them as floats again: 1 would be all (1.0)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
