@@ -158,7 +158,17 @@ def test_a_checkpoints_decoding_options_apply_and_others_are_refused(trained_cap
     done = run_in_process(*common, "--model.init_args.decoding.beam_size", "1000000")
     one_line_error(done, "beam_size", "50")
     done = run_in_process(*common, "--model.init_args.decoder.hidden_dim", "64")
-    one_line_error(done, "--model.init_args.decoder.hidden_dim", "--ckpt_path")
+    one_line_error(done, "--model.init_args.decoder.hidden_dim: 64, but --ckpt_path", "fitted with 32")
+    user = tmp_path / "user.yaml"  # a user's config: an option that differs is refused, one that is the same passes
+    user.write_text("model: {init_args: {decoder: {hidden_dim: 32, dropout: 0.5}, encoder: {pretrained: gone.ckpt}}}")
+    done = run_in_process(*common, "--config", str(user))
+    one_line_error(done, "model.init_args.decoder.dropout: 0.5 in a config file, but --ckpt_path", "fitted with 0.0")
+    user.write_text("model: {init_args: {objective: {doubly_stochastic_weight: 0.5}}}")
+    one_line_error(run_in_process(*common, "--config", str(user)), "model.init_args.objective.doubly_stochastic_weight")
+    user.write_text("model: {init_args: {decoder: {hidden_dim: 32}, encoder: {pretrained: gone.ckpt}}}")
+    done = run_in_process(*common, "--config", str(user), "--model.init_args.encoder.width", "8",
+                          "--trainer.default_root_dir", str(tmp_path / "same"))
+    assert done.returncode == 0, done.stderr[-2000:]  # the checkpoint's values, and an initial-weight option
     run = tmp_path / "run"
     done = run_in_process(*common, "--model.init_args.decoding.beam_size", "5", "--trainer.default_root_dir",
                           str(run))

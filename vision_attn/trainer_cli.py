@@ -35,7 +35,7 @@ from vision_attn.ckpt_path import (
     clear_model_initial_weights,
     model_class,
     model_kind,
-    refuse_fixed_options,
+    refuse_changed_options,
     refuse_registry,
     require_last_checkpoint,
     restored_model,
@@ -107,10 +107,10 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
             if restored and class_path:
-                refuse_fixed_options(given, ckpt_path)
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
                 changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                refuse_changed_options(restored, as_dict(changes), given, ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
             ckpt_path = local
@@ -179,6 +179,11 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def as_dict(options: Any) -> dict[str, Any]:
+    """A parsed config's mapping (a jsonargparse Namespace, nested) as plain dicts."""
+    return options.as_dict() if isinstance(options, jsonargparse.Namespace) else dict(options)
 
 
 def safe_plugins(plugins: list[Any]) -> list[Any]:
