@@ -316,7 +316,13 @@ def test_generated_scenes_take_their_style_per_split_and_a_root_of_another_style
                                              "palette": "exact"}
     assert "style" not in infos["val"] and "style" not in infos["test"]  # the default scenes for evaluation
     CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts, "styles": styles})  # reused
-    with pytest.raises(ValueError, match="train scenes in .* were drawn with style .*layout='free'"):
-        CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts})
+    other = CocoCaptionsDataModule(str(root), scenes={"generate": True, "counts": counts})  # asks the default style
+    other.setup("test")  # reads only the test split, which is as asked
+    with pytest.raises(ValueError) as refused:
+        other.setup("fit")
+    assert str(refused.value) == (f"{root / 'annotations' / 'captions_train.json'}: the train scenes were drawn with "
+                                  "layout free, shade_jitter 1.0, but data.init_args.scenes.styles asks for layout "
+                                  "grid, shade_jitter 0.0; ask for the style they were drawn in, or point "
+                                  "data.init_args.root at scenes drawn as asked")
     with pytest.raises(ValueError, match="scenes.styles names split"):
         CocoCaptionsDataModule(str(root), scenes={"generate": True, "styles": {"dev": {}}})

@@ -91,6 +91,15 @@ def test_an_option_lightningcli_refuses_is_one_line_with_the_closest_option(argu
     assert not (tmp_path / "run").exists()
 
 
+def test_a_refused_inline_value_longer_than_a_file_name_is_one_line(tmp_path) -> None:
+    """A mapping given inline to --model that jsonargparse refuses, longer than a file name may be (255): it is
+    looked at as a possible config file first, which must not raise OSError (a traceback) but name the option."""
+    value = "{decoder: {hidden_dim: " + "x" * 300 + "}}"
+    result = run_in_process("fit", *CAPTIONER, "--model", value, "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert the_error(result) == f"error: --model.decoder.hidden_dim: expected int, got {'x' * 300}"
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_captioning_data_has_no_default_dataset_a_config_must_name_its_root(tmp_path) -> None:
     result = run_in_process("fit", "--config", str(REPO / "configs" / "tasks" / "captioner.yaml"),
                             "--trainer.default_root_dir", str(tmp_path / "run"))

@@ -74,10 +74,12 @@ TESTED = {
     "captioner_grouped": (tiny("captioner_tiny.yaml"), ["--data.init_args.object_targets", "true"]),
     "vit": (tiny("vit_tiny.yaml"), []),
     "convnet": (shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "data/fashion_mnist.yaml",
-                        "vit/fashion_mnist_teacher.yaml"), ["--trainer.limit_test_batches", "2"]),
+                        "vit/fashion_mnist_teacher.yaml"),  # with the smaller model it was fitted as
+                ["--trainer.limit_test_batches", "2", "--model.init_args.architecture.widths", "[4, 8]"]),
     "encoder_pretraining": (shipped("trainer/cpu.yaml", "tasks/classifier.yaml", "captioner/fashion_scene_items.yaml"),
                             ["--trainer.limit_test_batches", "2",  # its items as they were drawn then (no clutter)
-                             "--data.init_args.style", '{"hue_jitter": 1.0, "scale_jitter": 0.1}']),
+                             "--data.init_args.style", '{"hue_jitter": 1.0, "scale_jitter": 0.1}',
+                             "--model.init_args.encoder.width", "4", "--model.init_args.encoder.stride", "16"]),
 }
 
 
@@ -130,7 +132,8 @@ def test_a_checkpoint_copied_away_from_its_initial_weights_tests_and_captions(tm
     copy.parent.mkdir()
     torch.save(checkpoint, copy)
     tested = run_in_process("test", *tiny("captioner_tiny.yaml"), "--data.init_args.root", str(tmp_path / "scenes"),
-                            "--data.init_args.image_size", "84", "--ckpt_path", str(copy),
+                            "--data.init_args.image_size", "84", "--model.init_args.encoder.backbone", "vit",
+                            "--ckpt_path", str(copy),
                             "--trainer.default_root_dir", str(tmp_path / "run"))
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test/CIDEr-D" in tested.stdout

@@ -75,7 +75,6 @@ def test_a_captioner_copied_alone_tests_validates_and_predicts_without_its_encod
     monkeypatch.chdir(portable["folder"])
     common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(portable["scenes"]),
               "--model.init_args.encoder.pretrained", "encoder/start.ckpt",
-              "--model.init_args.objective.auxiliary", "[{name: object, heads_from_encoder: true}]",
               "--ckpt_path", str(portable["copy"])]
     tested = printed_metrics(ok(run_in_process("test", *common, "--trainer.default_root_dir", "tested")))
     assert tested == portable["metrics"] and "test/CIDEr-D" in tested

@@ -12,12 +12,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from tests.conftest import run_in_process, tiny
 from tests.test_security import evil_checkpoints
 from vision_attn.api import caption, load_captioner
 from vision_attn.checkpoint import CheckpointError, load_file
-from vision_attn.cli_arguments import whole_batch_limits
 from vision_attn.data.vocabulary import SPECIALS
 from vision_attn.io import write_json_atomically
 from vision_attn.trainer_cli import VisionAttnCLI
@@ -158,19 +158,28 @@ def test_a_checkpoints_decoding_options_apply_and_others_are_refused(trained_cap
     done = run_in_process(*common, "--model.init_args.decoding.beam_size", "1000000")
     one_line_error(done, "beam_size", "50")
     done = run_in_process(*common, "--model.init_args.decoder.hidden_dim", "64")
-    one_line_error(done, "--model.init_args.decoder.hidden_dim", "--ckpt_path")
+    one_line_error(done, "--model.init_args.decoder.hidden_dim: 64, but --ckpt_path", "fitted with 32")
+    user = tmp_path / "user.yaml"  # a user's config: an option that differs is refused, one that is the same passes
+    user.write_text("model: {init_args: {decoder: {hidden_dim: 32, dropout: 0.5}, encoder: {pretrained: gone.ckpt}}}")
+    done = run_in_process(*common, "--config", str(user))
+    one_line_error(done, "model.init_args.decoder.dropout: 0.5 in a config file, but --ckpt_path", "fitted with 0.0")
+    user.write_text("model: {init_args: {objective: {doubly_stochastic_weight: 0.5}}}")
+    one_line_error(run_in_process(*common, "--config", str(user)), "model.init_args.objective.doubly_stochastic_weight")
+    user.write_text("model: {init_args: {decoder: {hidden_dim: 32}, encoder: {pretrained: gone.ckpt}}}")
+    done = run_in_process(*common, "--config", str(user), "--model.init_args.encoder.width", "8",
+                          "--trainer.default_root_dir", str(tmp_path / "same"))
+    assert done.returncode == 0, done.stderr[-2000:]  # the checkpoint's values, and an initial-weight option
     run = tmp_path / "run"
     done = run_in_process(*common, "--model.init_args.decoding.beam_size", "5", "--trainer.default_root_dir",
                           str(run))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "beam_size: 5" in (run / "config.yaml").read_text()
+    assert "  limit_test_batches: 1\n" in (run / "config.yaml").read_text()  # one batch when run again from it
 
 
 def test_a_whole_number_batch_limit_means_batches(tmp_path) -> None:
     config = tmp_path / "limits.yaml"
     config.write_text("trainer: {limit_val_batches: 1, limit_test_batches: 1}\n")
-    assert whole_batch_limits(["--config", str(config), "--trainer.limit_test_batches=1.0"]) == \
-        {"limit_val_batches": 1}
     cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         run=False, auto_configure_optimizers=False, save_config_callback=None,
                         args=[*tiny("vit_tiny.yaml"), "--config", str(config), "--trainer.limit_train_batches", "1",
@@ -179,3 +188,10 @@ def test_a_whole_number_batch_limit_means_batches(tmp_path) -> None:
     assert (trainer.limit_train_batches, trainer.limit_val_batches, trainer.limit_test_batches) == (1, 1, 1)
     assert all(isinstance(limit, int) for limit in (trainer.limit_train_batches, trainer.limit_test_batches))
     assert trainer.limit_predict_batches == 0.5
+    saved = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))["trainer"]  # as config.yaml records it
+    assert [saved[f"limit_{stage}_batches"] for stage in ("train", "val", "test", "predict")] == [1, 1, 1, 0.5]
+    assert isinstance(saved["limit_train_batches"], int)
+    cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                        run=False, auto_configure_optimizers=False, save_config_callback=None,
+                        args=[*tiny("vit_tiny.yaml"), "--config", str(config), "--trainer.limit_test_batches=1.0"])
+    assert cli.trainer.limit_test_batches == 1.0 and isinstance(cli.trainer.limit_test_batches, float)  # all of them

@@ -8,6 +8,8 @@ data. And where ``--ckpt_path last`` looks for its checkpoint, named when there 
 from __future__ import annotations
 
 import importlib
+import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,6 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
-    INITIAL_WEIGHTS,
     KIND_KEY,
     clear_initial_weights,
     hyper_parameters,
@@ -24,6 +25,7 @@ from vision_attn.checkpoint import (
     without_initial_weights,
 )
 from vision_attn.errors import CheckpointError
+from vision_attn.option_groups import OptionGroup
 
 NAMED_CHECKPOINTS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself, read by SafeCheckpointIO
 
@@ -80,7 +82,7 @@ CHANGEABLE_GROUPS = ("decoding",)
 
 def model_options_given(args: list[str]) -> list[str]:
     """The model options (``--model.init_args.GROUP...`` or ``--model.GROUP...``) named on the command line
-    ``args``, as given (without their value): a checkpoint's hyper-parameters replace them."""
+    ``args``, as given (without their value)."""
     found = []
     for arg in args:
         name = arg.partition("=")[0]
@@ -89,17 +91,53 @@ def model_options_given(args: list[str]) -> list[str]:
     return found
 
 
-def refuse_fixed_options(args: list[str], ckpt_path: str) -> None:
-    """Refuse, in one line, a model option on the command line outside ``CHANGEABLE_GROUPS`` when ``--ckpt_path``
-    gives the model's options: the checkpoint's would silently replace it. The initial-weight options
-    (``checkpoint.INITIAL_WEIGHTS``) pass: a restored checkpoint never reads them, as documented."""
-    initial = {target for targets in INITIAL_WEIGHTS.values() for target in targets}
-    for name in model_options_given(args):
-        path = name.removeprefix("--model.").removeprefix("init_args.")
-        if path.partition(".")[0] not in CHANGEABLE_GROUPS and not any(  # those are cleared, not read
-                target == path or target.startswith(f"{path}.") for target in initial):
-            raise ValueError(f"{name}: the model's options come from --ckpt_path {ckpt_path}, which replaces this one; "
-                             f"only its {', '.join(CHANGEABLE_GROUPS)} options can be changed")
+def changed_options(restored: dict[str, Any], given: dict[str, Any], task: type | None,
+                    kind: str | None) -> Iterator[tuple[str, Any, Any]]:
+    """(option path, given value, the checkpoint's value) for each model option outside ``CHANGEABLE_GROUPS`` that
+    the user's config files and command line set (``given``: the model's init args parsed without defaults) to
+    another value than the checkpoint's ``restored`` init args hold. An option group is compared as the group
+    reads it (``OptionGroup.coerce``: its defaults and its extensions' options filled in), so that a config that
+    writes the same options another way, or leaves defaults out, is the same. The initial-weight options
+    (``checkpoint.INITIAL_WEIGHTS``) are never compared: a restored checkpoint never reads them."""
+    given = without_initial_weights(kind, given) if kind else dict(given)
+    try:
+        hints = typing.get_type_hints(task.__init__) if task is not None else {}
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: compare the options as given
+        hints = {}
+    for name, value in given.items():
+        if name in CHANGEABLE_GROUPS:
+            continue
+        theirs, group = restored.get(name), hints.get(name)
+        if isinstance(group, type) and issubclass(group, OptionGroup) and isinstance(value, Mapping) and \
+                isinstance(theirs, Mapping | type(None)):
+            checkpoint_group = group.coerce(theirs)
+            asked = group.coerce({**(theirs or {}), **value})
+            yield from ((f"{name}.{key}", getattr(asked, key), getattr(checkpoint_group, key)) for key in value
+                        if getattr(asked, key) != getattr(checkpoint_group, key))
+        elif value != theirs:
+            yield name, value, theirs
+
+
+def refuse_changed_options(restored: dict[str, Any], given: dict[str, Any], args: list[str], ckpt_path: str) -> None:
+    """Refuse, in one line naming it, the first model option outside ``CHANGEABLE_GROUPS`` that a config file or
+    the command line ``args`` sets to another value than the checkpoint's (``changed_options``): the checkpoint's
+    options are the model's, and would silently replace it. One given the checkpoint's own value passes, so the
+    configs a checkpoint was fitted with test it."""
+    class_path = str(restored["class_path"])
+    for path, asked, theirs in changed_options(restored["init_args"], given, model_class(class_path),
+                                               model_kind(class_path)):
+        on_command_line = {f"--model.init_args.{path}", f"--model.{path}"} & set(model_options_given(args))
+        where = "" if on_command_line else " in a config file"
+        raise ValueError(f"{'--' if on_command_line else ''}model.init_args.{path}: {shown(asked)}{where}, but "
+                         f"--ckpt_path {ckpt_path} was fitted with {shown(theirs)}, and its model options are the "
+                         f"model's; give its value or leave this option out (only the "
+                         f"{', '.join(CHANGEABLE_GROUPS)} options can be changed)")
+
+
+def shown(value: Any) -> str:
+    """An option's value for a one-line message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def with_changes(restored: dict[str, Any], given: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from vision_attn.config_files import CONFIG_FLAGS, SECTION_FLAGS, check_config_files, read_config
+from vision_attn.config_files import CONFIG_FLAGS, SECTION_FLAGS, check_config_files, is_a_file, read_config
 
 ABBREVIATIONS = {"lr": "learning_rate"}  # what a user may spell out when guessing a name
 NOT_OPTIONS = {"help", "config", "print_config", "subcommand"}  # flags that set no option
@@ -169,7 +169,7 @@ def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Give
             value = argv[index] if takes_value else None
             index += takes_value
         key = flag.lstrip("-").removesuffix("+")
-        if flag in CONFIG_FLAGS or (flag in SECTION_FLAGS and value and Path(value).is_file()):
+        if flag in CONFIG_FLAGS or (flag in SECTION_FLAGS and value and is_a_file(value)):
             path = Path(str(value))
             yield from mapping_options(read_config(path), "" if flag in CONFIG_FLAGS else key, "", path, commands)
         elif key.rpartition(".")[2] not in NOT_OPTIONS:

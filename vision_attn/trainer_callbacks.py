@@ -1,7 +1,8 @@
 """What the command line adds to every Trainer it builds (``trainer_cli.VisionAttnCLI.instantiate_trainer``):
 checkpoints written atomically and read weights-only, whatever CheckpointIO the config names
-(``SafeCheckpointIO``), a progress bar redrawn at most a few times a second (``PacedProgressBar``), and a ``last``
-checkpoint that holds the weights the fit ended with (``FinalWeightsInLast``). Each is built on Lightning's public
+(``SafeCheckpointIO``), a progress bar redrawn at most a few times a second (``PacedProgressBar``), a ``last``
+checkpoint that holds the weights the fit ended with (``FinalWeightsInLast``), and the Trainer class itself
+(``BatchCountTrainer``: a whole-number batch limit is a count of batches). Each is built on Lightning's public
 classes and hooks only.
 """
 
@@ -129,3 +130,28 @@ class FinalWeightsInLast(L.Callback):
         for callback in trainer.checkpoint_callbacks:
             if getattr(callback, "save_last", None) is True and getattr(callback, "last_model_path", ""):
                 trainer.save_checkpoint(callback.last_model_path)
+
+
+class BatchCountTrainer(L.Trainer):
+    """Lightning's Trainer, where a whole-number batch limit counts batches (1 is one batch, not 100%).
+
+    Lightning types ``limit_{train,val,test,predict}_batches`` ``float | int``, so jsonargparse (which LightningCLI
+    builds the Trainer's options with, from this signature and, through ``**kwargs``, from Lightning's) reads ``1``
+    as ``1.0``, which Lightning takes as all the batches, and the run's ``config.yaml`` records ``1.0``. Typed
+    ``int | float`` here, ``1`` is one batch in the run and in its ``config.yaml``; ``1.0`` or ``0.5`` is a fraction.
+    """
+
+    def __init__(self, *, limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
+                 **kwargs: Any) -> None:
+        """Lightning's Trainer with these four limits; ``kwargs`` are its other options.
+
+        Args:
+            limit_train_batches: training batches per epoch and device: a whole number of batches (1 is one), or a
+                fraction written with a point (1.0 is all, 0.5 half). Default: all
+            limit_val_batches: validation batches per run and device, a whole number or a fraction (as above)
+            limit_test_batches: test batches per device, a whole number or a fraction (as above)
+            limit_predict_batches: prediction batches per device, a whole number or a fraction (as above)
+        """
+        super().__init__(limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
+                         limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches, **kwargs)

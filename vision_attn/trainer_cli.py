@@ -35,17 +35,17 @@ from vision_attn.ckpt_path import (
     clear_model_initial_weights,
     model_class,
     model_kind,
-    refuse_fixed_options,
+    refuse_changed_options,
     refuse_registry,
     require_last_checkpoint,
     restored_model,
     with_changes,
 )
-from vision_attn.cli_arguments import nulls_to_groups, whole_batch_limits
+from vision_attn.cli_arguments import nulls_to_groups
 from vision_attn.config_errors import OneLineErrors
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
-from vision_attn.trainer_callbacks import FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
+from vision_attn.trainer_callbacks import BatchCountTrainer, FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
 
 # A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -67,7 +67,10 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
     and its refusals in one line naming the option or the config file (``config_errors.OneLineErrors``)."""
 
     held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
-    batch_limits: typing.ClassVar[dict[str, int]] = {}  # the limit_*_batches given as whole numbers (parse_arguments)
+
+    def __init__(self, *args: Any, trainer_class: type[L.Trainer] = BatchCountTrainer, **kwargs: Any) -> None:
+        """LightningCLI's arguments; its Trainer a ``BatchCountTrainer`` unless ``trainer_class`` names another."""
+        super().__init__(*args, trainer_class=trainer_class, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Link the DataModule's ``LINKED_FROM_DATA`` into the model's arguments, and add ``--overwrite``."""
@@ -86,7 +89,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
         given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
-        self.batch_limits = whole_batch_limits(given)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -105,10 +107,10 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
             restored = restored_model(local, class_path, source=ckpt_path)
             if restored and class_path:
-                refuse_fixed_options(given, ckpt_path)
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
                 changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                refuse_changed_options(restored, as_dict(changes), given, ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
             ckpt_path = local
@@ -122,9 +124,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
         config = self.config[self.subcommand] if self.subcommand else self.config
-        for name, batches in self.batch_limits.items():  # a whole number means batches: 1 is one, not all (1.0)
-            if config.get("trainer") is not None and config["trainer"].get(name) == batches:
-                config["trainer"][name] = batches
         for key in ("model", "data"):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
@@ -166,7 +165,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if "plugins" not in kwargs:
             kwargs["plugins"] = safe_plugins(plugins)
-        kwargs = {**self.batch_limits, **kwargs}  # instantiation reads them as floats again: 1 would be all (1.0)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
@@ -181,6 +179,11 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
+
+
+def as_dict(options: Any) -> dict[str, Any]:
+    """A parsed config's mapping (a jsonargparse Namespace, nested) as plain dicts."""
+    return options.as_dict() if isinstance(options, jsonargparse.Namespace) else dict(options)
 
 
 def safe_plugins(plugins: list[Any]) -> list[Any]:

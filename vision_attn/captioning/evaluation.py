@@ -209,8 +209,9 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
     or a JSON file: ``data/object_words.py``): the objects are then the instances' categories as the table names
     them, CHAIR is added, and the α mass in each named category's segmentation mask where the instances have
     masks. Every file is read and checked before any scoring: each image must be in the annotations with
-    references, and in the instances when given. The scores are written to ``out`` (checked before any work)
-    when given."""
+    references, and in the instances when given; a string image id that is no image id there (what ``caption``
+    writes for an image file: its name) is the image of that ``file_name`` (``by_file_name``). The scores are
+    written to ``out`` (checked before any work) when given, a NaN (nothing to count) as null."""
     inputs = [path for path in (results, annotations, instances, attributes, words) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
     if words is not None and instances is None:
@@ -218,6 +219,7 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
     table = object_words(words) if words is not None else None
     records = read_scored_results(results)
     coco = load_coco(Path(annotations), "captions")
+    records = by_file_name(results, records, coco.imgs, annotations)
     _all_in(results, records, coco.imgs, annotations)
     unreferenced = [r["image_id"] for r in records if not coco.imgToAnns.get(r["image_id"])]
     if unreferenced:
@@ -268,13 +270,43 @@ def nulls_for_nan(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+def by_file_name(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: dict[Any, dict[str, Any]],
+                 annotations: str | os.PathLike) -> list[dict[str, Any]]:
+    """``records`` with each string image id that is no image id of the COCO ``images`` (``caption`` names an image
+    given as a file by its file name, ``"1.png"``) replaced by the id of the one image whose ``file_name`` is that
+    string, or ends in it after a ``/``. Refused in one line: a name that fits two images, and two records that
+    are then of one image. A name that fits none is left for ``_all_in`` to name."""
+    by_name: dict[str, list[Any]] = {}
+    for image_id, image in images.items():
+        name = str(image.get("file_name") or "")
+        for key in dict.fromkeys((name, name.rpartition("/")[2])):
+            by_name.setdefault(key, []).append(image_id)
+    matched, seen = [], {}
+    for index, record in enumerate(records):
+        image_id = record["image_id"]
+        if isinstance(image_id, str) and image_id not in images and image_id in by_name:
+            found = by_name[image_id]
+            if len(found) > 1:
+                raise ValueError(f"{results}: image {image_id!r:.80} is the file name of {len(found)} images of "
+                                 f"{annotations} (ids {', '.join(map(repr, found[:5]))}): give it by its image id")
+            record = {**record, "image_id": found[0]}
+        if record["image_id"] in seen:
+            raise ValueError(f"{results}: records {seen[record['image_id']]} and {index} are both image "
+                             f"{record['image_id']!r} of {annotations} (an image id or its file name)")
+        seen[record["image_id"]] = index
+        matched.append(record)
+    return matched
+
+
 def _all_in(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: Any,
             source: str | os.PathLike) -> None:
     """Refuse, in one line, results records whose image ids are not images of ``source``."""
     missing = [r["image_id"] for r in records if r["image_id"] not in images]
     if missing:
         raise ValueError(f"{results}: {len(missing)} image ids are not in {source}, e.g. "
-                         f"{', '.join(map(repr, missing[:5]))}")
+                         f"{', '.join(map(repr, missing[:5]))}"
+                         + (" (neither an image id nor an image's file_name there)"
+                            if any(isinstance(image_id, str) for image_id in missing) else ""))
 
 
 def scores_table(scores: dict[str, float]) -> str:

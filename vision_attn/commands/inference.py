@@ -100,7 +100,9 @@ def overlay_command(argv: Sequence[str]) -> None:
 def evaluate_command(argv: Sequence[str]) -> None:
     """``vision-attn evaluate``: score a COCO results file; scene metrics and pointing with the instances."""
     parser = parser_for("evaluate", "Score a COCO results file (ours or another tool's) against COCO captions.")
-    parser.add_argument("results", help="results JSON: [{image_id, caption}], or what `caption` writes")
+    parser.add_argument("results", help="results JSON: [{image_id, caption}], or what `caption` writes; a string "
+                        "image_id that is no image id of --annotations (caption's file name of an image, 1.png) is "
+                        "matched to the image of that file_name")
     parser.add_argument("--annotations", required=True, help="COCO captions JSON holding the references")
     parser.add_argument("--instances", help="COCO instances JSON: scene metrics, and pointing for `caption`'s JSON")
     parser.add_argument("--attributes", help="the scenes' attributes JSON (the objects' colours)")

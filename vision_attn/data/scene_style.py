@@ -89,6 +89,12 @@ class SceneStyle:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()
                 if key in FIRST_FIELDS or value != getattr(default, key)}
 
+    def differences(self, other: SceneStyle) -> dict[str, tuple[str, str]]:
+        """The fields in which this style differs from ``other``: name -> (this value, other's value), each as a
+        config file writes it (a pair as a list)."""
+        mine, theirs = asdict(self), asdict(other)
+        return {name: (_shown(mine[name]), _shown(theirs[name])) for name in mine if mine[name] != theirs[name]}
+
     def background_spec(self) -> Background:
         """The style's background (``backgrounds.Background``)."""
         return Background(self.background, self.background_level, self.texture_source, self.background_weights)
@@ -197,3 +203,8 @@ def draw_item(item: np.ndarray, tint: np.ndarray, size: int = ITEM_SIZE) -> np.n
     if size != ITEM_SIZE:
         item = np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
     return (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)
+
+
+def _shown(value: object) -> str:
+    """A style field's value as a config file writes it (a pair as a list, a string bare)."""
+    return str(list(value)) if isinstance(value, tuple) else str(value)

@@ -52,6 +52,8 @@ from vision_attn.io import output_folder, writable_folder
 from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
+# The splits (by role) each Lightning stage reads; the training split's captions give the vocabulary in every stage
+STAGE_ROLES = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
 
 
 class CocoCaptionsDataModule(SplitDataModule):
@@ -95,6 +97,7 @@ class CocoCaptionsDataModule(SplitDataModule):
             raise ValueError(f"mean and std need 3 values each (RGB), got {self.mean} and {self.std}")
         self._records: dict[str, list[CaptionedImage]] = {}
         self._sizes: dict[str, dict[Any, tuple[int, int] | None]] = {}  # per role, each image's file size
+        self._style_mismatches: dict[str, str] = {}  # per role, why its scenes are not in the asked style
         self.object_words = object_words(self.layout.object_words) if self.layout.object_words else None
         if scenes.generate:
             self._generate_scenes(scenes)
@@ -182,14 +185,26 @@ class CocoCaptionsDataModule(SplitDataModule):
             for split, written in make_scenes(self.root, counts=scenes.counts, seed=scenes.seed, styles=styles).items():
                 log.info("wrote %d %s scenes with %d captions", written["images"], split, written["captions"])
             return
-        for split in self.splits.values():  # scenes already there: they must be the ones this config asks for
+        for role, split in self.splits.items():  # scenes already there: each split a stage reads is checked then
             data = read_json(self.captions_file(split), "a COCO captions JSON")
             info = data.get("info") if isinstance(data, dict) else None
-            found = info.get("style") if isinstance(info, dict) else None
-            wanted = styles.get(split, SceneStyle())
-            if SceneStyle.of(found) != wanted:
-                raise ValueError(f"the {split} scenes in {self.root} were drawn with style {SceneStyle.of(found)}, "
-                                 f"but this config asks for {wanted}: use another root, or delete that one")
+            found = SceneStyle.of(info.get("style") if isinstance(info, dict) else None)
+            differences = found.differences(styles.get(split, SceneStyle()))
+            if differences:
+                drawn, asked = (", ".join(f"{name} {values[side]}" for name, values in differences.items())
+                                for side in (0, 1))
+                self._style_mismatches[role] = (
+                    f"{self.captions_file(split)}: the {split} scenes were drawn with {drawn}, but "
+                    f"data.init_args.scenes.styles asks for {asked}; ask for the style they were drawn in, or point "
+                    "data.init_args.root at scenes drawn as asked")
+
+    def require_styles(self, roles: Sequence[str]) -> None:
+        """Refuse, in one line, generated scenes of a split playing one of ``roles`` (the splits a stage reads)
+        that were drawn in another style than the config asks for, naming the split and the fields that differ.
+        Only those splits: a test reads the test split's scenes, whatever the training ones were drawn as."""
+        for role in roles:
+            if role in self._style_mismatches:
+                raise ValueError(self._style_mismatches[role])
 
     def records(self, role: Literal["train", "val", "test"]) -> list[CaptionedImage]:
         """The captioned images of the split playing ``role``, read once and cached. Validation and test images
@@ -219,7 +234,9 @@ class CocoCaptionsDataModule(SplitDataModule):
                 for image_id, size in self._sizes.get(role, {}).items() if size}
 
     def setup(self, stage: str | None = None) -> None:
-        """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features."""
+        """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features.
+        Generated scenes of those splits must be in the styles the config asks for (``require_styles``)."""
+        self.require_styles(STAGE_ROLES.get(stage, ("train", "val", "test")))
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
                                                  max_caption_length=self.vocabulary_options.max_caption_length,
@@ -251,7 +268,9 @@ class CocoCaptionsDataModule(SplitDataModule):
             self.use_feature_cache(role, cache)
 
     def feature_caches(self, part: FrozenPart, roles: Sequence[str]) -> dict[str, FeatureCache]:
-        """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``)."""
+        """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``);
+        generated scenes of those splits must be in the asked styles (``require_styles``)."""
+        self.require_styles(roles)
         return split_caches(part, {role: [record.path for record in self.records(role)] for role in roles},
                             self.feature_cache.folder, image_size=self.image_size, mean=self.mean, std=self.std,
                             shard_size=self.feature_cache.shard_size)
