@@ -89,6 +89,13 @@ def check_config_file(flag: str, path: Path) -> dict[str, Any]:
     problem = yaml_size_problem(root)
     if problem:
         raise ValueError(f"{path}: {problem}")
+    twice = duplicate_key(root)
+    if twice is not None:
+        first, again = twice
+        raise ValueError(f"{path}: line {again.start_mark.line + 1}, column {again.start_mark.column + 1}: the key "
+                         f"{again.value!r:.60} is given twice in one mapping (first on line "
+                         f"{first.start_mark.line + 1}); YAML keeps only the last, so the first would be silently "
+                         "ignored: keep one")
     tagged = next(refused_tags(root), None)
     if tagged is not None:
         mark = tagged.start_mark
@@ -202,6 +209,22 @@ def yaml_size_problem(root: Any) -> str | None:
     if size > MAX_CONFIG_BYTES:
         return (f"grows past {MAX_CONFIG_BYTES // 2**20} MiB once its YAML aliases (*name) are expanded, more than "
                 "a config may hold; write the values out")
+    return None
+
+
+def duplicate_key(root: Any) -> tuple[Any, Any] | None:
+    """The first key of a composed YAML document given twice in one mapping, as (its first node, its second), or
+    None: PyYAML keeps the last silently."""
+    import yaml
+
+    for node in yaml_nodes(root):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], Any] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if (key.tag, key.value) in seen:
+                        return seen[key.tag, key.value], key
+                    seen[key.tag, key.value] = key
     return None
 
 

@@ -182,10 +182,21 @@ class Manifest(NamedTuple):
     foreign: list[str]
 
 
-def _verified(folder: Path, name: str, record: dict[str, Any]) -> bool:
+def _verified(folder: Path, name: str, record: dict[str, Any],
+              hashed: dict[tuple[int, int], dict[str, Any]] | None = None) -> bool:
+    """Whether ``folder / name`` is a regular file inside ``folder`` that matches ``record``. ``hashed`` keeps each
+    file's record by its device and inode, so that a manifest naming one file many times (or by several names)
+    costs one read of it, not one per name; a size that differs needs no read at all."""
     target = inside(folder, name)
     try:
-        return target is not None and stat.S_ISREG(os.lstat(target).st_mode) and file_record(target) == record
+        found = os.lstat(target) if target is not None else None
+        if found is None or not stat.S_ISREG(found.st_mode) or record.get("size") != found.st_size:
+            return False
+        hashed = {} if hashed is None else hashed
+        key = (found.st_dev, found.st_ino)
+        if key not in hashed:
+            hashed[key] = file_record(target)
+        return hashed[key] == record
     except OSError:
         return False
 
@@ -203,13 +214,13 @@ def read_manifest(folder: str | os.PathLike) -> Manifest | None:
         return None
     if not (isinstance(data, dict) and isinstance(data.get("command"), str) and isinstance(data.get("files"), list)):
         return None
-    ours, foreign = {}, []
+    ours, foreign, hashed = {}, [], {}
     for entry in data["files"]:
         name = entry.get("path") if isinstance(entry, dict) else entry
         if not isinstance(name, str) or not os.path.lexists(folder / name):
             continue
         record = {key: entry.get(key) for key in ("size", "sha256")} if isinstance(entry, dict) else {}
-        if _verified(folder, name, record):
+        if _verified(folder, name, record, hashed):
             ours[name] = record
         else:
             foreign.append(name)

@@ -44,6 +44,24 @@ def meteor_scorer() -> Any:
     return _meteor
 
 
+def meteor_score(gts: Mapping[Any, list[str]], res: Mapping[Any, list[str]]) -> float:
+    """METEOR of tokenized ``res`` against ``gts`` (``meteor_scorer``). When its Java process fails (it died, or
+    could not start within the memory it was given) the scorer is dropped, its process ended and its lock freed
+    (pycocoevalcap holds it past an error, so the next score, or collecting it, would wait forever), and the
+    failure is one line."""
+    global _meteor
+    scorer = meteor_scorer()
+    try:
+        return float(scorer.compute_score(gts, res)[0])
+    except (ValueError, OSError) as error:
+        _meteor = None
+        scorer.meteor_p.kill()
+        if scorer.lock.locked():
+            scorer.lock.release()
+        raise ValueError(f"METEOR's Java process failed ({' '.join(str(error).split())[:120]}); check that "
+                         "`java -Xmx2G -version` runs here") from None
+
+
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
@@ -95,7 +113,7 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
     if use_java:
-        scores["METEOR"] = float(meteor_scorer().compute_score(gts, res)[0])
+        scores["METEOR"] = meteor_score(gts, res)
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
     return scores

@@ -9,8 +9,10 @@ folder's name stands for (edited, damaged or deleted) makes the folder's shards 
 fill, which says so. Then ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and
 ``shard_NNNNN.valid.npy`` (which of them could be read), each written to a temporary name and renamed into place,
 the flags first: a shard exists only whole, so a killed fill resumes at the first missing one. Under DDP rank r
-fills the shards i with i % world_size == r. A shard holding non-finite values (a fill stores none) is refused
-when first read, in one line naming the file, to delete and refill.
+fills the shards i with i % world_size == r. A shard's files with another header, shape or
+dtype than a fill writes (damaged, truncated, or promising more than they hold) are missing, filled again, never
+allocated. A shard holding non-finite values (a fill stores none) is refused when first read, in one line naming
+the file, to delete and refill.
 """
 
 from __future__ import annotations
@@ -101,15 +103,17 @@ class FeatureCache:
     def _key_text(self) -> str:
         return json.dumps(self.key, sort_keys=True, indent=1)
 
-    def _shard_whole(self, shard: int) -> bool:  # its files in place, the features with the expected header
+    def _shard_whole(self, shard: int) -> bool:  # its files in place, each with the expected header and size
         features, valid = self._paths(shard)
         if not (features.is_file() and valid.is_file()):
             return False
-        try:
-            stored = np.load(features, mmap_mode="r")
-        except (OSError, ValueError):
+        rows = len(self.shard_rows(shard))
+        try:  # memory-mapped: a header that promises more than the file holds is refused, never allocated
+            stored, flags = np.load(features, mmap_mode="r"), np.load(valid, mmap_mode="r")
+        except (OSError, ValueError, EOFError):
             return False
-        return stored.shape == (len(self.shard_rows(shard)), *self.shape) and stored.dtype == DTYPE
+        return (stored.shape == (rows, *self.shape) and stored.dtype == DTYPE and flags.shape == (rows,)
+                and flags.dtype == np.bool_)
 
     def missing(self, rank: int = 0, world_size: int = 1) -> list[int]:
         """The shards rank ``rank`` of ``world_size`` has to fill (those not yet in place: all of them when the
@@ -181,6 +185,10 @@ class FeatureCache:
         shard, row = divmod(index, self.shard_size)
         if shard not in self._open:
             features_path, valid_path = self._paths(shard)
+            if not self._shard_whole(shard):  # changed since the fill checked it
+                raise ValueError(f"{features_path}: it or {valid_path.name} beside it is missing or damaged (not the "
+                                 "header a fill writes); delete both and the next fit or cache-features fills them "
+                                 "again")
             features = np.load(features_path, mmap_mode="r")
             if not np.isfinite(features.sum(dtype=np.float32)):  # once per shard: one pass, no copy
                 raise ValueError(f"{features_path}: holds non-finite values (NaN or infinity), which a fill never "
