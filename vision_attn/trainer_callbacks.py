@@ -133,7 +133,7 @@ class FinalWeightsInLast(L.Callback):
 
 
 class BatchCountTrainer(L.Trainer):
-    """Lightning's Trainer, where a whole-number batch limit counts batches (1 is one batch, not 100%).
+    """Lightning's Trainer, where a whole-number batch limit counts batches (1 is one batch, not all of them).
 
     Lightning types ``limit_{train,val,test,predict}_batches`` ``float | int``, so jsonargparse (which LightningCLI
     builds the Trainer's options with, from this signature and, through ``**kwargs``, from Lightning's) reads ``1``
