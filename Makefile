@@ -87,9 +87,11 @@ demo-vit: setup
 # pytest exits 5 when it collected nothing: for this project that is a broken suite, so say so and fail.
 # The tests run on every core (pytest-xdist), one torch thread each: much of the suite waits on subprocesses,
 # Java (METEOR) and files, so two one-thread workers on 2 cores finish in ~2/3 of the serial time. The heavy tests
-# come first (tests/conftest.py) and are handed out two at a time, so both workers share them.
+# come first (tests/conftest.py) and are handed out two at a time, so both workers share them. The slowest 25
+# are listed at the end, to keep the suite's time in view.
 test: setup chromium
-	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist load --maxschedchunk 2 $(PYTEST_ARGS); rc=$$?; \
+	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist load --maxschedchunk 2 --durations 25 \
+		$(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; exit $$rc
 
 # The documentation site (MkDocs, Material, mkdocstrings), built into site/ with warnings as errors.
