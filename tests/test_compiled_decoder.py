@@ -106,9 +106,11 @@ def test_compile_keeps_the_state_dict_and_the_task_compiles_only_for_fit_validat
     assert task.hparams["decoder"]["compile"] == "default"
 
 
-@pytest.mark.parametrize("mode", ["fast", "", 1])
-def test_an_unknown_compile_mode_is_refused_in_one_line(mode) -> None:
-    with pytest.raises(ValueError, match="compile must be null or one of default, reduce-overhead") as raised:
+@pytest.mark.parametrize(("mode", "said"), [("fast", "compile must be null or one of default, reduce-overhead"),
+                                            ("", "compile must be null or one of default, reduce-overhead"),
+                                            (1, "^decoder.compile must be a string or null, got int$")])
+def test_an_unknown_compile_mode_is_refused_in_one_line(mode, said) -> None:
+    with pytest.raises(ValueError, match=said) as raised:
         DecoderOptions.coerce({"compile": mode})
     assert "\n" not in str(raised.value)
 

@@ -141,11 +141,11 @@ def test_bare_results_and_references_are_bounded_too(scenes, tmp_path) -> None:
     refused_in_one_line(evaluate(results, scenes["captions"], tmp_path / "s.json"), results, "record 2",
                         f"more than the {MAX_CAPTION_CHARS}")
     references = json.loads(scenes["captions"].read_text())
-    references["annotations"][1]["caption"] = " ".join(["word"] * (MAX_CAPTION_WORDS + 1))
+    references["annotations"][1]["caption"] = " ".join(["word"] * (MAX_CAPTION_CHARS // 5 + 1))
     captions = write(tmp_path / "captions.json", references)
     good = write(tmp_path / "good.json", good_results(scenes))
     refused_in_one_line(evaluate(good, captions, tmp_path / "s.json"), captions, "annotations[1]",
-                        f"caption has {MAX_CAPTION_WORDS + 1} words")
+                        f"more than the {MAX_CAPTION_CHARS}")
     many = [{"image_id": n, "caption": " ".join(["a"] * MAX_CAPTION_WORDS)}
             for n in range(MAX_RESULTS_WORDS // MAX_CAPTION_WORDS + 1)]
     crowded = write(tmp_path / "crowded.json", many)

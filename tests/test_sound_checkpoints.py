@@ -5,6 +5,7 @@ CheckpointIO the config names, a non-finite score, and the options a checkpoint'
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import zipfile
 from pathlib import Path
@@ -152,19 +153,23 @@ def test_a_model_registry_is_refused_in_one_line(tmp_path) -> None:
         one_line_error(done, "--ckpt_path", "registry")
 
 
-def test_a_checkpoints_decoding_options_apply_and_others_are_refused(trained_captioner, tmp_path) -> None:
+def test_a_checkpoints_decoding_options_apply_and_others_are_refused(trained_captioner, tmp_path, caplog) -> None:
     common = ("test", *tiny("captioner_tiny.yaml"), "--data.init_args.root", str(trained_captioner["scenes"]),
               "--ckpt_path", str(trained_captioner["ckpt"]), "--trainer.limit_test_batches", "1")
     done = run_in_process(*common, "--model.init_args.decoding.beam_size", "1000000")
     one_line_error(done, "beam_size", "50")
     done = run_in_process(*common, "--model.init_args.decoder.hidden_dim", "64")
     one_line_error(done, "--model.init_args.decoder.hidden_dim: 64, but --ckpt_path", "fitted with 32")
-    user = tmp_path / "user.yaml"  # a user's config: an option that differs is refused, one that is the same passes
-    user.write_text("model: {init_args: {decoder: {hidden_dim: 32, dropout: 0.5}, encoder: {pretrained: gone.ckpt}}}")
-    done = run_in_process(*common, "--config", str(user))
-    one_line_error(done, "model.init_args.decoder.dropout: 0.5 in a config file, but --ckpt_path", "fitted with 0.0")
-    user.write_text("model: {init_args: {objective: {doubly_stochastic_weight: 0.5}}}")
-    one_line_error(run_in_process(*common, "--config", str(user)), "model.init_args.objective.doubly_stochastic_weight")
+    user = tmp_path / "user.yaml"  # a user's config: an option that differs is said in one line, the checkpoint's used
+    user.write_text("model: {init_args: {decoder: {hidden_dim: 32, dropout: 0.5}, objective: "
+                    "{doubly_stochastic_weight: 0.5}, encoder: {pretrained: gone.ckpt}}}")
+    with caplog.at_level(logging.WARNING, logger="vision_attn.ckpt_path"):
+        done = run_in_process(*common, "--config", str(user), "--trainer.default_root_dir", str(tmp_path / "differs"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [r.getMessage() for r in caplog.records if "config files set 2 model options otherwise" in r.getMessage()]
+    assert len(said) == 1 and "model.init_args.decoder.dropout (0.5 there, 0.0 in the checkpoint)" in said[0]
+    assert "model.init_args.objective.doubly_stochastic_weight" in said[0] and "hidden_dim" not in said[0]
+    assert "dropout: 0.0" in (tmp_path / "differs" / "config.yaml").read_text()  # the checkpoint's, as it ran
     user.write_text("model: {init_args: {decoder: {hidden_dim: 32}, encoder: {pretrained: gone.ckpt}}}")
     done = run_in_process(*common, "--config", str(user), "--model.init_args.encoder.width", "8",
                           "--trainer.default_root_dir", str(tmp_path / "same"))

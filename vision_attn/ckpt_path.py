@@ -8,6 +8,7 @@ data. And where ``--ckpt_path last`` looks for its checkpoint, named when there 
 from __future__ import annotations
 
 import importlib
+import logging
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,6 +27,8 @@ from vision_attn.checkpoint import (
 )
 from vision_attn.errors import CheckpointError
 from vision_attn.option_groups import OptionGroup
+
+log = logging.getLogger(__name__)
 
 NAMED_CHECKPOINTS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself, read by SafeCheckpointIO
 
@@ -119,19 +122,25 @@ def changed_options(restored: dict[str, Any], given: dict[str, Any], task: type 
 
 
 def refuse_changed_options(restored: dict[str, Any], given: dict[str, Any], args: list[str], ckpt_path: str) -> None:
-    """Refuse, in one line naming it, the first model option outside ``CHANGEABLE_GROUPS`` that a config file or
-    the command line ``args`` sets to another value than the checkpoint's (``changed_options``): the checkpoint's
-    options are the model's, and would silently replace it. One given the checkpoint's own value passes, so the
-    configs a checkpoint was fitted with test it."""
+    """Refuse, in one line naming it, the first model option outside ``CHANGEABLE_GROUPS`` that the command line
+    ``args`` sets to another value than the checkpoint's (``changed_options``): the checkpoint's options are the
+    model's. One that a config file sets otherwise is said in one logged line, and the checkpoint's value used:
+    the configs a run was fitted with, less its command-line overrides, still test it. One given the checkpoint's
+    own value passes."""
     class_path = str(restored["class_path"])
+    in_configs = []
     for path, asked, theirs in changed_options(restored["init_args"], given, model_class(class_path),
                                                model_kind(class_path)):
-        on_command_line = {f"--model.init_args.{path}", f"--model.{path}"} & set(model_options_given(args))
-        where = "" if on_command_line else " in a config file"
-        raise ValueError(f"{'--' if on_command_line else ''}model.init_args.{path}: {shown(asked)}{where}, but "
-                         f"--ckpt_path {ckpt_path} was fitted with {shown(theirs)}, and its model options are the "
-                         f"model's; give its value or leave this option out (only the "
-                         f"{', '.join(CHANGEABLE_GROUPS)} options can be changed)")
+        if {f"--model.init_args.{path}", f"--model.{path}"} & set(model_options_given(args)):
+            raise ValueError(f"--model.init_args.{path}: {shown(asked)}, but --ckpt_path {ckpt_path} was fitted "
+                             f"with {shown(theirs)}, and its model options are the model's; give its value or leave "
+                             f"this option out (only the {', '.join(CHANGEABLE_GROUPS)} options can be changed)")
+        in_configs.append(f"model.init_args.{path} ({shown(asked)} there, {shown(theirs)} in the checkpoint)")
+    if in_configs:
+        log.warning("the config files set %d model option%s otherwise than --ckpt_path %s, whose values are used "
+                    "(only the %s options can be changed): %s", len(in_configs), "s" * (len(in_configs) > 1),
+                    ckpt_path, ", ".join(CHANGEABLE_GROUPS), "; ".join(in_configs[:3]) +
+                    ("; ..." if len(in_configs) > 3 else ""))
 
 
 def shown(value: Any) -> str:

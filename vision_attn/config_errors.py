@@ -312,11 +312,14 @@ def class_options(cls: type) -> list[str]:
 
 
 def option_type(cls: Any, dotted: str, *, method: bool = False) -> Any:
-    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument (an argument of ``cls`` itself
-    with ``method``), then the fields of the option groups (dataclasses) under it. None where it cannot be told."""
+    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument (of the first class in its MRO
+    that names it, as a subclass passes the rest on in ``**kwargs``; an argument of ``cls`` itself with
+    ``method``), then the fields of the option groups (dataclasses) under it. None where it cannot be told."""
     first, *rest = dotted.split(".")
     try:
-        hint = typing.get_type_hints(cls if method else cls.__init__).get(first)
+        owners = [cls] if method or not isinstance(cls, type) else [klass.__init__ for klass in cls.__mro__]
+        hint = next((found for owner in owners if (found := typing.get_type_hints(owner).get(first)) is not None),
+                    None)
         for name in rest:
             group = next((member for member in members(hint) if dataclasses.is_dataclass(member)), None)
             hint = typing.get_type_hints(group).get(name) if group is not None else None

@@ -11,6 +11,7 @@ the others live next to their models (``captioning/options.py``, ``vit/classifie
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, TypeVar
@@ -50,6 +51,9 @@ class OptionGroup:
             if unknown:
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
+            texts = {field.name for field in fields_of(cls) if field.type in ("str", "str | None")}
+            value = {key: os.fspath(item) if key in texts and isinstance(item, os.PathLike) else item
+                     for key, item in value.items()}  # a path given from Python is the text a config would hold
             wrong = next((f"{cls.name}.{field.name} must be {SCALAR_TYPES[field.type][0]}, got "
                           f"{type(value[field.name]).__name__}" for field in fields_of(cls)
                           if field.name in value and not scalar_fits(field.type, value[field.name])), None)

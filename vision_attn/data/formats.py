@@ -87,15 +87,17 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -MAX_ID <= value <= MAX_ID
 
 
-def caption_problem(caption: str) -> str | None:
-    """What makes a caption longer than a decoder writes (``MAX_CAPTION_CHARS`` characters, ``MAX_CAPTION_WORDS``
-    words), or None; the characters are counted first, so a huge one is refused at once."""
+def caption_problem(caption: str, *, words: bool = True) -> str | None:
+    """What makes a caption longer than a decoder writes (``MAX_CAPTION_CHARS`` characters, and with ``words``
+    ``MAX_CAPTION_WORDS`` words), or None; the characters are counted first, so a huge one is refused at once. A
+    reference caption is bounded in characters only: a longer one in training data is cut to the vocabulary's
+    max_caption_length, and said so."""
     if len(caption) > MAX_CAPTION_CHARS:
         return (f"caption has {len(caption)} characters, more than the {MAX_CAPTION_CHARS} a caption may have (no "
                 f"decoder writes over {MAX_CAPTION_WORDS} words)")
-    words = len(caption.split())
-    if words > MAX_CAPTION_WORDS:
-        return f"caption has {words} words, more than the {MAX_CAPTION_WORDS} a decoder writes (decoding.max_length)"
+    count = len(caption.split()) if words else 0
+    if count > MAX_CAPTION_WORDS:
+        return f"caption has {count} words, more than the {MAX_CAPTION_WORDS} a decoder writes (decoding.max_length)"
     return None
 
 
@@ -184,7 +186,7 @@ def check_coco_captions(data: Any, path: Path) -> dict[str, Any]:
         if not isinstance(annotation.get("caption"), str):
             hint = " (an instances file? give the captions file)" if "bbox" in annotation else ""
             raise refuse(f"{where}: 'caption' must be a string, got {_short(annotation.get('caption'))}{hint}")
-        problem = caption_problem(annotation["caption"])
+        problem = caption_problem(annotation["caption"], words=False)
         if problem:
             raise refuse(f"{where}: {problem}")
     return {key: value for key, value in data.items() if key != "categories"}
