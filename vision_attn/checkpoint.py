@@ -75,7 +75,7 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
     problem = torch_file_problem(path)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
-    damage = zip_damage(path) if _is_zip(path) else None
+    damage = zip_damage(path)
     if damage:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, truncated or damaged ({damage})")
     try:
@@ -100,11 +100,6 @@ def torch_file_problem(path: Path) -> str | None:
     if magic[:2] != b"PK" and magic[:1] != b"\x80":
         return "not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"
     return None
-
-
-def _is_zip(path: Path) -> bool:
-    with open(path, "rb") as file:
-        return file.read(2) == b"PK"
 
 
 def unreadable_reason(error: BaseException, path: Path) -> str:

@@ -94,5 +94,5 @@ def _name(value: Any) -> str:
 
 
 def _wrong_type(field: str, value: Any, types: tuple[type, ...]) -> str:
-    wanted = " or ".join(TYPE_NAMES.get(kind, kind.__name__) for kind in types[:1])
+    wanted = TYPE_NAMES.get(types[0], types[0].__name__)
     return f"its field {field} must be {wanted}, found {_name(value)}"

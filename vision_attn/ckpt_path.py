@@ -128,10 +128,10 @@ def refuse_changed_options(restored: dict[str, Any], given: dict[str, Any], args
     the configs a run was fitted with, less its command-line overrides, still test it. One given the checkpoint's
     own value passes."""
     class_path = str(restored["class_path"])
-    in_configs = []
+    on_command_line, in_configs = set(model_options_given(args)), []
     for path, asked, theirs in changed_options(restored["init_args"], given, model_class(class_path),
                                                model_kind(class_path)):
-        if {f"--model.init_args.{path}", f"--model.{path}"} & set(model_options_given(args)):
+        if {f"--model.init_args.{path}", f"--model.{path}"} & on_command_line:
             raise ValueError(f"--model.init_args.{path}: {shown(asked)}, but --ckpt_path {ckpt_path} was fitted "
                              f"with {shown(theirs)}, and its model options are the model's; give its value or leave "
                              f"this option out (only the {', '.join(CHANGEABLE_GROUPS)} options can be changed)")
@@ -149,13 +149,12 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def with_changes(restored: dict[str, Any], given: Any) -> dict[str, Any]:
+def with_changes(restored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """The model config ``restored`` from a checkpoint with the ``CHANGEABLE_GROUPS`` options that the user's
     config files and command line set (``given``: the model's init args parsed without defaults) over its own."""
     init_args = dict(restored["init_args"])
     for group in CHANGEABLE_GROUPS:
-        changes = given.get(group) if hasattr(given, "get") else None
-        changes = changes.as_dict() if hasattr(changes, "as_dict") else changes
+        changes = given.get(group)
         if isinstance(changes, dict) and changes and isinstance(init_args.get(group, {}), dict):
             init_args[group] = {**(init_args.get(group) or {}), **changes}
     return {**restored, "init_args": init_args}

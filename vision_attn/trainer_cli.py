@@ -109,8 +109,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             if restored and class_path:
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
-                changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
-                refuse_changed_options(restored, as_dict(changes), given, ckpt_path)
+                changes = as_dict((explicit[subcommand].get("model") or {}).get("init_args") or {})
+                refuse_changed_options(restored, changes, given, ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
             ckpt_path = local
@@ -157,9 +157,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The configured Trainer, whose checkpoints are read safely by ``SafeCheckpointIO`` (``safe_plugins``),
-        with a ``PacedProgressBar``
-        where the config sets no bar of its own, ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no
-        LearningRateMonitor without a logger, and a warning for bf16 on a CPU without bf16 arithmetic."""
+        with a ``PacedProgressBar`` where the config sets no bar of its own, ``FinalWeightsInLast`` where a
+        ModelCheckpoint saves its last, no LearningRateMonitor without a logger, and a warning for bf16 on a CPU
+        without bf16 arithmetic."""
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]

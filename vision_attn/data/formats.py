@@ -35,7 +35,12 @@ _CHUNK = 1 << 22
 def nesting_depth(data: bytes) -> int:
     """How deeply the arrays and objects of a JSON text nest (0 for a bare number or string), counted without
     recursion: the brackets outside string literals, as running sums in chunks (memory bounded by the chunk)."""
-    return _nesting(_STRING.sub(b"", data).translate(None, _NOT_BRACKET))
+    return _nesting(_brackets(data))
+
+
+def _brackets(data: bytes) -> bytes:
+    """The brackets of a JSON text outside its string literals, in order."""
+    return _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
 
 
 def _nesting(brackets: bytes) -> int:
@@ -67,7 +72,7 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not a readable JSON file (not UTF-8 text: byte {error.start}); expected "
                          f"{what}") from None
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    brackets = _brackets(data)
     depth = _nesting(brackets)
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"{path}: JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} allowed; expected "
