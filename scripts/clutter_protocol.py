@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from held_out_scenes import HELD_OUT, VIT_HELD_OUT, fashion_mnist_test, vit_scores, write_split
+
 # name: (group, scene style: make-scenes' options as style fields, which the ViT's canvases read too)
 KINDS = {
     "clean": ("clean", {}),
@@ -41,10 +43,6 @@ KINDS = {
 }
 # drawn by this script, not by the project's generator: clean scenes repainted over patterns no training draws
 FOREIGN = {"gratings": ("held-out clutter", 0.25)}
-# drawn by held_out_scenes.py, whose code no training calls (its HELD_OUT table says how)
-HELD_OUT = {"noise_grey_40_75": "held-out clutter", "noise_colour_40_75": "held-out clutter",
-            "scale_0.5": "held-out sizes", "scale_1.3": "held-out sizes", "objects_6": "held-out counts"}
-VIT_HELD_OUT = ("noise_grey_40_75", "scale_0.5", "scale_1.3")  # one grey item a canvas: no colour, no six
 SCORES = ("pointing_accuracy", "object_recall", "object_precision", "alpha_mass_in_box", "colour_accuracy",
           "repeated_object_rate", "CIDEr-D", "erasure")
 HEADINGS = ("pointing", "recall", "precision", "α mass", "colour", "repeats", "CIDEr-D", "erasure")
@@ -110,8 +108,6 @@ def captioner_kind(ckpt: str, out: Path, scenes: Path, kind: str, count: int, se
     """Scenes of one kind (in ``scenes``), and the captioner's scores and erasure share on them."""
     root = scenes / f"scenes_{kind}_{count}_{seed}"
     if kind in HELD_OUT and not (root / "annotations" / "captions_test.json").is_file():
-        from held_out_scenes import fashion_mnist_test, write_split
-
         write_split(root, kind, count, seed, *fashion_mnist_test())
     elif not (root / "annotations" / "captions_test.json").is_file():
         style = KINDS[kind][1] if kind in KINDS else {}
@@ -141,8 +137,6 @@ def vit_kind(ckpt: str, kind: str, count: int, seed: int) -> dict:
     from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
 
     if kind in HELD_OUT:
-        from held_out_scenes import vit_scores
-
         return vit_scores(ckpt, kind, count, seed)
     style = KINDS[kind][1]
     background = Background(style.get("background", "black"), style.get("background_level", 0.5),
@@ -202,8 +196,7 @@ def main() -> None:
                 figures = captioner_kind(ckpt, out, Path(args.scenes or out), kind, count, args.seed)
             else:
                 figures = vit_kind(ckpt, kind, count, args.seed)
-            group = HELD_OUT[kind] if kind in HELD_OUT else {**KINDS, **FOREIGN}[kind][0]
-            rows[kind] = {"group": group, **figures}
+            rows[kind] = {"group": {**KINDS, **FOREIGN, **HELD_OUT}[kind][0], **figures}
             print(f"{model} {kind}: {json.dumps(rows[kind])} ({time.perf_counter() - started:.0f} s)", flush=True)
         found[model] = {"ckpt": ckpt, "count": count, "kinds": rows}
     (out / "protocol.json").write_text(json.dumps({"seed": args.seed, **found}, indent=1) + "\n")

@@ -22,21 +22,23 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-CANVAS, CANVAS_VIT, ITEM = 96, 56, 28
-# kind: (objects per scene (least, most), item scale (least, most), background: black, grey or colour)
+from vision_attn.data.scene_clutter import mask_rle
+from vision_attn.data.scenes import CLASS_WORDS, COLOURS, SOURCES
+from vision_attn.data.scenes import ITEM_SIZE as ITEM
+
+CANVAS, CANVAS_VIT = 96, 56
+# kind: (its group in the protocol's tables, objects per scene (least, most), item scale (least, most), background:
+# black, grey or colour)
 HELD_OUT = {
-    "noise_grey_40_75": ((2, 3), (1.0, 1.0), "grey"),
-    "noise_colour_40_75": ((2, 3), (1.0, 1.0), "colour"),
-    "scale_0.5": ((2, 3), (0.5, 0.5), "black"),
-    "scale_1.3": ((2, 3), (1.3, 1.3), "black"),
-    "objects_6": ((6, 6), (0.7, 1.0), "black"),
+    "noise_grey_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "grey"),
+    "noise_colour_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "colour"),
+    "scale_0.5": ("held-out sizes", (2, 3), (0.5, 0.5), "black"),
+    "scale_1.3": ("held-out sizes", (2, 3), (1.3, 1.3), "black"),
+    "objects_6": ("held-out counts", (6, 6), (0.7, 1.0), "black"),
 }
 VIT_HELD_OUT = ("noise_grey_40_75", "scale_0.5", "scale_1.3")  # the ViT sees grey; one item a canvas
 LEVELS = (0.4, 0.75)  # a noise background's brightest pixel, as a share of white, drawn per scene
-CLASS_WORDS = ("top", "trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
-COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0),
-           "white": (255, 255, 255)}
-TEST_ITEMS = slice(5000, 10000)  # the Fashion scenes' test split draws from these official test items
+TEST_ITEMS = SOURCES["test"][1]  # the official test items the Fashion scenes' test split draws from
 
 
 def background(rng: np.random.Generator, kind: str, size: int) -> np.ndarray:
@@ -83,18 +85,10 @@ def listing(names: list[str], form: int) -> str:
     return f"there is {listed}" if form % 2 else listed
 
 
-def rle(mask: np.ndarray) -> dict:
-    """A mask as COCO's compressed RLE, its counts as text."""
-    from pycocotools import mask as coco_mask
-
-    encoded = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": list(encoded["size"]), "counts": encoded["counts"].decode("ascii")}
-
-
 def write_split(root: Path, kind: str, count: int, seed: int, items: np.ndarray, labels: np.ndarray) -> None:
     """``count`` test scenes of ``kind`` under ``root``, in the Fashion scenes' format, from ``items`` (the test
     split's Fashion-MNIST pool) and their ``labels``."""
-    (objects, scales, ground) = HELD_OUT[kind]
+    _, objects, scales, ground = HELD_OUT[kind]
     rng = np.random.default_rng([seed, 7331, list(HELD_OUT).index(kind)])
     for folder in ("images/test", "annotations", "backgrounds/test"):
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -128,7 +122,7 @@ def write_split(root: Path, kind: str, count: int, seed: int, items: np.ndarray,
             box = [int(cols[0]), int(rows[0]), int(cols[-1] - cols[0] + 1), int(rows[-1] - rows[0] + 1)]
             annotation_id = len(instances) + 1
             instances.append({"id": annotation_id, "image_id": image_id, "category_id": int(label) + 1, "bbox": box,
-                              "area": int(mask.sum()), "iscrowd": 0, "segmentation": rle(mask)})
+                              "area": int(mask.sum()), "iscrowd": 0, "segmentation": mask_rle(mask)})
             attributes.append({"id": annotation_id, "image_id": image_id, "colour": colour,
                                "rgb": list(COLOURS[colour]), "cell": None, "source_split": "test",
                                "source_index": TEST_ITEMS.start + source})
@@ -172,7 +166,7 @@ def vit_scores(ckpt: str, kind: str, count: int, seed: int) -> dict:
     from vision_attn.vit.rollout import explain
     from vision_attn.vit.rollout_mass import map_scores
 
-    (_, scales, ground) = HELD_OUT[kind]
+    _, _, scales, ground = HELD_OUT[kind]
     rng = np.random.default_rng([seed, 7331, 100 + list(HELD_OUT).index(kind)])
     images, labels = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "test")
     classifier = Classifier.from_checkpoint(ckpt)
