@@ -39,3 +39,18 @@ def test_help_shows_each_groups_options_with_their_docs() -> None:
     text = " ".join(result.stdout.split())
     assert "--model.decoder.attention_mode" in text and "soft (α's expectation, §4.2)" in text
     assert "--model.self_critical.from_progress" in text and "--model.optimiser.encoder_lr" in text
+
+
+def test_the_docs_are_read_only_for_help_and_help_still_shows_them_after_a_run_without() -> None:
+    """The options' docs cost a parse of every class's source, so only a help that shows them reads them; a help
+    asked for after a run that did not read them (in the same process) still shows every group's docs."""
+    from vision_attn.trainer_cli import asks_for_help
+
+    assert asks_for_help(["fit", "--help"]) and asks_for_help(["-h"])
+    assert asks_for_help(["fit", "--model.help", "vision_attn.tasks.CaptionerTask"])
+    assert asks_for_help(["fit", "--data.help=vision_attn.datamodules.CocoCaptionsDataModule"])
+    assert asks_for_help(["fit", "--print_config=comments"]) and not asks_for_help(["fit", "--print_config"])
+    assert not asks_for_help(["fit", "--config", "help.yaml", "--trainer.default_root_dir", "runs/help"])
+    printed = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--print_config")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    test_help_shows_each_groups_options_with_their_docs()

@@ -47,9 +47,6 @@ from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
 from vision_attn.trainer_callbacks import BatchCountTrainer, FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
 
-# A dataclass field's doc is the string under it: jsonargparse shows it in --help (the option groups)
-jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
 LINKED_FROM_DATA = {
@@ -229,6 +226,11 @@ def require_predictions(config: Any, ckpt_path: str | None) -> None:
 def run_lightning(args: Sequence[str] | None) -> None:
     """LightningCLI on ``args`` (``sys.argv[1:]`` when None): the model and data are picked by ``class_path``.
     Lightning's refusal of a setting (``MisconfigurationException``) becomes a one-line user error."""
+    arguments = _arguments(args)
+    # A dataclass field's doc is the string under it (the option groups). Reading those strings means parsing the
+    # sources of every class the parser takes, Trainer's among them, so it is done only for the help that shows them.
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(
+        sys.argv[1:] if arguments is None else arguments))
     try:
         VisionAttnCLI(
             L.LightningModule,
@@ -236,12 +238,19 @@ def run_lightning(args: Sequence[str] | None) -> None:
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
-            args=_arguments(args),
+            args=arguments,
             auto_configure_optimizers=False,
         )
     except MisconfigurationException as error:
         raise ValueError(f"Lightning refused a setting: {error}") from None
     end_process_group()
+
+
+def asks_for_help(args: Sequence[str]) -> bool:
+    """Whether ``args`` ask for a help text with the options' docs: ``--help``, a class's ``--model.help``-style
+    help, or ``--print_config`` with comments."""
+    return any(arg in ("-h", "--help") or arg.split("=", 1)[0].endswith(".help")
+               or (arg.startswith("--print_config") and "comments" in arg) for arg in args)
 
 
 def _arguments(args: Sequence[str] | None) -> list[str] | None:
