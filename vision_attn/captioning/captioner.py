@@ -131,4 +131,5 @@ class Captioner(nn.Module):
 
     def words(self, hypothesis: Hypothesis) -> list[str]:
         """The words of a decoded caption, one per α row (``<unk>`` kept)."""
-        return [self.vocab.tokens[i] for i in hypothesis.tokens]
+        tokens = self.vocab.tokens  # a copy of the list: taken once
+        return [tokens[i] for i in hypothesis.tokens]

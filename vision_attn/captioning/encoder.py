@@ -47,12 +47,8 @@ class SmallCNN(nn.Sequential):
                       nn.ReLU(inplace=True)]
             return nn.Sequential(*layers, nn.MaxPool2d(2)) if pool else nn.Sequential(*layers)
 
-        super().__init__(
-            stage(in_chans, width, stride=2),
-            stage(width, 2 * width, stride=2),
-            stage(2 * width, 4 * width, pool=True),
-            stage(4 * width, 8 * width, pool=stride == 16),
-        )
+        super().__init__(stage(in_chans, width, stride=2), stage(width, 2 * width, stride=2),
+                         stage(2 * width, 4 * width, pool=True), stage(4 * width, 8 * width, pool=stride == 16))
         self.out_channels = 8 * width
 
 
