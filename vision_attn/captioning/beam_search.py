@@ -59,12 +59,12 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
     history_alphas = torch.zeros(batch, k, 0, locations, device=device)
     history_betas = torch.zeros(batch, k, 0, device=device)
     history_heads = None  # (B, k, T, K, L) with a multihead score
+    images = torch.arange(batch, device=device)[:, None]  # with ``parent``, indexes each beam's parent (B, k)
     for t in range(max_length + 1):  # up to max_length words, then <end>
         logits, alpha, beta, new_state, _, heads = decoder.step(words, image, state)
         log_probs = logits.float().log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V); fp32 under autocast too
         vocab = log_probs.shape[-1]
-        log_probs[..., start_id] = float("-inf")
-        log_probs[..., pad_id] = float("-inf")
+        log_probs[..., [start_id, pad_id]] = float("-inf")
         if t < min_length:
             log_probs[..., end_id] = float("-inf")
         if t == max_length:
@@ -85,18 +85,14 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
         scores, flat = candidates.topk(k, dim=-1)  # (B, k)
         parent, token = flat // vocab, flat % vocab
         model_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
-        rows = (torch.arange(batch, device=device).unsqueeze(1) * k + parent).view(-1)  # parent beam in (B·k)
+        rows = (images * k + parent).view(-1)  # parent beam in (B·k)
         was_finished = finished.gather(1, parent)
-        history_tokens = torch.cat([history_tokens.gather(1, parent[..., None].expand_as(history_tokens)),
-                                    token.unsqueeze(-1)], dim=2)
-        step_alpha = alpha[rows].view(batch, k, 1, locations)
-        step_beta = beta[rows].view(batch, k, 1)
-        history_alphas = torch.cat([history_alphas[torch.arange(batch, device=device)[:, None], parent], step_alpha], 2)
-        history_betas = torch.cat([history_betas.gather(1, parent[..., None].expand_as(history_betas)), step_beta], 2)
+        history_tokens = torch.cat([history_tokens[images, parent], token.unsqueeze(-1)], 2)
+        history_alphas = torch.cat([history_alphas[images, parent], alpha[rows].view(batch, k, 1, locations)], 2)
+        history_betas = torch.cat([history_betas[images, parent], beta[rows].view(batch, k, 1)], 2)
         if heads is not None:
             step_heads = heads[rows].view(batch, k, 1, *heads.shape[1:])
-            kept = step_heads[:, :, :0] if history_heads is None else \
-                history_heads[torch.arange(batch, device=device)[:, None], parent]
+            kept = step_heads[:, :, :0] if history_heads is None else history_heads[images, parent]
             history_heads = torch.cat([kept, step_heads], 2)
         lengths = lengths.gather(1, parent) + (~was_finished).float()
         finished = was_finished | (token == end_id)

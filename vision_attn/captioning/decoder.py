@@ -3,7 +3,8 @@
 At step t the decoder attends over the annotation vectors a_1..a_L with h_{t−1}, gates the context with a scalar
 β_t, and feeds [E y_{t-1}; z_t] to an LSTM; the deep output layer turns E y_{t-1}, h_t and z_t into word scores.
 Soft attention (§4.2) takes the expectation Σ_i α_ti a_i; hard attention (§4.1) samples s_t ~ Multinoulli(α_t),
-trained with REINFORCE (``reinforce.py``), a batch using the expected context with ``hard_expectation_prob``.
+trained with REINFORCE (``reinforce.py``); with probability ``hard_expectation_prob`` a training batch takes the
+expected context instead, as the paper allows.
 
 At its defaults this is the paper's decoder; attention inputs and output terms plug in through ``seams.py``.
 W_a a_i does not depend on t, so it is computed once per image (``encode``); the deep output runs once over all

@@ -38,21 +38,15 @@ def refuse_unless(condition: bool, seam: str, message: str) -> None:
         raise ValueError(f"{seam}: {message}")
 
 
-def entry_name(entry: Any, seam: str) -> str:
-    """The name an extension entry gives, or a one-line refusal naming the seam."""
-    name = entry.get("name") if isinstance(entry, Mapping) else entry
-    refuse_unless(isinstance(name, str) and bool(name), seam,
-                  f"each entry is a name or a mapping with a name, got {entry!r}")
-    return name
-
-
 def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: str) -> list[dict[str, Any]]:
     """``entries`` as ``{name, **options}`` with every option filled in and checked (what a checkpoint keeps); an
     unknown name, a name listed twice or a bad option is refused in one line."""
     refuse_unless(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
     plain, seen = [], set()
     for entry in entries:
-        name = entry_name(entry, seam)
+        name = entry.get("name") if isinstance(entry, Mapping) else entry
+        refuse_unless(isinstance(name, str) and bool(name), seam,
+                      f"each entry is a name or a mapping with a name, got {entry!r}")
         close = difflib.get_close_matches(name, list(registry), n=1)
         refuse_unless(name in registry, seam, f"unknown extension {name!r}; " + (
             f"did you mean {close[0]}?" if close else f"use one of {', '.join(sorted(registry))}"))
