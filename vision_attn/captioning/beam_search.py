@@ -1,8 +1,5 @@
-"""Greedy decoding and batched beam search for the attention decoder.
-
-All B images and their k beams advance together as one (B·k) batch per step. Every beam keeps its word,
-α and β history, so the chosen caption comes back with the attention that produced each word.
-"""
+"""Beam search, greedy decoding and sampling for the attention decoder: the B images' k beams advance as one (B·k)
+batch, each beam keeping its words, α and β, so a caption comes back with the attention behind each word."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ from vision_attn.captioning.seams import DecodingProcessor, SearchStep
 
 @dataclass
 class Hypothesis:
-    """One decoded caption: word ids without <start>/<end>, with α (T, L) and β (T,) per emitted word, and
-    each head's α (T, K, L) with a multihead attention score; ``log_prob`` is the model's log-probability of the
-    caption (with <end>), ``score`` what the search ranked it by (length-normalised, with the processors' changes)."""
+    """A decoded caption: word ids without <start>/<end>, α (T, L), β (T,) and each head's α (T, K, L) per word;
+    ``log_prob``, the model's (with <end>); ``score``, the search's (length-normalised, after the processors)."""
 
     tokens: list[int]
     alphas: Tensor
@@ -32,31 +28,16 @@ class Hypothesis:
 
 
 @torch.no_grad()
-def beam_search(
-    decoder: AttentionDecoder,
-    annotations: Tensor,
-    *,
-    start_id: int,
-    end_id: int,
-    pad_id: int = 0,
-    beam_size: int = 5,
-    max_length: int = 20,
-    min_length: int = 0,
-    length_penalty: float = 0.0,
-    processors: Sequence[DecodingProcessor] = (),
-) -> list[list[Hypothesis]]:
-    """The ``beam_size`` best captions of each image, best first.
+def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int, end_id: int, pad_id: int = 0,
+                beam_size: int = 5, max_length: int = 20, min_length: int = 0, length_penalty: float = 0.0,
+                processors: Sequence[DecodingProcessor] = ()) -> list[list[Hypothesis]]:
+    """The ``beam_size`` best captions of each image of ``annotations`` (B, L, D), best first (size 1: greedy).
 
-    The search space is every caption of at most ``max_length`` words followed by <end>; <start> and <pad>
-    are never emitted (<unk> may be: a model trained on rare words says it), so a caption with a finite score has
-    at most ``max_length`` words and no other special token; beams without a finite score are left out, but for
-    the best when no beam has one (a model whose scores are NaN), which the caller refuses. ``annotations`` is
-    (B, L, D). Scores are summed log-probabilities divided by
-    length^``length_penalty`` (0: no normalisation; 1: the mean log-probability per word, counting <end>).
-    ``beam_size`` 1 is greedy. <end> is not allowed before ``min_length`` words (the benchmark sets it to
-    ``max_length`` so that every search decodes the same number of steps). The ``processors`` (``seams.py``)
-    change each step's log-probabilities in order before the beams are ranked; a hypothesis's ``log_prob`` is the
-    model's own.
+    A caption is at most ``max_length`` words, then <end>, and at least ``min_length`` (the benchmark sets it to
+    ``max_length``: every search the same steps); <start> and <pad> are never emitted (<unk> may be). A score is
+    the summed log-probability / length^``length_penalty`` (1: the mean per word, <end> counted), after the
+    ``processors`` changed each step's log-probabilities in order. Beams without a finite score are left out,
+    but for the best when none has one (NaN scores), which the caller refuses.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
@@ -78,12 +59,12 @@ def beam_search(
     history_alphas = torch.zeros(batch, k, 0, locations, device=device)
     history_betas = torch.zeros(batch, k, 0, device=device)
     history_heads = None  # (B, k, T, K, L) with a multihead score
+    images = torch.arange(batch, device=device)[:, None]  # with ``parent``, indexes each beam's parent (B, k)
     for t in range(max_length + 1):  # up to max_length words, then <end>
         logits, alpha, beta, new_state, _, heads = decoder.step(words, image, state)
         log_probs = logits.float().log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V); fp32 under autocast too
         vocab = log_probs.shape[-1]
-        log_probs[..., start_id] = float("-inf")
-        log_probs[..., pad_id] = float("-inf")
+        log_probs[..., [start_id, pad_id]] = float("-inf")
         if t < min_length:
             log_probs[..., end_id] = float("-inf")
         if t == max_length:
@@ -104,18 +85,14 @@ def beam_search(
         scores, flat = candidates.topk(k, dim=-1)  # (B, k)
         parent, token = flat // vocab, flat % vocab
         model_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
-        rows = (torch.arange(batch, device=device).unsqueeze(1) * k + parent).view(-1)  # parent beam in (B·k)
+        rows = (images * k + parent).view(-1)  # parent beam in (B·k)
         was_finished = finished.gather(1, parent)
-        history_tokens = torch.cat([history_tokens.gather(1, parent[..., None].expand_as(history_tokens)),
-                                    token.unsqueeze(-1)], dim=2)
-        step_alpha = alpha[rows].view(batch, k, 1, locations)
-        step_beta = beta[rows].view(batch, k, 1)
-        history_alphas = torch.cat([history_alphas[torch.arange(batch, device=device)[:, None], parent], step_alpha], 2)
-        history_betas = torch.cat([history_betas.gather(1, parent[..., None].expand_as(history_betas)), step_beta], 2)
+        history_tokens = torch.cat([history_tokens[images, parent], token.unsqueeze(-1)], 2)
+        history_alphas = torch.cat([history_alphas[images, parent], alpha[rows].view(batch, k, 1, locations)], 2)
+        history_betas = torch.cat([history_betas[images, parent], beta[rows].view(batch, k, 1)], 2)
         if heads is not None:
             step_heads = heads[rows].view(batch, k, 1, *heads.shape[1:])
-            kept = step_heads[:, :, :0] if history_heads is None else \
-                history_heads[torch.arange(batch, device=device)[:, None], parent]
+            kept = step_heads[:, :, :0] if history_heads is None else history_heads[images, parent]
             history_heads = torch.cat([kept, step_heads], 2)
         lengths = lengths.gather(1, parent) + (~was_finished).float()
         finished = was_finished | (token == end_id)
@@ -132,14 +109,9 @@ def beam_search(
             emitted = int(lengths[b, j].item())
             tokens = history_tokens[b, j, :emitted].tolist()
             keep = emitted - 1 if tokens and tokens[-1] == end_id else emitted  # α/β of words, not of <end>
-            beams.append(Hypothesis(
-                tokens=tokens[:keep],
-                alphas=history_alphas[b, j, :keep].cpu(),
-                betas=history_betas[b, j, :keep].cpu(),
-                log_prob=float(model_log_probs[b, j]),
-                score=float(normalised[b, j]),
-                head_alphas=None if history_heads is None else history_heads[b, j, :keep].cpu(),
-            ))
+            beams.append(Hypothesis(tokens[:keep], history_alphas[b, j, :keep].cpu(), history_betas[b, j, :keep].cpu(),
+                                    float(model_log_probs[b, j]), float(normalised[b, j]),
+                                    None if history_heads is None else history_heads[b, j, :keep].cpu()))
         # A beam scored -inf (fewer live candidates than beams: a tiny vocabulary, or processors that forbid
         # words) is no caption; the best is kept whatever its score, for the caller to refuse by its image
         results.append([beam for beam in beams if math.isfinite(beam.score)] or beams[:1])
@@ -167,16 +139,11 @@ class SampledCaptions:
 def sample_captions(decoder: AttentionDecoder, annotations: Tensor, *, per_image: int, start_id: int, end_id: int,
                     pad_id: int = 0, max_length: int = 20,
                     processors: Sequence[DecodingProcessor] = ()) -> SampledCaptions:
-    """``per_image`` captions per image drawn word by word from p(y_t | y_<t, a), rows of an image adjacent.
-
-    Unlike the searches above this keeps the autograd graph: the log-probabilities of the drawn words are
-    what REINFORCE differentiates. The ``per_image`` rows of an image share its annotations, as in
-    teacher forcing. At most ``max_length`` words are drawn, then <end>; <start> and <pad> never are. The
-    ``processors`` that apply to sampling change each step's logits, in order, before the draw.
-
-    With hard attention the locations are drawn too (s_t ~ Multinoulli(α_t)), and a step's log-probability is
-    that of the pair, log p(s_t | a) + log p(y_t | s_t, ...): the caption's reward trains where it looked as
-    well as what it said.
+    """``per_image`` captions per image (rows adjacent, sharing its annotations) drawn from p(y_t | y_<t, a), keeping
+    the autograd graph that REINFORCE differentiates: at most ``max_length`` words, then <end>, never <start> or
+    <pad>, each step's logits changed first by the ``processors`` that apply to sampling. Hard attention draws
+    s_t ~ Multinoulli(α_t) too, and a step's log-probability is the pair's, log p(s_t | a) + log p(y_t | s_t, ...):
+    the reward trains where it looked as well as what it said.
     """
     image = decoder.encode(annotations)
     state = decoder.initial_state(annotations, per_image)

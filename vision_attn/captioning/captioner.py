@@ -1,8 +1,7 @@
 """Show, Attend and Tell as one network (Xu et al. 2015): image → annotation vectors → words with α and β.
 
-``Captioner`` joins the encoder (§3.1.1) and the attention decoder (§3.1.2, §4) with what it needs to read
-an image and speak words: its vocabulary, input size and normalisation, and its decoding settings. A
-training checkpoint holds all of it, so ``Captioner.from_checkpoint`` captions on its own, without Lightning.
+``Captioner`` joins the encoder (§3.1.1) and the attention decoder (§3.1.2, §4) with its vocabulary, input size,
+normalisation and decoding settings, all in a training checkpoint: ``from_checkpoint`` captions without Lightning.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from vision_attn.option_groups import ImageFormat
 
 
 class Decoded(NamedTuple):
-    """The best caption of each image, and the annotation grid (Gh, Gw) its α rows cover; with ``all_beams``
-    every beam of each image, best first."""
+    """The best caption of each image, the grid (Gh, Gw) its α rows cover, and with ``all_beams`` every beam."""
 
     hypotheses: list[Hypothesis]
     grid: tuple[int, int]
@@ -37,8 +35,7 @@ class Decoded(NamedTuple):
 
 
 def _adjacent_equal_groups(caption_images: Tensor, images: int) -> bool:
-    """Whether captions come as r adjacent rows per image for every image (0,0,1,1,2,2...): the decoder
-    then shares each image's annotations among its captions instead of copying them."""
+    # whether captions come as r adjacent rows per image (0,0,1,1,2,2...): the decoder then shares the annotations
     if len(caption_images) % images:
         return False
     expected = torch.arange(images, device=caption_images.device).repeat_interleave(len(caption_images) // images)
@@ -46,13 +43,9 @@ def _adjacent_equal_groups(caption_images: Tensor, images: int) -> bool:
 
 
 class Captioner(nn.Module):
-    """Encoder + attention decoder, with the vocabulary, preprocessing and decoding settings of a trained model.
-
-    ``vocabulary`` is the token list (specials first). ``image`` (``ImageFormat``) says how an image becomes the
-    network input (squashed to a square, then normalised; ImageNet statistics by default). ``encoder``,
-    ``decoder`` and ``decoding`` are the option groups of ``captioning/options.py``; ``decoding`` is the default
-    search of ``decode``, with its processors (``processors``, in order).
-    """
+    """Encoder + attention decoder, with the vocabulary (specials first), the ``ImageFormat`` of its input (squashed
+    to a square, normalised; ImageNet's statistics by default) and the groups of ``options.py``; ``decoding`` is
+    ``decode``'s search, with its ``processors`` in order."""
 
     def __init__(self, *, vocabulary: Sequence[str], image: ImageFormat | Mapping[str, Any] | None = None,
                  encoder: EncoderOptions | Mapping[str, Any] | None = None,
@@ -106,8 +99,8 @@ class Captioner(nn.Module):
 
     def forward(self, images: Tensor, captions: Tensor, caption_images: Tensor | None = None, *,
                 features: bool = False) -> DecoderOutput:
-        """Teacher-forced outputs; caption n is of image ``caption_images[n]`` (default: of image n). ``features``:
-        the images are what the encoder's frozen part made of them (a feature cache)."""
+        """Teacher-forced outputs, caption n of image ``caption_images[n]`` (default n); ``features``: the images are
+        the encoder's frozen part's output (a feature cache)."""
         annotations, _ = self.encoder.encode(images, features=features)  # each image once, however many captions
         return self.teacher_forced(annotations, captions, caption_images)
 
@@ -126,8 +119,8 @@ class Captioner(nn.Module):
 
     def decode(self, images: Tensor, *, beam_size: int | None = None, all_beams: bool = False,
                features: bool = False) -> Decoded:
-        """The best caption of each normalised image (B, 3, S, S) by beam search, with its α/β per word (and
-        every beam with ``all_beams``); ``features``: the images are the encoder's frozen part's output."""
+        """Beam search's best caption of each normalised image (B, 3, S, S) with α/β per word (``all_beams``: every
+        beam); ``features``: the images are the encoder's frozen part's output."""
         annotations, grid = self.encoder.encode(images, features=features)
         beams = beam_search(
             self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
@@ -138,5 +131,5 @@ class Captioner(nn.Module):
 
     def words(self, hypothesis: Hypothesis) -> list[str]:
         """The words of a decoded caption, one per α row (``<unk>`` kept)."""
-        tokens = self.vocab.tokens
+        tokens = self.vocab.tokens  # a copy of the list: taken once
         return [tokens[i] for i in hypothesis.tokens]

@@ -1,7 +1,6 @@
-"""The decoder through torch.compile (``decoder.compile``): the same parameters, state dict and numbers, with the T
-small steps of the teacher-forced loop fused into fewer kernels (and, in reduce-overhead, replayed as CUDA
-graphs). CPUs run eager: inductor's C++ code for this decoder computed wrong numbers in the torch this project
-pins (``scripts/compiled_decoder_check.py`` shows it), while its GPU code equals eager."""
+"""The decoder through torch.compile (``decoder.compile``): the same parameters, state dict and numbers, the T steps
+of the teacher-forced loop fused into fewer kernels (reduce-overhead: CUDA graphs). CPUs run eager: inductor's C++
+code for this decoder computes wrong numbers in the pinned torch (``scripts/compiled_decoder_check.py``)."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from vision_attn.data.vocabulary import PAD_ID
 
 
 def compile_decoder(decoder: AttentionDecoder, mode: str | None = None, *, backend: str = "inductor") -> None:
-    """Run ``decoder``'s teacher-forced loop (``forward``) and its ``step`` (beam search, sampling) through
-    torch.compile in ``mode``, in place. ``backend`` is torch.compile's (another than inductor checks the graph
-    capture alone, as the tests do)."""
+    """``decoder``'s ``forward`` and ``step`` through torch.compile in ``mode``, in place (another ``backend`` than
+    inductor checks the graph capture alone, as the tests do)."""
     options = {"mode": mode} if backend == "inductor" else {}
     for name in ("forward", "step"):  # the methods, compiled, on the instance
         eager = getattr(decoder, name)
@@ -29,7 +27,7 @@ def compile_decoder(decoder: AttentionDecoder, mode: str | None = None, *, backe
 
 
 def _eager_on_cpu(eager: Callable, compiled: Callable) -> Callable:
-    """``compiled`` on an accelerator, ``eager`` on CPU tensors (said once per process)."""
+    # ``compiled`` on an accelerator, ``eager`` on CPU tensors (said once per process)
     @functools.wraps(eager)
     def call(*args: Any, **kwargs: Any) -> Any:
         first = next((value for value in args if isinstance(value, Tensor)), None)
@@ -59,11 +57,9 @@ ROW_MULTIPLE = 8  # the compiled loop's caption rows are rounded up to a multipl
 
 def static_batch(annotations: Tensor, captions: Tensor, caption_images: Tensor | None, *,
                  width: int) -> tuple[Tensor, Tensor]:
-    """A teacher-forced batch at the compiled loop's static shapes, so that batches of other caption counts and
-    lengths reuse one graph (and one CUDA graph): an annotation copy per caption, (N', L, D), and the captions
-    (N', W), with N' the N captions rounded up to a multiple of ``ROW_MULTIPLE`` and W = max(``width``, their
-    width). Added rows are all <pad> and read image 0; added columns are <pad>. The caller keeps the first N rows
-    and the caption's own steps of the output (``real_part``), so the loss is the unpadded batch's."""
+    """A teacher-forced batch at static shapes, so that other caption counts and lengths reuse one graph: an
+    annotation copy per caption (N', L, D) and the captions (N', max(``width``, T+1)), N' the N rounded up to a
+    multiple of ``ROW_MULTIPLE``; the added rows (of image 0) and columns are <pad>, cut off by ``real_part``."""
     count, length = captions.shape
     rows = -(-count // ROW_MULTIPLE) * ROW_MULTIPLE
     images = caption_images if caption_images is not None else torch.arange(count, device=captions.device)

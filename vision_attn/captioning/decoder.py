@@ -1,17 +1,14 @@
 """The LSTM decoder of "Show, Attend and Tell" (Xu et al. 2015, arXiv 1502.03044, §3.1.2 and §4).
 
-At step t the decoder attends over the annotation vectors a_1..a_L with its previous hidden state, gates the
-context with a scalar β_t, and feeds [E y_{t-1}; z_t] to an LSTM; the deep output layer turns E y_{t-1}, h_t and
-z_t into word scores.
+At step t the decoder attends over the annotation vectors a_1..a_L with h_{t−1}, gates the context with a scalar
+β_t, and feeds [E y_{t-1}; z_t] to an LSTM; the deep output layer turns E y_{t-1}, h_t and z_t into word scores.
+Soft attention (§4.2) takes the expectation Σ_i α_ti a_i; hard attention (§4.1) samples s_t ~ Multinoulli(α_t),
+trained with REINFORCE (``reinforce.py``); with probability ``hard_expectation_prob`` a training batch takes the
+expected context instead, as the paper allows.
 
-Soft attention (§4.2) takes the expectation Σ_i α_ti a_i. Hard attention (§4.1) samples one location
-s_t ~ Multinoulli(α_t) and is trained with REINFORCE (``reinforce.py``); with probability ``hard_expectation_prob``
-a training batch uses the expected context instead, as the paper allows.
-
-With its options at their defaults this is the paper's decoder. What goes beyond it plugs in through the seams of
-``seams.py``: attention inputs (``decoder.attention_inputs``) and output terms (``decoder.output_terms``).
-W_a a_i does not depend on t, so it is computed once per image (``encode``); the deep output and the vocabulary
-projection run once over all steps after the recurrence.
+At its defaults this is the paper's decoder; attention inputs and output terms plug in through ``seams.py``.
+W_a a_i does not depend on t, so it is computed once per image (``encode``); the deep output runs once over all
+steps after the recurrence.
 """
 
 from __future__ import annotations
@@ -197,8 +194,7 @@ class AttentionDecoder(nn.Module):
         return AttendedContext(beta * attended, alpha, beta.squeeze(1), location, heads)  # z_t = β_t Σ_i α_ti a_i
 
     def advance(self, state: DecoderState, hidden: Tensor, cell: Tensor, alpha: Tensor, words: Tensor) -> DecoderState:
-        """The state after step t: h_t, c_t, and what the inputs and terms carry once α_t and the input words are
-        known."""
+        """The state after step t: h_t, c_t, and what the inputs and terms carry after α_t and the input words."""
         carried = {name: extension.advance(state.carried.get(name), alpha)
                    for name, extension in self.attention_inputs.items() if name in state.carried}
         carried |= {name: term.advance(state.carried.get(name), words)
@@ -210,23 +206,25 @@ class AttentionDecoder(nn.Module):
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
         return self.output_words(self.output_dropout(combined))
 
+    def _recur(self, embedded: Tensor, word: Tensor, image: EncodedImage, state: DecoderState,
+               sample: bool) -> tuple[AttendedContext, DecoderState]:
+        # z_t from h_{t−1}, then h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t−1}, c_{t−1}))
+        attended = self.context(image, state, embedded, sample=sample)
+        hidden, cell = self.lstm(torch.cat([embedded, attended.context], dim=1), (state.hidden, state.cell))
+        return attended, self.advance(state, hidden, cell, attended.alpha, word)
+
     def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:
         """One decoding step from the previous words (B',); ``sample``: hard attention draws s_t ~ α_t."""
         embedded = self.embedding(word)
-        attended = self.context(image, state, embedded, sample=sample)
-        hidden, cell = self.lstm(torch.cat([embedded, attended.context], dim=1), (state.hidden, state.cell))
-        state = self.advance(state, hidden, cell, attended.alpha, word)
-        logits = self.deep_output(embedded, hidden, attended.context)
+        attended, state = self._recur(embedded, word, image, state, sample)
+        logits = self.deep_output(embedded, state.hidden, attended.context)
         for name, term in self.output_terms.items():
-            logits = term.step(logits, hidden, state.carried.get(name))
+            logits = term.step(logits, state.hidden, state.carried.get(name))
         return DecoderStep(logits, attended.alpha, attended.beta, state, attended.location, attended.heads)
 
     def forward(self, annotations: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher forcing over ``captions`` (B', T+1) = <start> w_1 .. w_n <end> <pad>..; predicts captions[:, 1:].
-
-        ``annotations`` is (B, L, D) with B' = B·r: the r captions of an image are adjacent rows and share its
-        annotations (and W_a a), which are computed and read once.
-        """
+        ``annotations`` (B, L, D), B' = B·r: an image's r captions are adjacent rows sharing its a and W_a a."""
         if captions.shape[0] % annotations.shape[0]:
             raise ValueError(f"{captions.shape[0]} captions for {annotations.shape[0]} images: expected a multiple")
         image = self.encode(annotations)
@@ -236,16 +234,11 @@ class AttentionDecoder(nn.Module):
         sample = self.attention_mode == "hard" and self.training
         if sample and torch.rand(()) < self.hard_expectation_prob:
             sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
-        hiddens, contexts, alphas, betas, locations = [], [], [], [], []
+        steps = []
         for t in range(inputs.shape[1]):
-            attended = self.context(image, state, embedded[:, t], sample=sample)
-            hidden, cell = self.lstm(torch.cat([embedded[:, t], attended.context], dim=1), (state.hidden, state.cell))
-            state = self.advance(state, hidden, cell, attended.alpha, inputs[:, t])
-            hiddens.append(hidden)
-            contexts.append(attended.context)
-            alphas.append(attended.alpha)
-            betas.append(attended.beta)
-            locations.append(attended.location)
+            attended, state = self._recur(embedded[:, t], inputs[:, t], image, state, sample)
+            steps.append((state.hidden, attended.context, attended.alpha, attended.beta, attended.location))
+        hiddens, contexts, alphas, betas, locations = zip(*steps, strict=True)
         hidden_all = torch.stack(hiddens, 1)  # (B', T, H)
         logits = self.deep_output(embedded, hidden_all, torch.stack(contexts, 1))  # one projection for all t
         for term in self.output_terms.values():

@@ -1,12 +1,10 @@
 """The annotation-vector encoder of "Show, Attend and Tell" (Xu et al. 2015, §3.1.1).
 
-A CNN trunk turns an image into a grid of conv features; each of the L = Gh·Gw cells is an annotation
-vector a_i ∈ R^D. The paper uses VGG-19's conv5_4 (14×14×512 at 224 px). Also here: ResNet-50/101
-(layer4, optionally pooled to a chosen grid), any timm backbone through ``features_only``, a small CNN
-that learns on a CPU in minutes, and this project's own Vision Transformer (``backbone: vit``), whose patch
-tokens are the annotation vectors, as modern captioners attend over ViT patch tokens. Pretrained weights are a
-local file, or a name (``imagenet``, a torchvision enum member, a timm tag) that torchvision or timm resolve in
-their own caches (``vision_attn.weights``).
+A trunk turns an image into a grid of features; each of the L = Gh·Gw cells is an annotation vector a_i ∈ R^D.
+The paper's is VGG-19's conv5_4 (14×14×512 at 224 px); also here: ResNet-50/101 (layer4, optionally pooled), any
+timm backbone (``features_only``), a small CNN that learns on a CPU in minutes, and this project's ViT, whose patch
+tokens are the annotation vectors (``vit_trunk.py``). Pretrained weights are a local file, or a name that
+torchvision or timm resolve in their caches (``vision_attn.weights``).
 """
 
 from __future__ import annotations
@@ -37,30 +35,20 @@ log = logging.getLogger(__name__)
 
 
 class SmallCNN(nn.Sequential):
-    """A CPU-sized trunk: S×S×3 -> S/stride × S/stride × 8·width, one conv-BN-ReLU per stage.
-
-    Strides 2, 2 then 2×2 max-pools twice (stride 16; the receptive field, ~50 px, covers one Fashion-MNIST
-    item), or once (stride 8: a grid twice as fine whose ~35 px receptive field stays within one item's cell).
-    """
+    """A CPU-sized trunk: S×S×3 -> S/stride × S/stride × 8·width, one conv-BN-ReLU per stage; strides 2, 2, then
+    2×2 max-pools twice (stride 16: the receptive field covers one Fashion-MNIST item) or once (stride 8)."""
 
     def __init__(self, width: int = 32, in_chans: int = 3, *, stride: int = 16) -> None:
         if stride not in (8, 16):
             raise ValueError(f"the small CNN's output stride is 8 or 16, got {stride}")
 
         def stage(inputs: int, outputs: int, *, stride: int = 1, pool: bool = False) -> nn.Sequential:
-            layers: list[nn.Module] = [
-                nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False),
-                nn.BatchNorm2d(outputs),
-                nn.ReLU(inplace=True),
-            ]
+            layers = [nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(outputs),
+                      nn.ReLU(inplace=True)]
             return nn.Sequential(*layers, nn.MaxPool2d(2)) if pool else nn.Sequential(*layers)
 
-        super().__init__(
-            stage(in_chans, width, stride=2),
-            stage(width, 2 * width, stride=2),
-            stage(2 * width, 4 * width, pool=True),
-            stage(4 * width, 8 * width, pool=stride == 16),
-        )
+        super().__init__(stage(in_chans, width, stride=2), stage(width, 2 * width, stride=2),
+                         stage(2 * width, 4 * width, pool=True), stage(4 * width, 8 * width, pool=stride == 16))
         self.out_channels = 8 * width
 
 
@@ -82,8 +70,7 @@ def _resnet_layer4(depth: int) -> tuple[nn.Sequential, int]:
 
 
 class _TimmFeatures(nn.Module):
-    """The last feature map of a timm backbone built with ``features_only``; with ``weights``
-    (``<architecture>.<tag>``), loaded by timm from its cache."""
+    # the last feature map of a timm backbone built with ``features_only``; ``weights``: ``<architecture>.<tag>``
 
     def __init__(self, name: str, *, weights: str | None = None) -> None:
         super().__init__()
@@ -103,10 +90,8 @@ class _TimmFeatures(nn.Module):
 
 
 def _timm_trunk_names(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A timm model's (or our timm trunk's) state dict under the names of our ``features_only`` trunk. timm's
-    feature wrappers rename: FeatureListNet flattens ``stages.0`` to ``stages_0``, FeatureGetterNet nests the
-    model under ``model.``; a key keeps its name when no trunk key matches it up to those changes."""
-
+    # a timm model's (or our trunk's) state under our ``features_only`` trunk's names: FeatureListNet flattens
+    # ``stages.0`` to ``stages_0``, FeatureGetterNet nests the model under ``model.``; an unmatched key is kept
     def plain(key: str) -> str:
         return key.removeprefix("body.").replace(".", "_")
 
@@ -116,16 +101,12 @@ def _timm_trunk_names(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[
 
 class AnnotationEncoder(nn.Module):
     """Image (B, 3, H, W) -> annotation vectors (B, L, D) over a Gh×Gw grid, as ``options`` (``EncoderOptions``, or
-    its fields as keyword arguments) say, for square inputs of ``image_size`` pixels.
+    its fields as keywords) say, for square inputs of ``image_size`` pixels.
 
-    ``options.pretrained`` is a local weights file, or a weights name: ``imagenet`` (torchvision's DEFAULT, i.e.
-    VGG19_Weights.IMAGENET1K_V1 and ResNet50/101_Weights.IMAGENET1K_V2; for timm, what ``pretrained=True``
-    loads), a member of the torchvision enum (``IMAGENET1K_V1``) or a timm tag (``a1_in1k``). Names are found in
-    torch.hub's and the Hugging Face caches (``vision_attn.weights``); the small CNN has none. Backbone ``vit``
-    needs ``pretrained``: a `vision-attn fit` ViT checkpoint or a timm-format ViT weights file (``vit_trunk.py``);
-    its annotation vectors are the patch tokens on the ViT's patch grid. ``options`` (after building) is the
-    group with ``vit`` set to the architecture built, which a captioner checkpoint keeps to rebuild it without
-    the file.
+    ``options.pretrained`` is a local file or a weights name: ``imagenet`` (torchvision's DEFAULT; for timm, what
+    ``pretrained=True`` loads), a torchvision enum member (``IMAGENET1K_V1``) or a timm tag (``a1_in1k``). Backbone
+    ``vit`` needs a `vision-attn fit` ViT checkpoint or timm-format ViT weights; ``self.options`` then records the
+    ViT's architecture (``vit``), so a captioner checkpoint rebuilds it without the file.
     """
 
     def __init__(self, options: EncoderOptions | None = None, *, image_size: int = 224, **fields: Any) -> None:
@@ -170,9 +151,8 @@ class AnnotationEncoder(nn.Module):
             self.trunk.to(memory_format=torch.channels_last)
 
     def load_trunk_weights(self, path: str | os.PathLike) -> None:
-        """Load a torchvision/timm state dict (or our own trunk's, or the trunk of a ``vision-attn fit`` encoder
-        pretraining or captioner checkpoint) from a local file; classifier keys are skipped. The file's
-        Lightning hyperparameters, if any, are kept as ``pretrained_with`` (the normalisation it learnt under)."""
+        """Load a torchvision/timm/own trunk's state dict, or the trunk of a ``vision-attn fit`` encoder pretraining or
+        captioner checkpoint, from a local file, keeping its hyper-parameters as ``pretrained_with``."""
         loaded = load_file(path)
         state = extract_state_dict(loaded)
         for prefix in ("encoder.trunk.", "model.encoder.trunk."):  # a vision-attn encoder pretraining or captioner
@@ -183,9 +163,8 @@ class AnnotationEncoder(nn.Module):
         self._load_trunk_state(state, path)
 
     def use_named_weights(self, name: str) -> None:
-        """Load the weights called ``name`` through torchvision (its cache: ``$TORCH_HOME/hub/checkpoints``), or,
-        for a timm trunk, keep what timm loaded when building it; ``pretrained_with`` becomes the normalisation
-        they were trained under."""
+        """Load the weights ``name`` through torchvision's cache (a timm trunk loaded them when built); their
+        normalisation becomes ``pretrained_with``."""
         if self.backbone_name in TORCHVISION_BACKBONES:
             weights = torchvision_weights(self.backbone_name, name)
             self._load_trunk_state(weights.state_dict, weights.source)
@@ -198,7 +177,6 @@ class AnnotationEncoder(nn.Module):
         self.pretrained_with = {"image": {"mean": mean, "std": std}}
 
     def _load_trunk_state(self, state: dict[str, Tensor], source: str | os.PathLike) -> None:
-        """Load a torchvision/timm/own trunk state dict into the trunk, refusing one that does not fit it."""
         own = self.trunk.state_dict()
         if self.backbone_name.startswith("timm:"):
             state = _timm_trunk_names(state, own)
@@ -227,7 +205,7 @@ class AnnotationEncoder(nn.Module):
 
     def set_trainable_stages(self, stages: int) -> None:
         """Fine-tune the last ``stages`` top-level children of the trunk (-1: all); freeze the rest."""
-        children = list(self.trunk.children()) if not isinstance(self.trunk, _TimmFeatures) else [self.trunk]
+        children = self._stages()
         frozen = [] if stages < 0 else children[: max(0, len(children) - stages)]
         for child in children:
             child.requires_grad_(child not in frozen)
@@ -244,9 +222,8 @@ class AnnotationEncoder(nn.Module):
         return list(self.trunk.children()) if not isinstance(self.trunk, _TimmFeatures) else [self.trunk]
 
     def frozen_part(self) -> nn.Module | None:
-        """What of the encoder gives the same output all through training, so that it can be cached: the frozen
-        first stages of the trunk, or, when every stage is frozen, the trunk with its grid pooling. None when
-        nothing is frozen. Frozen stages run in eval mode (BatchNorm keeps its statistics), without gradient."""
+        """The part whose output training never changes, to be cached: the frozen first stages (in eval mode), or,
+        all frozen, the trunk with its pooling; None when nothing is frozen."""
         stages, frozen = self._stages(), len(self.frozen_stages)
         if not frozen:
             return None
@@ -258,17 +235,17 @@ class AnnotationEncoder(nn.Module):
         return None if part is None else FrozenPart(part, {"backbone": self.backbone_name,
                                                            "frozen_stages": len(self.frozen_stages)})
 
+    def _layout(self, inputs: Tensor) -> Tensor:
+        channels_last = self.channels_last and inputs.dim() == 4  # NHWC: see the end of __init__
+        return inputs.contiguous(memory_format=torch.channels_last) if channels_last else inputs
+
     def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, 3, H, W) -> annotation vectors (B, L, D) and the grid (Gh, Gw)."""
-        if self.channels_last and images.dim() == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return self._annotations(self.pool(self.trunk(images)))  # (B, D, Gh, Gw)
+        return self._annotations(self.pool(self.trunk(self._layout(images))))  # (B, D, Gh, Gw)
 
     def from_frozen(self, features: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """``forward`` from what ``frozen_part`` made of the images (a feature cache's fp16 features): only the
-        rest of the encoder runs."""
-        if self.channels_last and features.dim() == 4:
-            features = features.contiguous(memory_format=torch.channels_last)
+        """``forward`` from a feature cache's fp16 output of ``frozen_part``: only the rest of the encoder runs."""
+        features = self._layout(features)
         stages, frozen = self._stages(), len(self.frozen_stages)
         features = features.to(next(self.parameters()).dtype)  # fp16 from the cache -> the weights' dtype
         if frozen < len(stages):
@@ -297,10 +274,8 @@ class AnnotationEncoder(nn.Module):
 
 
 class EncoderClassifier(nn.Module):
-    """An ``AnnotationEncoder`` (B, 3, H, W) -> (B, L, D) with linear classifiers on the mean of the L vectors:
-    the class, and (``num_colours`` > 0) the colour, of the object in the image. How the encoder is pretrained
-    before captioning (``tasks.EncoderPretrainingTask``), as the paper's VGG was on ImageNet:
-    p(class | image) = softmax(W · (1/L) Σ_i a_i + b)."""
+    """An ``AnnotationEncoder`` with linear heads on the mean of the L vectors, p(class | image) = softmax(W · (1/L)
+    Σ_i a_i + b), and the colour's with ``num_colours``: its pretraining, as the paper's VGG was on ImageNet."""
 
     def __init__(self, options: EncoderOptions | None = None, *, num_classes: int = 10, num_colours: int = 0,
                  image_size: int = 224, **fields: Any) -> None:

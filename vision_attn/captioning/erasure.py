@@ -1,9 +1,9 @@
 """Does the captioner's α point at what makes it say the word? An erasure test (``docs/formats/metrics.md``).
 
-Each class word a caption emits is tested by intervention: the object whose box holds α's argmax cell at that
-word (the attended object) is erased (its box filled with the scene's background), and so, in a second image, is
-another object of the scene. The same caption is re-scored by teacher forcing on both. If attention shows what
-the word rests on, erasing the attended object lowers the word's log-probability more than erasing the other.
+At each class word a caption emits, the object whose box holds α's argmax cell (the attended object) is erased
+(filled with the scene's background), and, in a second image, another object; the caption is re-scored by teacher
+forcing on both. If α shows what the word rests on, erasing the attended object lowers the word's
+log-probability more than erasing the other.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from vision_attn.captioning.captioner import Captioner
+from vision_attn.captioning.evaluation import nulls_for_nan
 from vision_attn.data.coco import load_caption_image, load_coco, resolve_inside
 from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, readable_batches
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
@@ -34,8 +35,7 @@ SKIPS = ("single_object", "no_attended_object")  # why a class word was not scor
 
 
 class WordErasure(NamedTuple):
-    """One scored class word: where it is, the two objects erased, and the word's log-probability on the image as it
-    is and with each object erased."""
+    """A scored class word, the two objects erased, and its log-probability on the image, then with each erased."""
 
     image_id: Any
     position: int
@@ -81,8 +81,8 @@ def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
                   objects: Sequence[Sequence[tuple[str, Box]]], *, grid: tuple[int, int],
                   image_size: tuple[int, int], class_words: set[str],
                   image_ids: Sequence[Any], seed: int = 0) -> tuple[list[Planned], Counter]:
-    """The class words of a batch's captions to score, and the count of those skipped (``SKIPS``). The other object
-    is drawn uniformly among the rest, seeded by ``seed``, the image id and the position (not by the batch)."""
+    """The class words of a batch's captions to score, and the skips (``SKIPS``) counted; the other object is drawn
+    among the rest, seeded by ``seed``, the image id and the position (not by the batch)."""
     planned, skipped = [], Counter({reason: 0 for reason in SKIPS})
     for index, (caption, alpha_rows, scene) in enumerate(zip(words, alphas, objects, strict=True)):
         boxes = [box for _, box in scene]
@@ -104,8 +104,8 @@ def plan_erasures(words: Sequence[Sequence[str]], alphas: Sequence[Tensor],
 
 def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions: Tensor, planned: Sequence[Planned],
                     objects: Sequence[Sequence[tuple[str, Box]]], image_ids: Sequence[Any]) -> list[WordErasure]:
-    """Score ``planned`` words in one call of ``score``: each image (B, 3, S, S) with its caption (``captions``
-    (B, T+1)), then per word its image with each object erased (from ``backgrounds`` (B, 3, S, S))."""
+    """Score ``planned`` words in one ``score`` call: the images (B, 3, S, S) with their ``captions`` (B, T+1), then
+    per word its image with each object erased (from ``backgrounds``)."""
     if not planned:
         return []
     erased = [erase_box(pixels[p.image], backgrounds[p.image], objects[p.image][which][1])
@@ -124,9 +124,8 @@ def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions
 
 
 def summarise(words: Sequence[WordErasure], *, images: int, skipped: Mapping[str, int]) -> dict[str, Any]:
-    """The measures (``docs/formats/metrics.md``): the share of words that erasing the attended object lowers more
-    than erasing the other (a tie is not lower), the mean drops, the share whose attended object is the one named,
-    and the counts."""
+    """The measures (``docs/formats/metrics.md``): the share of words the attended object's erasure lowers more (a
+    tie is not), the mean drops, the share whose attended object is the one named, and the counts."""
     count, nan = len(words), float("nan")
     mean = (lambda values: sum(values) / count) if count else (lambda values: nan)
     return {"images": images, "words": count, "skipped": {reason: int(skipped.get(reason, 0)) for reason in SKIPS},
@@ -148,8 +147,8 @@ def captioner_scorer(captioner: Captioner) -> Scorer:
 
 
 class Scene(NamedTuple):
-    """An image of the scenes to test: its id, file, background file (``backgrounds/<split>/``; None: black),
-    objects (name, box in the image file's pixels) and size."""
+    """A scene to test: id, file, background file (``backgrounds/<split>/``; None: black), objects (name, box in
+    the file's pixels) and size."""
 
     image_id: Any
     path: Path
@@ -159,8 +158,8 @@ class Scene(NamedTuple):
 
 
 def read_scenes(root: str | os.PathLike, split: str, count: int | None = None) -> tuple[list[Scene], set[str]]:
-    """The first ``count`` images (all when None) of a Fashion scenes split, and the class words (the instances
-    file's category names), read and checked before any work."""
+    """The first ``count`` images (None: all) of a Fashion scenes split, and the instances' category names, read
+    and checked before any work."""
     root = Path(root)
     instances = root / "annotations" / f"instances_{split}.json"
     if not root.is_dir():
@@ -215,8 +214,8 @@ class ErasureReport(NamedTuple):
 def iter_erasures(captioner: Captioner, scenes: Sequence[Scene], class_words: set[str], *, beam_size: int | None = None,
                   batch_size: int = 16, seed: int = 0, on_bad_image: OnBadImage = "error",
                   bad_images: BadImageCounter | None = None) -> Iterator[tuple[int, list[WordErasure], Counter]]:
-    """Per batch of readable scenes: (its number of images, its scored words, its skips); each batch is captioned,
-    then scored once, its images and all their erasures together."""
+    """Per batch of readable scenes, captioned, then scored in one pass with all its erasures: (images, scored
+    words, skips)."""
     size, score = captioner.image_size, captioner_scorer(captioner)
     for chunk, loaded in readable_batches(scenes, lambda scene: scene_pixels(scene, size), batch_size=batch_size,
                                           on_bad_image=on_bad_image, bad_images=bad_images):
@@ -237,8 +236,8 @@ def erasure_test(checkpoint: str | os.PathLike, root: str | os.PathLike, *, spli
                  count: int | None = None, beam_size: int | None = None, batch_size: int = 16, seed: int = 0,
                  device: str = "cpu", on_bad_image: OnBadImage = "error",
                  on_batch: Callable[[int, int], None] | None = None) -> ErasureReport:
-    """The erasure test of a captioner checkpoint on the first ``count`` scenes of a split (all when None);
-    ``on_batch`` sees how many images each batch held and how many there are in all."""
+    """The erasure test of a checkpoint on the first ``count`` scenes of a split (None: all); ``on_batch`` sees each
+    batch's image count and the total."""
     scenes, class_words = read_scenes(root, split, count)
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     words, skipped, images = [], Counter(), 0
@@ -260,6 +259,4 @@ def write_erasure(out: str | os.PathLike, report: ErasureReport) -> Path:
     records = [{"image_id": w.image_id, "position": w.position, "word": w.word, "attended": w.attended,
                 "other": w.other, "log_prob": round(w.log_prob, 6), "drop_attended": round(w.drop_attended, 6),
                 "drop_other": round(w.drop_other, 6)} for w in report.words]
-    clean = {key: (None if isinstance(value, float) and math.isnan(value) else value)
-             for key, value in report.summary.items()}
-    return write_json_atomically(out, {**clean, "records": records})
+    return write_json_atomically(out, {**nulls_for_nan(report.summary), "records": records})

@@ -1,8 +1,6 @@
-"""Captioner evaluation in one place: decode → results records (``docs/formats/results.md``) → gather across
-ranks → score → write. ``CaptionerTask``'s validation and test hooks and the ``caption`` command all go through
-here, so a caption scored by ``test`` and one written by ``caption`` are made the same way. Nothing here needs
-Lightning: the ranks are gathered with ``torch.distributed`` when it is initialised.
-"""
+"""Captioner evaluation in one place: decode → results records (``docs/formats/results.md``) → gather across ranks
+(``torch.distributed``, no Lightning) → score → write. ``CaptionerTask``'s validation and test and the ``caption``
+command all go through here, so a caption scored by ``test`` and one written by ``caption`` are made alike."""
 
 from __future__ import annotations
 
@@ -46,8 +44,8 @@ log = logging.getLogger(__name__)
 def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any], *, beam_size: int | None = None,
                   file_names: Sequence[str] | None = None, all_beams: bool = False,
                   features: bool = False) -> list[dict[str, Any]]:
-    """Results records of a batch of normalised images (B, 3, S, S) (or, with ``features``, the encoder's frozen
-    part's output), in order; with ``all_beams`` each lists every beam of its search, best first, under ``beams``."""
+    """Results records of normalised images (B, 3, S, S) (``features``: the encoder's frozen part's output), in
+    order; ``all_beams``: each lists every beam, best first, under ``beams``."""
     decoded = captioner.decode(images, beam_size=beam_size, all_beams=all_beams, features=features)
     size = (captioner.image_size, captioner.image_size) if features else (images.shape[-2], images.shape[-1])
     names = file_names or [""] * len(image_ids)
@@ -64,8 +62,7 @@ def caption_batch(captioner: Captioner, images: Tensor, image_ids: Sequence[Any]
 
 
 def beam_entry(captioner: Captioner, hypothesis: Hypothesis) -> dict[str, Any]:
-    """One beam of a record's ``beams``: its caption, tokens, α, β (and ``head_alphas``) as a record has them, its
-    summed log-probability and its score (after the length penalty)."""
+    """One of a record's ``beams``: caption, tokens, α, β (and ``head_alphas``) as in a record, log_prob and score."""
     entry = caption_record(None, captioner.words(hypothesis), hypothesis.alphas, hypothesis.betas, grid=(0, 0),
                            image_size=(0, 0), head_alphas=hypothesis.head_alphas)
     kept = {key: entry[key] for key in ("caption", "tokens", "alphas", "betas", "head_alphas") if key in entry}
@@ -74,8 +71,8 @@ def beam_entry(captioner: Captioner, hypothesis: Hypothesis) -> dict[str, Any]:
 
 def caption_inputs(paths: Sequence[str | os.PathLike], *, coco_annotations: str | os.PathLike | None = None,
                    image_dir: str | os.PathLike | None = None) -> list[tuple[Any, Path]]:
-    """(image id, path) to caption: image files and the images in folders (the id is the file name), then every
-    captioned image of a COCO captions file with its images in ``image_dir`` (the id is COCO's)."""
+    """(image id, path) to caption: image files and folders' images (id: the file name), then a COCO captions
+    file's images in ``image_dir`` (id: COCO's)."""
     inputs = expand_inputs(paths) if paths else []
     if coco_annotations:
         inputs += [(record.image_id, record.path)
@@ -87,9 +84,8 @@ def caption_inputs(paths: Sequence[str | os.PathLike], *, coco_annotations: str 
 def caption_files(captioner: Captioner, inputs: Sequence[tuple[Any, ...]], *, beam_size: int | None = None,
                   batch_size: int = 32, on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
                   all_beams: bool = False, load: Callable[[Any], Tensor] | None = None) -> Iterator[dict[str, Any]]:
-    """Results records, one per readable (image id, path), in order (``caption_batch``); ``load`` reads an input's
-    RGB uint8 (3, S, S) pixels when it is another (image id, file name, ...) item. An unreadable image raises
-    BadImageError naming it, or with ``on_bad_image="skip"`` is left out with a warning and counted."""
+    """Results records, one per readable (image id, path, ...) in order; ``load`` reads an item's uint8 (3, S, S)
+    pixels. An unreadable image raises BadImageError, or with ``on_bad_image="skip"`` is counted and left out."""
     size = captioner.image_size
     for chunk, pixels in readable_batches(inputs, load or (lambda item: load_caption_image(item[1], size)),
                                           batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
@@ -110,8 +106,8 @@ def write_captions(checkpoint: str | os.PathLike, inputs: Sequence[tuple[Any, Pa
                    beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                    device: str = "cpu", on_record: Callable[[dict[str, Any]], None] | None = None,
                    all_beams: bool = False) -> CaptionedFiles:
-    """Caption (image id, path) inputs with a checkpoint and write the results JSON to ``out`` (checked before any
-    work); ``on_record`` sees each record as it is made."""
+    """Caption (image id, path) inputs with a checkpoint into the results JSON ``out`` (checked before any work);
+    ``on_record`` sees each record as it is made."""
     output_file(out, inputs=[checkpoint, *(path for _, path in inputs)])
     captioner = Captioner.from_checkpoint(checkpoint, device=device)
     records, bad_images = [], BadImageCounter()
@@ -166,12 +162,11 @@ class EvaluationRecords:
 def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
                   box_scale: dict[Any, tuple[float, float]] | None = None, words: ObjectWords | None = None,
                   masks: Callable[[Any, str], Tensor | None] | None = None) -> dict[str, float]:
-    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of records that carry their ``references``, and the number of images;
-    with their ``objects`` (SceneObject) the scene metrics too, and with ``pointing`` the pointing metrics
-    (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the network input; ``masks`` adds the α mass in
-    each named category's mask). ``words``, an object-words table, names the objects in captions (default the
-    scenes' class words) and adds CHAIR, each image's categories counted once, and the categories its
-    references name counted as present, as Rohrbach et al. count them."""
+    """BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and the image count of records with ``references``; with ``objects`` the
+    scene metrics, and with ``pointing`` the pointing ones (``docs/formats/metrics.md``; ``box_scale`` maps boxes to
+    the input, ``masks`` adds α's mass in each category's mask). ``words``, an object-words table, names objects in
+    captions and adds CHAIR, counting each image's categories once and those its references name as present
+    (Rohrbach et al.)."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
@@ -203,15 +198,12 @@ def caption_figures(images: Tensor, records: Sequence[dict[str, Any]], mean: Seq
 def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike, *,
                      instances: str | os.PathLike | None = None, attributes: str | os.PathLike | None = None,
                      words: str | os.PathLike | None = None, out: str | os.PathLike | None = None) -> dict[str, float]:
-    """Score any COCO results file (``[{"image_id", "caption"}]``, ours or another tool's) against a COCO captions
-    file: the pycocoevalcap metrics; with ``instances`` (and ``attributes`` for colours) the scene metrics too, and
-    pointing when every record carries its attention. ``words`` names an object-words table (``coco``, ``scenes``
-    or a JSON file: ``data/object_words.py``): the objects are then the instances' categories as the table names
-    them, CHAIR is added, and the α mass in each named category's segmentation mask where the instances have
-    masks. Every file is read and checked before any scoring: each image must be in the annotations with
-    references, and in the instances when given; a string image id that is no image id there (what ``caption``
-    writes for an image file: its name) is the image of that ``file_name`` (``by_file_name``). The scores are
-    written to ``out`` (checked before any work) when given, a NaN (nothing to count) as null."""
+    """Score any COCO results file (``[{"image_id", "caption"}]``) against a COCO captions file; with ``instances``
+    (and ``attributes`` for colours) the scene metrics, and pointing when every record has its attention.
+    ``words`` names an object-words table (``data/object_words.py``): objects are the instances' categories as it
+    names them, with CHAIR and α's mass in each category's mask. Every file is checked before scoring (each image
+    in the annotations with references, and in the instances; an image id that is a file name: ``by_file_name``);
+    the scores go to ``out`` (checked first) when given, NaN as null."""
     inputs = [path for path in (results, annotations, instances, attributes, words) if path]
     target = output_file(out, inputs=inputs) if out is not None else None
     if words is not None and instances is None:
@@ -251,9 +243,7 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
         record.setdefault("tokens", tokenize(record["caption"]))
         if found is not None:
             record["objects"] = found.objects[record["image_id"]]
-    masks = None
-    if table is not None and pointing:
-        masks = functools.partial(category_mask, found.index, source=instances)
+    masks = functools.partial(category_mask, found.index, source=instances) if table is not None and pointing else None
     scores = score_records(records, pointing=pointing, box_scale=scale, words=table, masks=masks)
     if target is not None:
         write_json_atomically(target, nulls_for_nan(scores))
@@ -261,8 +251,8 @@ def evaluate_results(results: str | os.PathLike, annotations: str | os.PathLike,
 
 
 def nulls_for_nan(value: Any) -> Any:
-    """``value`` with every NaN float, however deep in dicts and lists, as None: a measure with nothing to count
-    is null in a JSON scores file (JSON has no NaN)."""
+    """``value`` with every NaN float in its dicts and lists as None: JSON has no NaN for a measure with nothing
+    to count."""
     if isinstance(value, dict):
         return {key: nulls_for_nan(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -272,10 +262,9 @@ def nulls_for_nan(value: Any) -> Any:
 
 def by_file_name(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: dict[Any, dict[str, Any]],
                  annotations: str | os.PathLike) -> list[dict[str, Any]]:
-    """``records`` with each string image id that is no image id of the COCO ``images`` (``caption`` names an image
-    given as a file by its file name, ``"1.png"``) replaced by the id of the one image whose ``file_name`` is that
-    string, or ends in it after a ``/``. Refused in one line: a name that fits two images, and two records that
-    are then of one image. A name that fits none is left for ``_all_in`` to name."""
+    """``records`` with each string image id that is no id of ``images`` (``caption`` names a file's image by its
+    name) as the id of the one image whose ``file_name`` is it or ends in ``/`` and it. A name of two images, or
+    two records then of one image, is refused in one line; a name of none is left for ``_all_in``."""
     by_name: dict[str, list[Any]] = {}
     for image_id, image in images.items():
         name = str(image.get("file_name") or "")
@@ -300,7 +289,6 @@ def by_file_name(results: str | os.PathLike, records: Sequence[dict[str, Any]], 
 
 def _all_in(results: str | os.PathLike, records: Sequence[dict[str, Any]], images: Any,
             source: str | os.PathLike) -> None:
-    """Refuse, in one line, results records whose image ids are not images of ``source``."""
     missing = [r["image_id"] for r in records if r["image_id"] not in images]
     if missing:
         raise ValueError(f"{results}: {len(missing)} image ids are not in {source}, e.g. "

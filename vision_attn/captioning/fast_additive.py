@@ -1,11 +1,9 @@
-"""The additive score e_i = w·tanh(k_i + q) + b, computed faster than it reads.
+"""The additive score e_i = w·tanh(k_i + q) + b, computed faster than it reads (``docs/benchmarks.md``).
 
-``additive_scores`` gives the numbers of ``additive_scores_as_written`` (within float rounding; the tests compare
-them) by two rewrites. First, tanh(x) = 2σ(2x) − 1, so w·tanh(x) + b = 2w·σ(2x) + (b − Σw): PyTorch's σ is cheaper
-than its tanh on CPUs, and the sum, the doubling and σ run in place on a single temporary. Second, without
-gradients the (B, r, L, A) temporary is taken in chunks of rows through one reused buffer, so it stays in cache
-instead of being allocated afresh at every step (training keeps one piece: autograd saves every chunk anyway).
-``docs/benchmarks.md`` gives the measured gain.
+``additive_scores`` equals ``additive_scores_as_written`` within float rounding by two rewrites: tanh(x) =
+2σ(2x) − 1, so w·tanh(x) + b = 2w·σ(2x) + (b − Σw), with σ cheaper than tanh on CPUs and run in place on one
+temporary; and without gradients the (B, r, L, A) temporary is taken in chunks of rows through one reused buffer
+that stays in cache (training keeps one piece: autograd saves every chunk anyway).
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ from vision_attn.data.vocabulary import PAD_ID
 
 
 class TokenLikelihood(NamedTuple):
-    """Teacher-forced likelihood of a batch of captions: ``loss``, the mean −log p(y_t) over real tokens (the
-    objective); ``per_caption`` −log p(y | a) (B,); ``mask`` (B, T), 1 on real tokens (<end> included); and
-    ``tokens``, their count (at least 1)."""
+    """Teacher-forced likelihood: ``loss``, the mean −log p(y_t) over real tokens; ``per_caption`` −log p(y | a)
+    (B,); ``mask`` (B, T), 1 on real tokens (<end> included); ``tokens``, their count (at least 1)."""
 
     loss: Tensor
     per_caption: Tensor
@@ -52,8 +51,8 @@ def attention_shortfall(alphas: Tensor, mask: Tensor) -> Tensor:
 
 
 class LikelihoodTerms(NamedTuple):
-    """The likelihood term, the doubly stochastic penalty (before λ; None when λ = 0), and ``caption_scale``, what
-    a sum over the batch's captions is divided by at this normalisation (the captions, or the tokens)."""
+    """The NLL, the doubly stochastic penalty (before λ; None when λ = 0), and ``caption_scale``, what a sum over
+    the captions is divided by at this normalisation (the captions, or the tokens)."""
 
     nll: Tensor
     penalty: Tensor | None
@@ -62,19 +61,12 @@ class LikelihoodTerms(NamedTuple):
 
 def likelihood_objective(likelihood: TokenLikelihood, alphas: Tensor, doubly_stochastic_weight: float,
                          normalisation: LossNormalisation = "paper") -> LikelihoodTerms:
-    """The negative log-likelihood term and the doubly stochastic penalty (eq. 14, before λ; None when λ = 0).
+    """The NLL term and the doubly stochastic penalty (eq. 14, before λ; None when λ = 0).
 
-    ``paper``, the scale of the authors' code (arctic-captions, ``capgen.py``), where λ is ``alpha_c``::
-
-        cost = (masked_cost).sum(0)       # -log p(y_t) summed over each caption's steps
-        cost = cost.mean()                # ... and averaged over the captions of the batch
-        alpha_reg = alpha_c * ((1.-alphas.sum(0))**2).sum(0).mean()   # alphas: (T, B, L)
-
-    i.e. NLL = (1/B) Σ_b Σ_t −log p(y_bt) and penalty = (1/L) Σ_i Σ_b (1 − Σ_t α_bti)²: summed over the
-    batch's captions and averaged over the L locations, so λ weighs it as much per caption at any L (and, as
-    there, in proportion to the per-device batch). ``token``, this project's first normalisation: NLL averaged
-    over the batch's tokens, penalty (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 is two orders of magnitude
-    above the NLL per token.
+    ``paper``, the scale of the authors' code (arctic-captions' ``capgen.py``, λ = ``alpha_c``):
+    NLL = (1/B) Σ_b Σ_t −log p(y_bt), penalty = (1/L) Σ_i Σ_b (1 − Σ_t α_bti)², summed over the captions and
+    averaged over the locations, so λ weighs it alike at any L. ``token``: NLL per token, penalty
+    (1/B) Σ_b Σ_i (1 − Σ_t α_bti)², which at L = 196 far outweighs the NLL per token.
     """
     paper = normalisation == "paper"
     scale = len(likelihood.per_caption) if paper else likelihood.tokens

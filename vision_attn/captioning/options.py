@@ -1,9 +1,6 @@
-"""The captioner's option groups (``option_groups`` says what a group is): the encoder, the decoder and its attention,
-decoding, the objective, self-critical training and the optimiser. ``CaptionerTask`` takes one of each;
-``Captioner`` (the network alone) the first three. Every option is in exactly one group. With every option at its
-default the captioner is the paper's; the lists ``decoder.attention_inputs``, ``decoder.output_terms``,
-``decoding.processors``, ``objective.auxiliary`` and ``self_critical.rewards`` turn extensions on (``seams.py``).
-"""
+"""The captioner's option groups (``option_groups``): encoder, decoder, decoding, objective, self-critical training
+and optimiser, each option in one group; ``CaptionerTask`` takes them all, ``Captioner`` the first three. At their
+defaults the captioner is the paper's; the groups' extension lists turn extensions on (``seams.py``)."""
 
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ class EncoderOptions(OptionGroup):
     which then rebuilds the ViT without that file (set by the encoder; leave it null)"""
 
     def check(self) -> None:
-        """Refuse an unknown backbone, a width below 1, a stride other than 8 or 16, a grid below 1, or
-        trainable_stages below -1."""
+        """Refuse an unknown backbone, or a width, stride, grid or trainable_stages out of range."""
         require(self.backbone in BACKBONES or (self.backbone.startswith("timm:") and len(self.backbone) > 5),
                 self.name, f"backbone: unknown backbone '{self.backbone}': use small, vgg19, resnet50, resnet101, "
                            "vit or timm:<name>")
@@ -107,16 +103,12 @@ class DecoderOptions(OptionGroup):
     """learnt terms of the word scores (extensions, none in the paper): word_counts (ρ ⊙ n_t; {name: word_counts,
     context: true} for ρ_t = ρ + U h_t)"""
 
-    def __post_init__(self) -> None:
-        """The extension lists with every option filled in and checked."""
-        object.__setattr__(self, "attention_inputs",
-                           checked_entries(self.attention_inputs, ATTENTION_INPUTS, "decoder.attention_inputs"))
-        object.__setattr__(self, "output_terms", checked_entries(self.output_terms, OUTPUT_TERMS,
-                                                                 "decoder.output_terms"))
+    def __post_init__(self) -> None:  # the extension lists with every option filled in and checked
+        for key, registry in (("attention_inputs", ATTENTION_INPUTS), ("output_terms", OUTPUT_TERMS)):
+            object.__setattr__(self, key, checked_entries(getattr(self, key), registry, f"decoder.{key}"))
 
     def check(self) -> None:
-        """Refuse widths below 1, a dropout or β outside its range, or an unknown attention mode, score or compile
-        mode."""
+        """Refuse widths out of range, a dropout or β outside its range, or an unknown mode or score."""
         for key in ("embed_dim", "hidden_dim", "attention_dim", "attention_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("embed_dim", "hidden_dim", "attention_dim"):
@@ -153,13 +145,11 @@ class DecodingOptions(OptionGroup):
     ({name: blocked_endings, words: [and, a]}: no caption ends on one), revisit_penalty ({name: revisit_penalty,
     penalty: 3.0, words: [...]}: naming again the place an object word already named costs up to the penalty)"""
 
-    def __post_init__(self) -> None:
-        """The processors with every option filled in and checked."""
+    def __post_init__(self) -> None:  # the processors with every option filled in and checked
         object.__setattr__(self, "processors", checked_entries(self.processors, PROCESSORS, "decoding.processors"))
 
     def check(self) -> None:
-        """Refuse a beam size or maximum length below 1 or above its bound (50, 200), or a negative length
-        penalty."""
+        """Refuse a beam size or maximum length out of range, or a negative length penalty."""
         require(self.beam_size >= 1, self.name, f"beam_size must be at least 1, got {self.beam_size}")
         require(self.max_length >= 1, self.name, f"max_length must be at least 1, got {self.max_length}")
         at_most(self.name, "beam_size", self.beam_size, 50, "captions stop improving long before; each beam costs "
@@ -195,8 +185,7 @@ class ObjectiveOptions(OptionGroup):
     heads_from_encoder), grounding (α on the box of the object a word names; target box or inside); object and
     grounding need the DataModule's object_targets"""
 
-    def __post_init__(self) -> None:
-        """The auxiliary terms with every option filled in and checked."""
+    def __post_init__(self) -> None:  # the auxiliary terms with every option filled in and checked
         object.__setattr__(self, "auxiliary", checked_entries(self.auxiliary, AUXILIARY, "objective.auxiliary"))
 
     def check(self) -> None:
@@ -231,8 +220,7 @@ class SelfCriticalOptions(OptionGroup):
     word used more often than any reference uses it), hallucination (off per word no reference uses), recall (on ×
     the share of the words every reference uses that the sample says)"""
 
-    def __post_init__(self) -> None:
-        """The reward terms with every option filled in and checked."""
+    def __post_init__(self) -> None:  # the reward terms with every option filled in and checked
         object.__setattr__(self, "rewards", checked_entries(self.rewards, REWARDS, "self_critical.rewards"))
 
     def check(self) -> None:

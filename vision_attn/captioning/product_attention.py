@@ -10,9 +10,8 @@ scaled_dot (Vaswani)  W_k a_i                W_q h                       1/√d
 multihead             W_k a_i, K slices      W_q h, K slices             1/√(d/K)
 ====================  =====================  ==========================  ===========
 
-dot and general score the same bilinear family (a bias on W_a adds hᵀb to every e_i, which the softmax ignores);
-they differ in where the product is taken and so in what a step costs. A query term of an attention input is added
-to q; a location term, one scalar per head, to e_ti (the coverage's w_c c_ti, Tu et al. 2016).
+dot and general score the same bilinear family (a bias on W_a adds hᵀb to every e_i, which the softmax ignores),
+at different costs per step. An input's query term is added to q; a location term, one scalar per head, to e_ti.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from vision_attn.captioning.seams import Attended, AttentionScore, LocationTerm,
 
 
 class ProductAttention(AttentionScore):
-    """A product score over annotations of ``annotation_dim``, queried by h of ``query_dim``; ``heads`` is read by
-    the multihead score (K heads over split widths, each with its own α; head k reads the k-th slice of a_i)."""
+    """A product score (``score_name``) of annotations by h; the multihead score's K ``heads`` each have their own α
+    over the k-th slice of the widths."""
 
     score_name: ClassVar[str] = "dot"
 

@@ -13,21 +13,11 @@ from vision_attn.captioning.likelihood import TokenLikelihood
 from vision_attn.captioning.options import ObjectiveOptions
 
 
-def reinforce_surrogate(
-    sequence_log_likelihood: Tensor,
-    location_log_probs: Tensor,
-    location_entropy: Tensor,
-    mask: Tensor,
-    *,
-    baseline: float,
-    reinforce_weight: float = 1.0,
-    entropy_weight: float = 0.01,
-) -> Tensor:
-    """Hard attention's REINFORCE surrogate (eq. 12), (B,); its gradient is the paper's estimate.
-
-    log p(y | s, a) is the reward for the sampled locations s; ``baseline`` is its moving average b, and
-    the entropy bonus λ_e H[s] keeps the sampling exploratory.
-    """
+def reinforce_surrogate(sequence_log_likelihood: Tensor, location_log_probs: Tensor, location_entropy: Tensor,
+                        mask: Tensor, *, baseline: float, reinforce_weight: float = 1.0,
+                        entropy_weight: float = 0.01) -> Tensor:
+    """Hard attention's REINFORCE surrogate (eq. 12), (B,), whose gradient is the paper's estimate: reward
+    log p(y | s, a) for the sampled s, less its moving average b (``baseline``), plus the entropy bonus λ_e H[s]."""
     advantage = (sequence_log_likelihood - baseline).detach()  # (log p(y|s,a) − b)
     location_log_likelihood = (location_log_probs * mask).sum(dim=1)  # Σ_t log p(s_t | a)
     entropy = (location_entropy * mask).sum(dim=1)
@@ -46,11 +36,10 @@ class HardAttentionReinforce(nn.Module):
     def forward(self, output: DecoderOutput, likelihood: TokenLikelihood) -> Tensor:
         """The surrogate summed over the captions (to subtract from the loss, scaled as its NLL), and b's update,
         b ← decay·b + (1 − decay)·log p(y | s, a). Only for a teacher-forced pass that sampled locations."""
-        surrogate = reinforce_surrogate(
-            -likelihood.per_caption, output.location_log_probs, output.location_entropy, likelihood.mask,
-            baseline=float(self.baseline), reinforce_weight=self.options.reinforce_weight,
-            entropy_weight=self.options.entropy_weight,
-        )
+        surrogate = reinforce_surrogate(-likelihood.per_caption, output.location_log_probs, output.location_entropy,
+                                        likelihood.mask, baseline=float(self.baseline),
+                                        reinforce_weight=self.options.reinforce_weight,
+                                        entropy_weight=self.options.entropy_weight)
         decay = self.options.baseline_decay
         self.baseline.mul_(decay).add_((1 - decay) * -likelihood.per_caption.detach().mean())
         return surrogate.sum()

@@ -1,18 +1,16 @@
 """The three seams through which the captioner grows beyond the paper, each an interface with a registry.
 
-- **Attention inputs** (``AttentionInput``): what the attention score reads besides h_{t−1}, such as the coverage
-  Σ_{s<t} α_s or the word just said. An input adds a term to the score's query, or a term per location.
+- **Attention inputs** (``AttentionInput``): what the score reads besides h_{t−1} (the coverage Σ_{s<t} α_s, the
+  word just said), as a term of its query or a term per location.
 - **Decoding processors** (``DecodingProcessor``, after HF transformers' ``LogitsProcessor``): an ordered list
-  applied to each step's scores in beam search (log-probabilities) and in self-critical sampling (logits), such as
-  blocked endings. A learnt one, part of the model's output and so applied in teacher forcing too, is an
-  ``OutputTerm`` (the word counts).
-- **Auxiliary objectives and reward terms** (``AuxiliaryTerm``, ``RewardTerm``): losses added to the training
-  objective, each with its weight and what it logs, and terms added to the self-critical reward.
+  applied to each step's scores in beam search (log-probabilities) and self-critical sampling (logits), such as
+  blocked endings. A learnt one, part of the model and so applied in teacher forcing too, is an ``OutputTerm``.
+- **Auxiliary objectives and reward terms** (``AuxiliaryTerm``, ``RewardTerm``): weighted losses added to the
+  training objective, with what they log, and terms added to the self-critical reward.
 
-A config turns an extension on by listing it in its group: ``decoder.attention_inputs``, ``decoder.output_terms``,
-``decoding.processors``, ``objective.auxiliary`` and ``self_critical.rewards``. An entry is the extension's name,
-or a mapping with its ``name`` and its options (``{name: blocked_endings, words: [a, and]}``). The registries are
-``vision_attn.captioning.extensions``; ``docs/architecture.md`` shows how to add one.
+A config lists an extension in ``decoder.attention_inputs``, ``decoder.output_terms``, ``decoding.processors``,
+``objective.auxiliary`` or ``self_critical.rewards``, by name or as ``{name: blocked_endings, words: [a, and]}``.
+The registries are ``vision_attn.captioning.extensions``; ``docs/architecture.md`` shows how to add one.
 """
 
 from __future__ import annotations
@@ -35,27 +33,20 @@ class NoOptions(OptionGroup):
 
 
 def refuse_unless(condition: bool, seam: str, message: str) -> None:
-    """Raise ``ValueError("<seam>: <message>")`` unless ``condition``: a list's one-line refusal."""
+    """Raise ``ValueError("<seam>: <message>")`` unless ``condition``."""
     if not condition:
         raise ValueError(f"{seam}: {message}")
 
 
-def entry_name(entry: Any, seam: str) -> str:
-    """The name an extension entry gives, or a one-line refusal naming the seam."""
-    name = entry.get("name") if isinstance(entry, Mapping) else entry
-    refuse_unless(isinstance(name, str) and bool(name), seam,
-                  f"each entry is a name or a mapping with a name, got {entry!r}")
-    return name
-
-
 def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: str) -> list[dict[str, Any]]:
-    """``entries`` as plain mappings ``{name, **options}`` with every option filled in and checked against the
-    extension's ``Options``: what a checkpoint keeps. Refuses an unknown name, an extension listed twice, or a
-    bad option, in one line."""
+    """``entries`` as ``{name, **options}`` with every option filled in and checked (what a checkpoint keeps); an
+    unknown name, a name listed twice or a bad option is refused in one line."""
     refuse_unless(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
     plain, seen = [], set()
     for entry in entries:
-        name = entry_name(entry, seam)
+        name = entry.get("name") if isinstance(entry, Mapping) else entry
+        refuse_unless(isinstance(name, str) and bool(name), seam,
+                      f"each entry is a name or a mapping with a name, got {entry!r}")
         close = difflib.get_close_matches(name, list(registry), n=1)
         refuse_unless(name in registry, seam, f"unknown extension {name!r}; " + (
             f"did you mean {close[0]}?" if close else f"use one of {', '.join(sorted(registry))}"))
@@ -72,26 +63,23 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
 
 
 def built(entries: Sequence[Mapping[str, Any]], registry: Mapping[str, type], **context: Any) -> dict[str, Any]:
-    """The extensions of checked ``entries`` by name, in their order, each built from its options and the
-    ``context`` it needs."""
+    """The extensions of checked ``entries`` by name, in order, each built from its options and ``context``."""
     return {entry["name"]: registry[entry["name"]](registry[entry["name"]].Options.coerce(
         {key: value for key, value in entry.items() if key != "name"}), **context) for entry in entries}
 
 
 class LocationTerm(NamedTuple):
-    """A location input's term: a scalar per location c_ti (B', L) and the learnt vector w (W, 1) that scales it
-    into the score's location width; the score adds w c_ti at each location (in its own layout)."""
+    """A location input's term: c_ti (B', L) and the learnt w (W, 1); the score adds w c_ti at each location."""
 
     values: Tensor
     weight: Tensor
 
 
 class AttentionInput(nn.Module):
-    """What the attention score reads besides h_{t−1}. ``kind`` "query": ``term`` is (B', W_q), added to the
-    score's projected query; "location": ``term`` is a ``LocationTerm``, added at each location. A stateful input
-    carries a tensor across steps: ``start`` gives it, ``advance`` updates it with α_t; the decoder keeps it per row, so
-    beam search reorders it with the beams. Built from its options and the score's widths (``ScoreWidths``) and
-    the word embedding's width."""
+    """What the score reads besides h_{t−1}: ``kind`` "query" adds a (B', W_q) ``term`` to the projected query,
+    "location" a ``LocationTerm`` at each location. A stateful input carries a tensor per row (``start``, then
+    ``advance`` with α_t), which beam search reorders with the beams. Built from its options, the score's
+    ``ScoreWidths`` and the word embedding's width."""
 
     Options: ClassVar[type[OptionGroup]] = NoOptions
     kind: ClassVar[str] = "query"
@@ -117,8 +105,7 @@ class ScoreWidths(NamedTuple):
 
 
 class Attended(NamedTuple):
-    """What an attention score gives at step t: α_t (B', L), and each head's α (B', K, L) with a multihead score
-    (α_t is then their mean; else None)."""
+    """A score's α_t (B', L), and each head's α (B', K, L) with a multihead score (α_t is their mean; else None)."""
 
     alpha: Tensor
     heads: Tensor | None = None
@@ -132,9 +119,8 @@ def queries_per_image(keys: Tensor, query: Tensor) -> int:
 
 
 class AttentionScore(nn.Module):
-    """e_ti = f_att(a_i, h_{t−1}) and α_t = softmax(e_t), for r queries per image (rows of an image adjacent, as the
-    beams of a search). ``keys`` computes what depends on the image alone once per image; ``forward`` scores every
-    step, adding the attention inputs' terms (``AttentionInput``) in ``widths``."""
+    """e_ti = f_att(a_i, h_{t−1}), α_t = softmax(e_t), for r queries per image (rows of an image adjacent): ``keys``
+    once per image, ``forward`` every step, adding the ``AttentionInput`` terms in ``widths``."""
 
     widths: ScoreWidths
 
@@ -149,9 +135,9 @@ class AttentionScore(nn.Module):
 
 
 class OutputTerm(nn.Module):
-    """A learnt term of the word scores, part of the model: the decoder adds it at every step of teacher forcing and
-    of decoding. A stateful term carries a tensor per row (``start``, ``advance`` with each input word). Built from
-    its options, the vocabulary size and the LSTM's width."""
+    """A learnt term of the word scores, added at every step of teacher forcing and of decoding; a stateful one
+    carries a tensor per row (``start``, ``advance`` with each input word). Built from its options, the vocabulary
+    size and the LSTM's width."""
 
     Options: ClassVar[type[OptionGroup]] = NoOptions
 
@@ -174,9 +160,8 @@ class OutputTerm(nn.Module):
 
 @dataclass
 class SearchStep:
-    """What a decoding processor may read at step t: the words just input (N,), α_t (N, L), the words emitted so far
-    (N, t) and their α (N, t, L) when the search keeps them (beam search; None in sampling), and the most words a
-    caption may have. Rows are the beams or samples."""
+    """What a decoding processor reads at step t (rows: beams or samples): the input words (N,), α_t (N, L), the
+    most words a caption may have, and in beam search the words emitted so far (N, t) with their α (N, t, L)."""
 
     t: int
     words: Tensor
@@ -187,9 +172,9 @@ class SearchStep:
 
 
 class DecodingProcessor(nn.Module):
-    """A change to each step's word scores (N, V) when captions are decoded: log-probabilities in beam search, logits
-    in self-critical sampling. Returns new scores (never changes them in place: sampling differentiates them).
-    ``sampling`` False: beam search only. Built from its options and the vocabulary (``Vocabulary``)."""
+    """A change to each step's word scores (N, V) in decoding: log-probabilities in beam search, logits in
+    self-critical sampling; never in place (sampling differentiates them). ``sampling`` False: beam search only.
+    Built from its options and the ``Vocabulary``."""
 
     Options: ClassVar[type[OptionGroup]] = NoOptions
     sampling: ClassVar[bool] = True
@@ -201,11 +186,10 @@ class DecodingProcessor(nn.Module):
 
 @dataclass
 class TrainingStep:
-    """What an auxiliary term may read in a training step: the images' annotation vectors (B, L, D) on their grid;
-    the references, ``captions`` (N, T+1) of image ``caption_images`` (None: caption n of image n); the batch's
-    objects (B, K, 6) when the DataModule gives them; and what the decoder said: its tokens (N', T), their α
-    (N', T, L), and whose image each row is (None: row n of image n). In teacher forcing the tokens are the
-    references' words; in self-critical training, the samples'."""
+    """What an auxiliary term reads in a training step: the annotations (B, L, D) on their grid; the references
+    ``captions`` (N, T+1) of image ``caption_images`` (None: caption n of image n); the objects (B, K, 6) when the
+    DataModule gives them; the decoder's tokens (N', T) with their α (N', T, L) and images ``token_images`` (None:
+    row n of image n): the references' words in teacher forcing, the samples' in self-critical training."""
 
     annotations: Tensor
     grid: tuple[int, int]
@@ -225,16 +209,14 @@ class TermResult(NamedTuple):
 
 
 class AuxiliaryTerm(nn.Module):
-    """A loss added to the training objective, weighted by its ``weight`` option; it may hold heads over the
-    annotation vectors (trained beside the decoder; inference never runs them). Built from its options and the
-    keywords it needs of ``objects`` (``ObjectNames``), ``vocab``, ``annotation_dim``, ``pretrained`` (the encoder's
-    first weights) and ``pretrained_with`` (their hyper-parameters). Returns None when the batch lacks what it reads
-    (validation has no objects)."""
+    """A loss added to the training objective, weighted by its ``weight`` option; its heads, if any, train beside
+    the decoder and never run in inference. Built from its options and the keywords it needs of ``objects``
+    (``ObjectNames``), ``vocab``, ``annotation_dim``, ``pretrained`` and ``pretrained_with``."""
 
     Options: ClassVar[type[OptionGroup]] = NoOptions
 
     def forward(self, step: TrainingStep) -> TermResult | None:
-        """This term's weighted loss for a training step, with what it logs."""
+        """The weighted loss and its logs (None when the batch lacks what the term reads: validation's objects)."""
         raise NotImplementedError
 
 

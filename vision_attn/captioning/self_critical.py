@@ -1,8 +1,6 @@
-"""Self-critical sequence training (Rennie et al. 2017): REINFORCE on the caption metric. ``samples`` captions are
-drawn per image from the decoder, each is rewarded by its CIDEr-D against the image's references (plus the reward
-terms ``self_critical.rewards`` lists, ``extensions/reward_terms.py``), and its baseline is the mean reward of its
-siblings. ``SelfCriticalOptions`` (``options.py``) sets it.
-"""
+"""Self-critical sequence training (Rennie et al. 2017): REINFORCE on the caption metric. Each of an image's
+``samples`` captions is rewarded by its CIDEr-D against the references plus the ``self_critical.rewards`` terms,
+less the mean reward of its siblings. ``SelfCriticalOptions`` (``options.py``) sets it."""
 
 from __future__ import annotations
 
@@ -23,13 +21,9 @@ from vision_attn.metrics import CiderD
 
 
 def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_image: int) -> Tensor:
-    """Self-critical sequence training (Rennie et al. 2017), per sampled caption (N,); its gradient is
-    −(r(w^s) − b) ∇ log p(w^s | a), REINFORCE on the caption metric.
-
-    ``rewards`` (N,) score ``per_image`` adjacent samples of each image. The baseline b of a sample is the
-    mean reward of its image's other samples (Luo 2020's variant of the greedy caption's reward): no extra
-    decoding pass, and a sample is pushed up only when it beats its siblings.
-    """
+    """The self-critical loss per sampled caption (N,), whose gradient is −(r(w^s) − b) ∇ log p(w^s | a): ``rewards``
+    (N,) of ``per_image`` adjacent samples per image, b the mean reward of the image's other samples (Luo 2020):
+    no extra decoding pass, and a sample rises only when it beats its siblings."""
     if per_image < 2:
         raise ValueError(f"the self-critical baseline needs at least 2 samples per image, got {per_image}")
     grouped = rewards.detach().view(-1, per_image)
@@ -39,15 +33,15 @@ def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_ima
 
 
 def reference_reward(references: Sequence[Sequence[str]], vocab: Vocabulary, max_length: int) -> CiderD:
-    """The self-critical reward: CIDEr-D whose document frequencies are those of ``references`` (every training
-    image's captions), on word ids as the decoder emits them (at most ``max_length`` words)."""
+    """CIDEr-D on word ids (at most ``max_length`` words) with the document frequencies of ``references``, every
+    training image's captions."""
     return CiderD([[word_ids(vocab.encode(tokenize(caption), max_length)) for caption in captions]
                    for captions in references])
 
 
 class SampledTerms(NamedTuple):
-    """A self-critical step: the loss (per token), the rewards (N,), and the samples' tokens (N, T), α (N, T, L)
-    and images (N,), which the training aids read as they read teacher-forced captions."""
+    """A self-critical step: the loss (per token), the rewards (N,), and the samples' tokens (N, T), α (N, T, L) and
+    images (N,), for the auxiliary terms."""
 
     loss: Tensor
     rewards: Tensor
@@ -57,8 +51,7 @@ class SampledTerms(NamedTuple):
 
 
 class SelfCriticalObjective:
-    """The self-critical loss of a batch of grouped captions; ``use_references`` gives it the training split's
-    references, whose document frequencies CIDEr-D weighs words by, before the first step."""
+    """The self-critical loss of a batch of grouped captions, once ``use_references`` gave it CIDEr-D's references."""
 
     def __init__(self, options: SelfCriticalOptions, vocab: Vocabulary, max_length: int) -> None:
         self.options, self.vocab, self.max_length = options, vocab, max_length
@@ -80,9 +73,8 @@ class SelfCriticalObjective:
 
     def __call__(self, decoder: AttentionDecoder, annotations: Tensor, batch: CaptionBatch,
                  processors: Sequence[DecodingProcessor] = ()) -> SampledTerms:
-        """n captions sampled per image (the ``processors`` that apply to sampling changing each step's logits),
-        rewarded against the image's references in the batch, each compared with the mean reward of its siblings;
-        the loss per sampled token."""
+        """The loss per sampled token of n captions per image (changed by the ``processors`` that apply to sampling),
+        rewarded against the image's references in the batch and compared with their siblings' mean."""
         if batch.caption_images is None:
             raise ValueError("self-critical training needs every reference of an image in its batch: set the "
                              "DataModule's group_captions: true")

@@ -1,7 +1,6 @@
-"""A captioner's checkpoint from before the extension lists, read today: the flags and weights its groups had for
-what goes beyond the paper (the decoder's coverage and word counts, decoding's bad endings and revisit penalty,
-the aids group, the self-critical penalties) become entries of today's lists (``seams.py``), and their weights
-take the extensions' names. ``checkpoint.upgrade`` applies both."""
+"""A captioner's checkpoint from before the extension lists, read today: its groups' flags and weights for what goes
+beyond the paper become entries of today's lists (``seams.py``) and the extensions' weight names
+(``checkpoint.upgrade`` applies both)."""
 
 from __future__ import annotations
 
@@ -10,14 +9,13 @@ from typing import Any
 
 
 def _flag_entries(group: dict[str, Any], flags: Sequence[tuple[str, str]]) -> list[str]:
-    """The extension names of the boolean ``flags`` (option, name) that ``group`` had on; the options removed."""
+    # the extension names of the boolean ``flags`` (option, name) that ``group`` had on; the options removed
     return [name for option, name in flags if group.pop(option, False)]
 
 
 def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
-    """A captioner's groups from before the extension lists (flags and weights in the decoder, decoding, aids and
-    self-critical groups) as today's lists (``captioning/seams.py``), in place; today's are left as they are. The
-    attention inputs keep the order their weights were made in (the additive score made the coverage's first)."""
+    """An older captioner's groups with today's lists, in place (today's are left as they are); the attention inputs
+    keep the order their weights were made in (the additive score made the coverage's first)."""
     decoder, decoding = hparams.get("decoder"), hparams.get("decoding")
     if isinstance(decoder, dict) and "attention_inputs" not in decoder:
         flags = [("coverage", "coverage"), ("attend_with_word", "previous_word")]

@@ -1,9 +1,6 @@
-"""This project's Vision Transformer as the captioner's annotation encoder (``encoder.backbone: vit``): its patch
-tokens are the annotation vectors, as modern captioners attend over ViT patch tokens.
-
-The trunk is the ViT's embedding, each of its blocks, and its final norm, as stages (so ``trainable_stages: k``
-fine-tunes the last k of them), rebuilt for the captioner's square RGB input: the patch kernel is adapted to RGB
-and the position embedding resampled to the new grid (``vit.pretrained.load_pretrained``).
+"""This project's ViT as the captioner's encoder (``encoder.backbone: vit``): its patch tokens are the annotation
+vectors. Its stages are the embedding, each block and the final norm (``trainable_stages: k`` fine-tunes the last
+k), rebuilt for square RGB input: kernel adapted, position embedding resampled (``vit.pretrained``).
 """
 
 from __future__ import annotations
@@ -70,10 +67,9 @@ class ViTTrunk(nn.Sequential):
 
 def vit_trunk(source: str | os.PathLike | None, image_size: int, options: dict | None = None
               ) -> tuple[ViTTrunk, dict[str, Any], dict[str, Any]]:
-    """The ViT trunk for ``image_size`` square inputs of 3 channels, from a `vision-attn fit` ViT checkpoint or a
-    timm-format ViT state dict (``source``). Without ``source``, ``options`` (the architecture a captioner
-    checkpoint recorded) builds it untrained, for the checkpoint's weights to fill. Returns the trunk, its
-    architecture and the source's hyper-parameters ({} for a bare state dict)."""
+    """The trunk for square RGB inputs of ``image_size``, its architecture and ``source``'s hyper-parameters: from a
+    `vision-attn fit` ViT checkpoint or timm-format weights, or, without ``source``, untrained from the
+    architecture a captioner checkpoint recorded (``options``), for its weights to fill."""
     if options and not source:
         vit = VisionTransformer(img_size=image_size, in_chans=3, num_classes=0, **options)
         return ViTTrunk(vit), dict(options), {}

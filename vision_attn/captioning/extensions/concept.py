@@ -28,9 +28,8 @@ class WeightedOptions(OptionGroup):
 
 def concept_targets(captions: Tensor, caption_images: Tensor | None, images: int, vocab_size: int,
                     ignore: Tensor) -> Tensor:
-    """The words of each image's captions as a multi-hot (B, V): 1 where some caption of the image has the
-    word. ``captions`` (N, T) are ids, caption n of image ``caption_images[n]`` (default n); the ids in
-    ``ignore`` (<pad>, <start>, <end>) are never targets."""
+    """Multi-hot (B, V): 1 where some caption (N, T) of the image (``caption_images[n]``, default n) has the word;
+    the ids in ``ignore`` are never targets."""
     rows = caption_images if caption_images is not None else torch.arange(len(captions), device=captions.device)
     targets = captions.new_zeros(images, vocab_size, dtype=torch.float32)
     targets[rows.unsqueeze(1).expand_as(captions), captions] = 1.0
@@ -39,13 +38,9 @@ def concept_targets(captions: Tensor, caption_images: Tensor | None, images: int
 
 
 def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Tensor:
-    """Multiple-instance learning of the caption words from the image's locations (Fang et al. 2015): with
-    s_iw the score of word w at location i, p_w = 1 − Π_i (1 − σ(s_iw)) (noisy-OR), and the loss is the binary
-    cross-entropy of p_w against whether some caption has w, averaged over the words and images.
-
-    ``location_logits`` is (B, L, V). Some location must light up for every word that is there, and none for
-    the words that are not, so the annotation vectors learn to say what is where.
-    """
+    """Multiple-instance learning of the caption words over the locations (Fang et al. 2015): with s_iw (B, L, V)
+    the score of word w at location i, p_w = 1 − Π_i (1 − σ(s_iw)) (noisy-OR), and the loss is the binary
+    cross-entropy of p_w against ``targets``, averaged over the words and images."""
     # −log Π_i (1 − σ(s_iw)) = −log(1 − p_w), in fp32 under autocast too (a sum of L terms, then log(1 − e^−x))
     none_total = F.softplus(location_logits.float()).sum(dim=1)
     log_absent = -none_total

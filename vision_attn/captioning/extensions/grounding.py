@@ -31,16 +31,10 @@ class GroundingOptions(WeightedOptions):
 
 def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], class_word_ids: Tensor,
                       colour_word_ids: Tensor | None = None, *, inside: bool = False) -> tuple[Tensor, Tensor]:
-    """Where each word that names an object should look: its object's box as cell weights, the share of the box's
-    area in each cell; with ``inside``, each share times the share of the cell the box fills, renormalised, so a
-    cell the box only grazes (mostly background, clutter in a cluttered scene) is asked for little. A word names
-    object k when it is k's class word, or k's colour word just before that class word ("a *red* *sneaker*").
-
-    ``tokens`` (N, T) are the words emitted at each step (``captions[:, 1:]`` in teacher forcing); ``objects``
-    (N, K, 6) the object rows of each caption's image (``data.coco.ObjectTargets``, class −1 for padding);
-    ``class_word_ids`` (C,) the vocabulary id of each object class's word, or (C, W) the ids of the W words that
-    may name it (−1: none, or not one word of the vocabulary); ``colour_word_ids`` (one per colour) likewise.
-    Returns the target weights (N, T, L) and the mask of the words that name an object (N, T)."""
+    """Where each word of ``tokens`` (N, T) that names an object should look, (N, T, L), and which do, (N, T): the
+    share of its box's area in each cell (``inside``: times the share of the cell the box fills, renormalised).
+    A word names object k of ``objects`` (N, K, 6) when it is one of k's class words (``class_word_ids`` (C,) or
+    (C, W), −1: none) or k's colour word just before one ("a *red* *sneaker*")."""
     classes, colours = objects[..., 0].long(), objects[..., 1].long()  # (N, K)
     present = classes >= 0
     by_class = class_word_ids if class_word_ids.dim() == 2 else class_word_ids.unsqueeze(-1)  # (C, W)
@@ -63,9 +57,8 @@ def grounding_targets(tokens: Tensor, objects: Tensor, grid: tuple[int, int], cl
 
 
 def grounding_loss(alphas: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-    """Supervised attention (Liu et al. 2017, "Attention correctness"): at each step whose word names an object,
-    the cross-entropy −Σ_i w_ti log α_ti of α_t against that object's box weights w_t, averaged over those steps.
-    The attention then covers the object it names, so the context z_t reads the whole object."""
+    """Supervised attention (Liu et al. 2017): −Σ_i w_ti log α_ti against the named object's box weights w_t,
+    averaged over the steps whose word names an object, so z_t reads the whole object."""
     steps = mask.sum()
     if not steps:
         return alphas.sum() * 0.0

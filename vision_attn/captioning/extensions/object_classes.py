@@ -38,13 +38,9 @@ class ObjectLoss(NamedTuple):
 
 def object_loss(annotations: Tensor, grid: tuple[int, int], objects: Tensor, class_head: torch.nn.Module,
                 colour_head: torch.nn.Module | None = None) -> ObjectLoss:
-    """Each object's class (and colour) from the annotation vectors under its box: with w_ki the share of object
-    k's box in cell i, a_k = Σ_i w_ki a_i, and the loss is the cross-entropy of softmax(W a_k + b) against its
-    class, plus that of its colour where it has one (as an object detector's region features are trained,
-    Anderson et al. 2018, on the boxes the training split holds).
-
-    ``annotations`` (B, L, D) over ``grid``; ``objects`` (B, K, 6) rows [class, colour, x0, y0, x1, y1] with
-    class −1 for padding and colour −1 where unknown (``data.coco.ObjectTargets``)."""
+    """The cross-entropy of softmax(W a_k + b) against each object's class (and known colour), a_k = Σ_i w_ki a_i
+    with w_ki the share of its box in cell i; ``objects`` (B, K, 6) rows [class, colour, x0, y0, x1, y1], −1:
+    padding or no colour."""
     classes, colours = objects[..., 0].long(), objects[..., 1].long()  # (B, K)
     present = classes >= 0
     if not present.any():
@@ -79,12 +75,9 @@ class ObjectClasses(AuxiliaryTerm):
             self.start_from_pretraining(pretrained, pretrained_with or {})
 
     def start_from_pretraining(self, source: str | os.PathLike | None, pretrained_with: dict) -> None:
-        """Start the object heads from the classifier heads of the encoder's pretraining, which read a class and a
-        colour from the pooled annotation vectors as the object loss does: a linear probe before fine-tuning keeps
-        more of the pretrained features than a head started at random, whose first gradients reach the encoder as
-        noise (LP-FT, Kumar et al. 2022). ``pretrained_with`` is the pretraining's hyper-parameters (the
-        encoder keeps them when its trunk loads). One line of refusal when there are no such heads or they name
-        other classes or colours."""
+        """Start the heads from the encoder pretraining's (``pretrained_with``: its hyper-parameters), which read
+        pooled vectors alike: a probe keeps more of the pretrained features than random heads, whose first
+        gradients reach the encoder as noise (LP-FT, Kumar et al. 2022); refused when they differ."""
         if not source:
             raise ValueError("objective.auxiliary.object.heads_from_encoder needs encoder.pretrained: an encoder "
                              "pretraining checkpoint")

@@ -12,9 +12,8 @@ from vision_attn.captioning.seams import RewardTerm
 
 
 def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
-    """How often the candidate repeats a word more than any reference does: Σ_w max(0, c(w) − max(1, max_r
-    c_r(w))). A word used once never counts. "a coat next to a bag and a bag" against references with two "a"s
-    and one "bag" each counts 2 (the third "a" and the second "bag")."""
+    """Σ_w max(0, c(w) − max(1, max_r c_r(w))): "a coat next to a bag and a bag" against references with two "a"s
+    and one "bag" counts 2."""
     most: Counter = Counter()
     for reference in references:
         for word, count in Counter(reference).items():
@@ -23,11 +22,8 @@ def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) 
 
 
 def foreign_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> int:
-    """How many of the candidate's words no reference uses, each occurrence counted: Σ_w c(w) [w ∉ ∪_r r]. On
-    Fashion scenes these are the colour and class words of an object that is not in the image (a hallucination,
-    as CHAIR counts them: Rohrbach et al. 2018) and words of phrasings no annotator chose. "a red coat and a
-    blue bag" against references naming a red coat alone counts 2 ("blue" and "bag"; "and" and "a" may be
-    there). 0 when there are no references."""
+    """Σ_w c(w) [w ∉ ∪_r r], 0 without references: on Fashion scenes, the words of an object that is not there (a
+    hallucination, as CHAIR counts them, Rohrbach et al. 2018) or of phrasings no annotator chose."""
     if not references:
         return 0
     used = set().union(*map(set, references))
@@ -35,11 +31,8 @@ def foreign_words(candidate: Sequence[int], references: Sequence[Sequence[int]])
 
 
 def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
-    """The fraction of the consensus words, those every reference uses, that the candidate uses: |C ∩ w| / |C|,
-    C = ∩_r set(r). On Fashion scenes C holds each object's colour and class word (every caption names them
-    all), and "a" (and "and" with three objects or more: a sample that ends on "and" earns it, which
-    ``decoding.bad_endings`` forbids); on COCO, the words all five annotators chose. 1.0 when the references
-    share no word."""
+    """|C ∩ w| / |C| with C = ∩_r set(r), the words every reference uses (1.0 when none): on Fashion scenes each
+    object's colour and class word, "a" and maybe "and"; on COCO, the words all five annotators chose."""
     if not references:
         return 1.0
     consensus = set(references[0]).intersection(*map(set, references[1:]))
