@@ -1,5 +1,4 @@
-"""The DataModules' option groups (``option_groups`` says what a group is and holds ``Loader``, which every DataModule
-takes): COCO-format captions' layout, vocabulary, the Fashion scenes, the feature cache, augmentation, the canvas."""
+"""The DataModules' option groups: captions' layout, vocabulary, Fashion scenes, feature cache, augmentation, canvas."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class CocoLayout(OptionGroup):
     """the folder the Karpathy file's filepaths start from (null: root)"""
 
     def check(self) -> None:
-        """Refuse an unknown format, a pattern with a placeholder other than {split}, or a split Karpathy's file
-        does not have."""
+        """Refuse an unknown format, a placeholder other than {split}, or a split Karpathy's file does not have."""
         require(self.annotation_format in ("coco", "karpathy"), self.name,
                 f"annotation_format must be 'coco' or 'karpathy', got {self.annotation_format!r}")
         for key in ("captions_file_pattern", "image_dir_pattern", "instances_file_pattern", "attributes_file_pattern"):
@@ -182,8 +180,7 @@ class Canvas(OptionGroup):
     """background texture: the photographs shipped with skimage (scikit-image) or matplotlib"""
 
     def check(self) -> None:
-        """Refuse a noise level outside 0..255, a background out of range or with noise, a canvas smaller than an
-        item, or a window that cannot reach every place on the canvas in whole steps."""
+        """Refuse a bad noise level or background, a canvas below an item, a window not reaching every place."""
         item = 28
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")

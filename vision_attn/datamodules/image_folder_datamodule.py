@@ -19,10 +19,7 @@ IMAGE_FOLDER_LOADER, IMAGE_FOLDER_AUGMENTATION = Loader(batch_size=64, num_worke
 
 
 class ImageFolderDataModule(ClassificationDataModule):
-    """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...``.
-
-    Class names are the train split's folder names, sorted; the test split falls back to val.
-    ``loader.on_bad_image: skip`` leaves unreadable images out, each named in a warning and counted per epoch.
+    """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...`` (else val).
 
     Args:
         root: the folder holding train/ (and val/, test/), one subfolder per class

@@ -1,7 +1,4 @@
-"""The classifiers' option groups (``option_groups`` says what a group is): the ViT's and the ConvNet's
-architectures, what training does to them (shared, with the ViT's own additions), and DeiT's distillation.
-``ViTTask`` and ``ConvNetTask`` take them, with the shared ``ImageFormat``, ``Optimiser`` and ``Schedule``.
-"""
+"""The classifiers' option groups: the ViT's and the ConvNet's architectures, their training, DeiT's distillation."""
 
 from __future__ import annotations
 
@@ -48,7 +45,7 @@ class ViTArchitecture(OptionGroup):
     """NHWC convolutions in the patch embedding: the same maths, faster on CPUs"""
 
     def check(self) -> None:
-        """Refuse sizes below 1 or too large, heads not dividing embed_dim, an mlp_ratio ≤ 0, negative registers."""
+        """Refuse sizes out of range, heads not dividing embed_dim, an mlp_ratio ≤ 0, negative registers."""
         for key in ("patch_size", "embed_dim", "depth", "num_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         for key, high, why in (("patch_size", 256, "a patch larger than that is most of any image here"),
@@ -120,7 +117,7 @@ class ViTTraining(ClassifierTraining):
     """+ this × −log(the share of the rollout on the object's box), with training batches that carry boxes"""
 
     def check(self) -> None:
-        """``ClassifierTraining.check``; refuse a patch_drop_rate_end outside [0, 1), a negative attention_grounding."""
+        """Also refuse a patch_drop_rate_end outside [0, 1), a negative attention_grounding."""
         super().check()
         end = self.patch_drop_rate_end
         require(end is None or (finite(end) and 0.0 <= end < 1.0), self.name,

@@ -1,7 +1,5 @@
-"""The ViT's self-attention: scaled dot-product attention, Softmax(QKᵀ/√d)V (Vaswani et al. 2017), as the ViT uses
-it (Dosovitskiy et al. 2020). The fused ``F.scaled_dot_product_attention`` kernel is the default path; the explicit
-path runs only when the caller asks for the attention weights (rollout) or for small token counts on a CPU.
-"""
+"""The ViT's self-attention, Softmax(QKᵀ/√d)V (Vaswani et al. 2017): the fused SDPA kernel, or the explicit path
+when the weights are asked for (rollout) or for a few tokens on a CPU."""
 
 from __future__ import annotations
 
@@ -13,14 +11,11 @@ from torch import Tensor, nn
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, return_weights: bool = False, fused: bool = True
 ) -> tuple[Tensor, Tensor | None]:
-    """Softmax(QKᵀ/√d)V over (B, H, N, d) tensors; the weights (B, H, N, N) only when asked for. ``fused`` runs
-    ``F.scaled_dot_product_attention`` unless the weights are asked for; ``fused=False`` always takes the explicit
-    path, which trains faster on a CPU with a few tokens (``docs/benchmarks.md``)."""
+    """Softmax(QKᵀ/√d)V over (B, H, N, d); the weights (B, H, N, N) only when asked for (then never ``fused``)."""
     if fused and not return_weights:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
-    scale = q.shape[-1] ** -0.5
-    weights = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # (B, H, N, N); scaled in place: one pass less
-    weights = weights.softmax(dim=-1)
+    # (B, H, N, N), scaled in place: one pass less
+    weights = torch.matmul(q, k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5).softmax(dim=-1)
     attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return attended @ v, weights
 
@@ -48,8 +43,7 @@ class MultiHeadSelfAttention(nn.Module):
         return self._attend(x, return_weights=True)
 
     def _attend(self, x: Tensor, *, return_weights: bool) -> tuple[Tensor, Tensor | None]:
-        batch, tokens, dim = x.shape
-        # (B, N, 3·D) -> (3, B, H, N, d)
+        batch, tokens, dim = x.shape  # qkv: (B, N, 3·D) -> (3, B, H, N, d)
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         out, weights = scaled_dot_product_attention(*qkv.unbind(0), dropout_p=self.attn_drop if self.training else 0.0,
                                                     return_weights=return_weights, fused=self.fused)
