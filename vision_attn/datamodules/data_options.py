@@ -17,7 +17,6 @@ class CocoLayout(OptionGroup):
     (``{split}`` in a pattern is the split's name), or Karpathy's ``dataset_coco.json`` (its restval joins train)."""
 
     name = "layout"
-
     annotation_format: Literal["coco", "karpathy"] = "coco"
     """coco: a captions file per split; karpathy: one dataset_coco.json with the splits"""
     train_split: str = "train"
@@ -70,7 +69,6 @@ class VocabularyOptions(OptionGroup):
     """The captioner's vocabulary: built from the training split's captions, or read from a file."""
 
     name = "vocabulary"
-
     min_word_count: int = 1
     """a word enters the vocabulary when the training captions use it this often (the rest are <unk>)"""
     max_caption_length: int = 24
@@ -92,7 +90,6 @@ class SceneGeneration(OptionGroup):
     """Generating the Fashion scenes (``data/scenes.py``) into the DataModule's ``root`` when they are not there."""
 
     name = "scenes"
-
     generate: bool = False
     """write the scenes first when the root has none (scenes already there must be in the asked styles)"""
     counts: dict[str, int] | None = None
@@ -118,7 +115,6 @@ class FeatureCacheOptions(OptionGroup):
     Needs a task whose encoder is frozen, in whole or in its first stages (``encoder.trainable_stages``)."""
 
     name = "feature_cache"
-
     folder: str | None = None
     """where the cache's shards go (null: no cache)"""
     shard_size: int = 256
@@ -136,7 +132,6 @@ class Augmentation(OptionGroup):
     """Training-time augmentation of classification images, on whole batches."""
 
     name = "augmentation"
-
     pad_crop: int = 0
     """pad by this many pixels, then crop back at a random place (0: off)"""
     hflip: bool = False
@@ -159,7 +154,6 @@ class Canvas(OptionGroup):
     before it can name it, whose attention is scored against the item's mask."""
 
     name = "canvas"
-
     size: int = 56
     """the canvas's side in pixels (at least an item's 28)"""
     seed: int = 0

@@ -13,7 +13,6 @@ from vision_attn.errors import DatasetNotFoundError
 from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
-
 # Its defaults where they differ from the groups' own
 IMAGE_FOLDER_LOADER, IMAGE_FOLDER_AUGMENTATION = Loader(batch_size=64, num_workers=2), Augmentation(hflip=True)
 

@@ -98,7 +98,7 @@ class SplitDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ exact resume of the training order
+    # where the training order is, for an exact resume
     _shuffle_seed: int | None = None
     _resume_state: dict[str, int] | None = None
     _counted_epoch: int = -1

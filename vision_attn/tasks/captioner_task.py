@@ -35,7 +35,6 @@ from vision_attn.tasks.base import BaseTask
 from vision_attn.tasks.predictions import CaptionPredictions, write_run_results
 
 log = logging.getLogger(__name__)
-
 OPTIMISER = CaptionerOptimiser(lr=4e-4)  # the paper's rate (Xu et al. 2015 trained with Adam)
 
 
@@ -81,7 +80,6 @@ class CaptionerTask(CaptionPredictions, BaseTask):
                           objective=self.objective, self_critical=self.self_critical.options,
                           optimiser=self.optimiser, schedule=self.schedule.options, log_overlays=log_overlays)
 
-    # ----------------------------------------------------------------------------------------- training
     def training_loss(self, batch: CaptionBatch) -> Tensor:
         """The NLL with the doubly stochastic term (REINFORCE for hard attention), or once started the self-critical
         loss; plus the auxiliary terms; logged as train/loss."""
@@ -144,7 +142,6 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             loss = loss + result.loss
         return loss
 
-    # ------------------------------------------------------------------------------------- evaluation
     def _evaluation_step(self, batch: EvalCaptionBatch | None, stage: str) -> list[dict[str, Any]]:
         if batch is None:
             return []
@@ -189,7 +186,6 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             return []
         return caption_figures(batch.images[:count], outputs[:count], self.model.mean, self.model.std)
 
-    # ----------------------------------------------------------------------------------- plumbing
     def frozen_encoder_part(self) -> FrozenPart | None:
         """The encoder's frozen part, whose output a DataModule may cache; None if none."""
         return self.model.encoder.frozen_features()

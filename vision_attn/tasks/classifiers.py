@@ -32,7 +32,6 @@ from vision_attn.vit.rollout import attention_rollout, explain, pooled_weights
 from vision_attn.vit.rollout_mass import map_scores
 
 log = logging.getLogger(__name__)
-
 MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing")
 OPTIMISER, SCHEDULE = Optimiser(weight_decay=0.05), Schedule(warmup_epochs=1.0)  # the classifiers' defaults
 

@@ -20,7 +20,6 @@ from vision_attn.io import write_json_atomically
 from vision_attn.results import write_results
 
 log = logging.getLogger(__name__)
-
 PREDICTIONS_FILE = "predictions.json"
 TOP_K = 5  # the classes each classifier entry lists, as `vision-attn classify` does by default
 

@@ -14,7 +14,6 @@ class ViTArchitecture(OptionGroup):
     ``VisionTransformer`` arguments, which are timm's."""
 
     name = "architecture"
-
     patch_size: int = 4
     """P: the image is cut into P×P patches, one token each"""
     embed_dim: int = 64
@@ -66,7 +65,6 @@ class ConvNetArchitecture(OptionGroup):
     """The small VGG-shaped CNN that teaches the ViT (``vit/convnet.py``)."""
 
     name = "architecture"
-
     widths: list[int] = field(default_factory=lambda: [32, 64, 128])
     """the channels of each stage (two 3×3 conv-BN-ReLU layers each, 2×2 max pooling between)"""
 
@@ -85,7 +83,6 @@ class ClassifierTraining(OptionGroup):
 
     name = "training"
     rates = ("drop_rate", "label_smoothing")  # each from 0 to below 1
-
     drop_rate: float = 0.0
     """dropout (the ViT: after the position embedding, in the MLPs and before the head)"""
     label_smoothing: float = 0.0
@@ -104,7 +101,6 @@ class ViTTraining(ClassifierTraining):
     depth, PatchDropout and its schedule, and attention grounding."""
 
     rates = (*ClassifierTraining.rates, "attn_drop_rate", "drop_path_rate", "patch_drop_rate")
-
     attn_drop_rate: float = 0.0
     """dropout on the attention weights"""
     drop_path_rate: float = 0.0
@@ -133,7 +129,6 @@ class Distillation(OptionGroup):
     the second term. With the architecture's dist_token the distillation token's head learns the teacher."""
 
     name = "distillation"
-
     teacher: str | None = None
     """a `vision-attn fit` checkpoint of a ConvNetTask (DeiT's choice) or of a ViT (null: no distillation)"""
     mode: Literal["hard", "soft"] = "hard"

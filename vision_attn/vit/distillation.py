@@ -24,7 +24,6 @@ from vision_attn.vit.classifier_options import ConvNetArchitecture, Distillation
 from vision_attn.vit.convnet import ConvNet
 
 log = logging.getLogger(__name__)
-
 TEACHER_KINDS = (CONVNET, VIT)
 
 
