@@ -50,14 +50,12 @@ class CaptionerTask(CaptionPredictions, BaseTask):
 
     kind = CAPTIONER
 
-    def __init__(
-        self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
-        objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
-        decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
-        objective: ObjectiveOptions = ObjectiveOptions(), self_critical: SelfCriticalOptions = SelfCriticalOptions(),
-        optimiser: CaptionerOptimiser = OPTIMISER, schedule: Schedule = Schedule(),
-        log_overlays: int = 4,
-    ) -> None:
+    def __init__(self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
+                 objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
+                 decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
+                 objective: ObjectiveOptions = ObjectiveOptions(),
+                 self_critical: SelfCriticalOptions = SelfCriticalOptions(), optimiser: CaptionerOptimiser = OPTIMISER,
+                 schedule: Schedule = Schedule(), log_overlays: int = 4) -> None:
         super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser, OPTIMISER), schedule=schedule,
                          log_overlays=log_overlays)
         image, objects, encoder = ImageFormat.coerce(image), ObjectNames.coerce(objects), EncoderOptions.coerce(encoder)

@@ -119,11 +119,10 @@ class ConvNetTask(ClassifierTask):
 
     kind = CONVNET
 
-    def __init__(
-        self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
-        architecture: ConvNetArchitecture = ConvNetArchitecture(), training: ClassifierTraining = ClassifierTraining(),
-        optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE, log_overlays: int = 0,
-    ) -> None:
+    def __init__(self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
+                 architecture: ConvNetArchitecture = ConvNetArchitecture(),
+                 training: ClassifierTraining = ClassifierTraining(), optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE, log_overlays: int = 0) -> None:
         super().__init__(num_classes=num_classes, class_names=class_names, image=image,
                          training=ClassifierTraining.coerce(training), optimiser=optimiser, schedule=schedule,
                          log_overlays=log_overlays)
@@ -148,12 +147,11 @@ class ViTTask(ClassifierTask):
 
     kind = VIT
 
-    def __init__(
-        self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
-        architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
-        distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
-        pretrained: str | None = None, compile: bool = False, log_overlays: int = 4,
-    ) -> None:
+    def __init__(self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
+                 architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
+                 distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE, pretrained: str | None = None, compile: bool = False,
+                 log_overlays: int = 4) -> None:
         super().__init__(num_classes=num_classes, class_names=class_names, image=image,
                          training=ViTTraining.coerce(training), optimiser=optimiser, schedule=schedule,
                          log_overlays=log_overlays)

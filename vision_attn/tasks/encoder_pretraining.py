@@ -29,11 +29,10 @@ class EncoderPretrainingTask(BaseTask):
 
     kind = ENCODER
 
-    def __init__(
-        self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
-        class_names: list[str] | None = None, colour_names: list[str] | None = None, image: ImageFormat | None = None,
-        label_smoothing: float = 0.1, optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
-    ) -> None:
+    def __init__(self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
+                 class_names: list[str] | None = None, colour_names: list[str] | None = None,
+                 image: ImageFormat | None = None, label_smoothing: float = 0.1, optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE) -> None:
         super().__init__(optimiser=Optimiser.coerce(optimiser, OPTIMISER), schedule=Schedule.coerce(schedule, SCHEDULE))
         encoder, image, colours = EncoderOptions.coerce(encoder), ImageFormat.coerce(image), list(colour_names or [])
         if class_names is not None and len(class_names) != num_classes:
