@@ -58,8 +58,7 @@ class ClassificationDataModule(SplitDataModule):
             return (*self.prepare_batch(tuple(items), dataloader_idx), places)  # type: ignore[misc]
         return self.prepare_batch(batch, dataloader_idx)
 
-    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None,
-                      dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
         """(images, labels) on the device: training batches augmented, every batch normalised."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None

@@ -261,10 +261,9 @@ class CocoCaptionsDataModule(SplitDataModule):
         device, barrier, progress); an unwritable folder is refused before any work."""
         if any(cache.missing() for cache in caches.values()):
             writable_folder(self.feature_cache.folder)
-        policy = self.loader.on_bad_image
         def load(role: str, index: int) -> Tensor | None:
             path = self.records(role)[index].path
-            return load_or_skip(lambda: load_caption_image(path, self.image_size), policy, None)
+            return load_or_skip(lambda: load_caption_image(path, self.image_size), self.loader.on_bad_image, None)
         fill_caches(part, caches, load=load, normalize=self.normalize, batch_size=self.loader.eval_size, **where)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:

@@ -44,8 +44,7 @@ def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
         return weight
     if in_chans == 1:
         return weight.sum(dim=1, keepdim=True)
-    repeats = math.ceil(in_chans / old_chans)
-    return weight.repeat(1, repeats, 1, 1)[:, :in_chans] * (old_chans / in_chans)
+    return weight.repeat(1, math.ceil(in_chans / old_chans), 1, 1)[:, :in_chans] * (old_chans / in_chans)
 
 
 def resize_patch_kernel(weight: Tensor, patch_size: int) -> Tensor:
