@@ -28,7 +28,7 @@ LAYERS = [
      "vision_attn.captioning.decoder", "vision_attn.captioning.compiled", "vision_attn.captioning.beam_search",
      "vision_attn.captioning.upgrades",
      "vision_attn.captioning.likelihood", "vision_attn.captioning.reinforce",
-     "vision_attn.captioning.captioner", "vision_attn.vit", "vision_attn.vit.self_attention",
+     "vision_attn.captioning.captioner", "vision_attn.vit",
      "vision_attn.vit.classifier_options",
      "vision_attn.vit.vision_transformer", "vision_attn.vit.rollout", "vision_attn.vit.pretrained",
      "vision_attn.vit.convnet", "vision_attn.vit.classifier", "vision_attn.weights", "vision_attn.boxes"},

@@ -12,8 +12,7 @@ from timm.layers import resample_abs_pos_embed
 
 from vision_attn.checkpoint import CheckpointError, load_file
 from vision_attn.vit.pretrained import load_pretrained, resample_pos_embed
-from vision_attn.vit.self_attention import scaled_dot_product_attention
-from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout
+from vision_attn.vit.vision_transformer import VisionTransformer, patch_dropout, scaled_dot_product_attention
 
 TINY = dict(embed_dim=192, depth=12, num_heads=3, patch_size=16)
 

@@ -1,7 +1,4 @@
-"""LightningDataModules: Fashion-MNIST, CIFAR-10, ImageFolder (classification); COCO captions and Fashion scenes.
-
-Configs pick them by class path, e.g. ``vision_attn.datamodules.FashionMNISTDataModule``.
-"""
+"""LightningDataModules: Fashion-MNIST, CIFAR-10, ImageFolder (classification); COCO captions and Fashion scenes."""
 
 from vision_attn.datamodules.cifar10_datamodule import CIFAR10DataModule
 from vision_attn.datamodules.coco_captions_datamodule import CocoCaptionsDataModule

@@ -15,7 +15,7 @@ CIFAR10_AUGMENTATION = Augmentation(pad_crop=4, hflip=True)  # its default: rand
 
 class CIFAR10DataModule(HeldOutValidationDataModule):
     """CIFAR-10: a fixed hold-out of the training set for validation, the official test set for test, with
-    random shifts and flips by default. The other options are those of ``HeldOutValidationDataModule``.
+    random shifts and flips by default.
 
     Args:
         root: where CIFAR-10 is (either release), or where a download goes

@@ -1,8 +1,5 @@
 """The base of the classification DataModules, and of those with official train and test splits in memory.
-
-Datasets yield ``(uint8 image (C, H, W), label)``. Normalisation and the augmentations run on whole batches on the
-device (``on_after_batch_transfer``): one vectorised op per batch instead of Python per sample. The images' metadata
-is known right after construction, so LightningCLI links it into the model.
+Datasets yield ``(uint8 image (C, H, W), label)``; normalisation and augmentation run on whole batches on the device.
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ class ClassificationDataModule(SplitDataModule):
             return (*self.prepare_batch(tuple(items), dataloader_idx), places)  # type: ignore[misc]
         return self.prepare_batch(batch, dataloader_idx)
 
-    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None,
-                      dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
         """(images, labels) on the device: training batches augmented, every batch normalised."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
@@ -86,7 +82,6 @@ class ClassificationDataModule(SplitDataModule):
 
 class HeldOutValidationDataModule(ClassificationDataModule):
     """A dataset with official train and test splits held in memory; validation is a fixed hold-out of train.
-    Subclasses say how to read a split (``load_split``).
 
     Args:
         root: where to look for the dataset (after the system location), and where a download goes

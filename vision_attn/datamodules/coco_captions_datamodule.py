@@ -1,9 +1,5 @@
-"""The captioning DataModule: COCO-format caption files (MS COCO itself, or the generated Fashion scenes)
-and the Karpathy splits (``dataset_coco.json``) behind one LightningDataModule.
-
-Normalisation runs on whole batches in ``on_after_batch_transfer``. The vocabulary comes from the training
-split only and exists right after construction, so LightningCLI can link it into the model.
-"""
+"""The captioning DataModule: COCO-format caption files (MS COCO, the Fashion scenes) or Karpathy's splits. The
+vocabulary, from the training split, exists right after construction, so LightningCLI can link it into the model."""
 
 from __future__ import annotations
 
@@ -40,12 +36,7 @@ from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD, load_or_skip
 from vision_attn.data.object_words import object_words
 from vision_attn.data.scenes import SPLIT_CODES, SceneStyle, make_scenes
 from vision_attn.data.vocabulary import SPECIALS, Vocabulary
-from vision_attn.datamodules.data_options import (
-    CocoLayout,
-    FeatureCacheOptions,
-    SceneGeneration,
-    VocabularyOptions,
-)
+from vision_attn.datamodules.data_options import CocoLayout, FeatureCacheOptions, SceneGeneration, VocabularyOptions
 from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import output_folder, writable_folder
@@ -60,9 +51,6 @@ class CocoCaptionsDataModule(SplitDataModule):
     """Image captioning data in COCO captions format (MS COCO, the Fashion scenes) or Karpathy's splits, where
     ``layout`` says, under ``root`` (which the config names: no dataset is a default). Images are squashed to
     ``image_size`` squares and normalised with ``mean`` and ``std`` (ImageNet's by default).
-
-    With ``group_captions`` every caption is still seen each epoch, and the encoder runs once per image instead of
-    once per caption. With ``object_targets``, ``object_names`` name what the model's object loss predicts.
 
     Args:
         root: the dataset's folder (the layout's paths are under it)
@@ -107,7 +95,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         self.object_colours = list(self._objects.colours) if self._objects else []
 
     def _vocabulary(self) -> Vocabulary:
-        """The vocabulary file's, or the training split's captions' words used at least ``min_word_count`` times."""
+        # the vocabulary file's, or the training captions' words used at least min_word_count times
         options = self.vocabulary_options
         if options.vocab_file:
             return Vocabulary.from_json(options.vocab_file)
@@ -129,7 +117,6 @@ class CocoCaptionsDataModule(SplitDataModule):
         return ObjectNames(classes=list(self.object_classes), colours=list(self.object_colours), class_words=words)
 
     def _read_object_targets(self) -> ObjectTargets:
-        """The training split's object targets, from its instances (and attributes) file."""
         if self.layout.annotation_format != "coco":
             raise ValueError("object_targets needs layout.annotation_format 'coco' with an instances file for the "
                              "train split (layout.instances_file_pattern)")
@@ -199,16 +186,14 @@ class CocoCaptionsDataModule(SplitDataModule):
                     "data.init_args.root at scenes drawn as asked")
 
     def require_styles(self, roles: Sequence[str]) -> None:
-        """Refuse, in one line, generated scenes of a split playing one of ``roles`` (the splits a stage reads)
-        that were drawn in another style than the config asks for, naming the split and the fields that differ.
-        Only those splits: a test reads the test split's scenes, whatever the training ones were drawn as."""
+        """Refuse in one line generated scenes of the splits playing ``roles`` drawn in another style than asked."""
         for role in roles:
             if role in self._style_mismatches:
                 raise ValueError(self._style_mismatches[role])
 
     def records(self, role: Literal["train", "val", "test"]) -> list[CaptionedImage]:
-        """The captioned images of the split playing ``role``, read once and cached. Validation and test images
-        carry their objects when the split has an instances file (``instances_file_pattern``)."""
+        """The captioned images of the split playing ``role``, read once; validation and test images carry their
+        objects when the split has an instances file."""
         if role not in self._records:
             if self.layout.annotation_format == "coco":
                 split = self.splits[role]
@@ -227,15 +212,13 @@ class CocoCaptionsDataModule(SplitDataModule):
         return self._records[role]
 
     def box_scale(self, role: Literal["val", "test"]) -> dict[Any, tuple[float, float]]:
-        """Per image id of the split playing ``role``, (sx, sy) from its instances' boxes (the file's pixels) to the
-        network input, which squashes the image to ``image_size``²; images without a size are left out."""
+        """Per image id of the split playing ``role``, (sx, sy) from its instances' pixels to the squashed input."""
         self.records(role)
         return {image_id: (self.image_size / size[0], self.image_size / size[1])
                 for image_id, size in self._sizes.get(role, {}).items() if size}
 
     def setup(self, stage: str | None = None) -> None:
-        """The datasets the stage reads (train and val for fit), and, with a feature cache, their cached features.
-        Generated scenes of those splits must be in the styles the config asks for (``require_styles``)."""
+        """The datasets the stage reads (train and val for fit), with a feature cache their cached features."""
         self.require_styles(STAGE_ROLES.get(stage, ("train", "val", "test")))
         if stage in (None, "fit") and self.train_set is None:
             self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
@@ -252,8 +235,7 @@ class CocoCaptionsDataModule(SplitDataModule):
             self._serve_cached_features(stage)
 
     def _serve_cached_features(self, stage: str | None) -> None:
-        """Fill the feature cache of each split this stage reads (train and val for fit), every rank its share on
-        its own device, and serve the cached features instead of the images from then on."""
+        # fill the caches of the splits this stage reads, each rank its share, and serve them instead of images
         trainer = self.trainer
         part = getattr(trainer.lightning_module, "frozen_encoder_part", lambda: None)()
         if part is None:
@@ -268,25 +250,20 @@ class CocoCaptionsDataModule(SplitDataModule):
             self.use_feature_cache(role, cache)
 
     def feature_caches(self, part: FrozenPart, roles: Sequence[str]) -> dict[str, FeatureCache]:
-        """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``);
-        generated scenes of those splits must be in the asked styles (``require_styles``)."""
+        """The feature cache of each ``role`` split's images under ``part`` (``data.feature_cache.split_caches``)."""
         self.require_styles(roles)
         return split_caches(part, {role: [record.path for record in self.records(role)] for role in roles},
                             self.feature_cache.folder, image_size=self.image_size, mean=self.mean, std=self.std,
                             shard_size=self.feature_cache.shard_size)
 
     def fill_feature_caches(self, part: FrozenPart, caches: dict[str, FeatureCache], **where: Any) -> None:
-        """Fill (this rank's share of) ``caches`` from this DataModule's images (``data.feature_cache.fill_caches``;
-        ``where``: its rank, world size, device, barrier and progress). A cache folder that cannot be written is one
-        line before any work."""
+        """Fill this rank's share of ``caches`` (``data.feature_cache.fill_caches``; ``where``: rank, world size,
+        device, barrier, progress); an unwritable folder is refused before any work."""
         if any(cache.missing() for cache in caches.values()):
             writable_folder(self.feature_cache.folder)
-        policy = self.loader.on_bad_image
-
         def load(role: str, index: int) -> Tensor | None:
             path = self.records(role)[index].path
-            return load_or_skip(lambda: load_caption_image(path, self.image_size), policy, None)
-
+            return load_or_skip(lambda: load_caption_image(path, self.image_size), self.loader.on_bad_image, None)
         fill_caches(part, caches, load=load, normalize=self.normalize, batch_size=self.loader.eval_size, **where)
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
@@ -295,7 +272,7 @@ class CocoCaptionsDataModule(SplitDataModule):
 
     def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
                                 dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
-        """Normalise the batch's images on the device (cached features pass as they are) and count training batches."""
+        """Normalise the batch's images on the device (cached features pass as they are); count training batches."""
         if batch is None:  # every image of the batch was unreadable and skipped
             return None
         self.count_train_batch()
@@ -304,8 +281,7 @@ class CocoCaptionsDataModule(SplitDataModule):
         return batch._replace(images=self.normalize(batch.images))
 
     def use_feature_cache(self, role: Literal["train", "val", "test"], cache: FeatureCache | None) -> None:
-        """Serve the ``role`` split's cached encoder features instead of its images (None: images again).
-        The datasets must exist (``setup``); the cache must hold every image of the split, in ``records`` order."""
+        """Serve the ``role`` split's cached features (all its images, in order) instead of its images (None: not)."""
         dataset = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[role]
         if dataset is None:
             raise ValueError(f"the {role} split is not set up: call setup() first")

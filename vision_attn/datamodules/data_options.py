@@ -1,5 +1,4 @@
-"""The DataModules' option groups (``option_groups`` says what a group is and holds ``Loader``, which every DataModule
-takes): COCO-format captions' layout, vocabulary, the Fashion scenes, the feature cache, augmentation, the canvas."""
+"""The DataModules' option groups: captions' layout, vocabulary, Fashion scenes, feature cache, augmentation, canvas."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ class CocoLayout(OptionGroup):
     (``{split}`` in a pattern is the split's name), or Karpathy's ``dataset_coco.json`` (its restval joins train)."""
 
     name = "layout"
-
     annotation_format: Literal["coco", "karpathy"] = "coco"
     """coco: a captions file per split; karpathy: one dataset_coco.json with the splits"""
     train_split: str = "train"
@@ -45,8 +43,7 @@ class CocoLayout(OptionGroup):
     """the folder the Karpathy file's filepaths start from (null: root)"""
 
     def check(self) -> None:
-        """Refuse an unknown format, a pattern with a placeholder other than {split}, or a split Karpathy's file
-        does not have."""
+        """Refuse an unknown format, a placeholder other than {split}, or a split Karpathy's file does not have."""
         require(self.annotation_format in ("coco", "karpathy"), self.name,
                 f"annotation_format must be 'coco' or 'karpathy', got {self.annotation_format!r}")
         for key in ("captions_file_pattern", "image_dir_pattern", "instances_file_pattern", "attributes_file_pattern"):
@@ -72,7 +69,6 @@ class VocabularyOptions(OptionGroup):
     """The captioner's vocabulary: built from the training split's captions, or read from a file."""
 
     name = "vocabulary"
-
     min_word_count: int = 1
     """a word enters the vocabulary when the training captions use it this often (the rest are <unk>)"""
     max_caption_length: int = 24
@@ -94,7 +90,6 @@ class SceneGeneration(OptionGroup):
     """Generating the Fashion scenes (``data/scenes.py``) into the DataModule's ``root`` when they are not there."""
 
     name = "scenes"
-
     generate: bool = False
     """write the scenes first when the root has none (scenes already there must be in the asked styles)"""
     counts: dict[str, int] | None = None
@@ -120,7 +115,6 @@ class FeatureCacheOptions(OptionGroup):
     Needs a task whose encoder is frozen, in whole or in its first stages (``encoder.trainable_stages``)."""
 
     name = "feature_cache"
-
     folder: str | None = None
     """where the cache's shards go (null: no cache)"""
     shard_size: int = 256
@@ -138,7 +132,6 @@ class Augmentation(OptionGroup):
     """Training-time augmentation of classification images, on whole batches."""
 
     name = "augmentation"
-
     pad_crop: int = 0
     """pad by this many pixels, then crop back at a random place (0: off)"""
     hflip: bool = False
@@ -161,7 +154,6 @@ class Canvas(OptionGroup):
     before it can name it, whose attention is scored against the item's mask."""
 
     name = "canvas"
-
     size: int = 56
     """the canvas's side in pixels (at least an item's 28)"""
     seed: int = 0
@@ -182,8 +174,7 @@ class Canvas(OptionGroup):
     """background texture: the photographs shipped with skimage (scikit-image) or matplotlib"""
 
     def check(self) -> None:
-        """Refuse a noise level outside 0..255, a background out of range or with noise, a canvas smaller than an
-        item, or a window that cannot reach every place on the canvas in whole steps."""
+        """Refuse a bad noise level or background, a canvas below an item, a window not reaching every place."""
         item = 28
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")

@@ -1,5 +1,4 @@
-"""Fashion-MNIST items on a larger black canvas, each at a random place: the data of a classifier whose attention
-is checked against the item's mask."""
+"""Fashion-MNIST items at random places on a larger canvas: a classifier's attention checked against the item."""
 
 from __future__ import annotations
 
@@ -21,16 +20,10 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     a classifier that must find the item before it can name it, so that its attention can be checked against
     the item's mask (the item's pixels > 0).
 
-    Training items get a new place in every batch (drawn on the device; shifts and flips act on the item before it
-    is placed), and training batches are ``(images, labels, boxes)``, boxes (B, 4) [x, y, w, h] in pixels for
-    ``ViTTask``'s ``training.attention_grounding``. With ``canvas.train_window`` a training image is only that
-    square of its canvas around the item, its corner a multiple of ``canvas.window_step``, and the batch says where:
-    ``(images, labels, boxes, origins)``, origins (B, 2) [x, y] on the canvas, boxes in the window; the ViT embeds
-    only the window's patches, each with the position embedding of its place on the canvas. ``canvas.background``
-    and ``canvas.background_noise`` fill every pixel of a training canvas but its item's, so that the model learns
-    the item, not "whatever is not black"; evaluation canvases stay black. Validation and test items get a fixed
-    place from ``canvas.seed``, and their batches are ``(images, labels, masks)``, masks (B, S, S) bool (the item's
-    pixels > 0), for the rollout mass and the pointing game. Normalised by the canvases' own mean and std.
+    Training items get a new place in every batch; training batches are ``(images, labels, boxes)``, boxes (B, 4)
+    [x, y, w, h] pixels, and with ``canvas.train_window`` ``(images, labels, boxes, origins)``: a window round the
+    item, origins (B, 2) [x, y] on the canvas. Evaluation items get fixed places from ``canvas.seed``, on black, in
+    batches ``(images, labels, masks)``, masks (B, S, S) the item's pixels > 0.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
@@ -45,7 +38,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         self.mean, self.std = [mean], [std]
 
     def _placed(self, dataset: Dataset, seed: int) -> TensorImageDataset:
-        """A split's items at fixed places drawn from ``seed``, as one in-memory tensor of canvases."""
+        # a split's items at fixed places drawn from seed, as one in-memory tensor of canvases
         items, labels = (torch.stack(column) for column in zip(*(dataset[i] for i in range(len(dataset))),
                                                                strict=True))
         generator = torch.Generator().manual_seed(seed)
@@ -62,8 +55,7 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             self.test_set = self._placed(self.test_set, self.canvas.seed + 1)
 
     def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, ...] | None:
-        """Training items placed on fresh canvases, (images, labels, boxes[, origins]); evaluation batches with
-        the items' masks, (images, labels, masks); normalised."""
+        """Training items on fresh canvases, (images, labels, boxes[, origins]); evaluation ones with masks."""
         if batch is None:
             return None
         images, labels = batch

@@ -12,7 +12,6 @@ from vision_attn.datamodules.classification_datamodule import HeldOutValidationD
 
 class FashionMNISTDataModule(HeldOutValidationDataModule):
     """Fashion-MNIST: a fixed hold-out of the training set for validation, the official test set for test.
-    The options are those of ``HeldOutValidationDataModule`` and ``ClassificationDataModule``.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes

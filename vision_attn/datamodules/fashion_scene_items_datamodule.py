@@ -1,5 +1,4 @@
-"""Fashion-MNIST items drawn one at a time as the Fashion scenes draw them: the data the scene captioner's encoder is
-pretrained on."""
+"""Fashion-MNIST items drawn one at a time as the Fashion scenes draw them, for the encoder's pretraining."""
 
 from __future__ import annotations
 
@@ -20,9 +19,6 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
     """Fashion-MNIST items drawn one at a time as the Fashion scenes draw them (``data.scene_items``): RGB
     ``canvas_size`` squares with one tinted item at a random place, labelled by its class. The set the scene
     captioner's encoder is pretrained on (``configs/captioner/fashion_scene_items.yaml``).
-
-    Training items get a new colour, shade, size and place each epoch; validation and test items are drawn the
-    same way every time. Normalised with ImageNet's mean and std, as the captioner's images are.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes

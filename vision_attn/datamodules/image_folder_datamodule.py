@@ -13,16 +13,12 @@ from vision_attn.errors import DatasetNotFoundError
 from vision_attn.option_groups import Loader
 
 log = logging.getLogger(__name__)
-
 # Its defaults where they differ from the groups' own
 IMAGE_FOLDER_LOADER, IMAGE_FOLDER_AUGMENTATION = Loader(batch_size=64, num_workers=2), Augmentation(hflip=True)
 
 
 class ImageFolderDataModule(ClassificationDataModule):
-    """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...``.
-
-    Class names are the train split's folder names, sorted; the test split falls back to val.
-    ``loader.on_bad_image: skip`` leaves unreadable images out, each named in a warning and counted per epoch.
+    """``root/train/<class>/*`` (required), ``root/val/...`` (else a hold-out of train), ``root/test/...`` (else val).
 
     Args:
         root: the folder holding train/ (and val/, test/), one subfolder per class
@@ -66,16 +62,13 @@ class ImageFolderDataModule(ClassificationDataModule):
         train_samples = scan_split(self.root / "train", self.class_names)
         val_dir, test_dir = self.root / "val", self.root / "test"
         if val_dir.is_dir():
-            self.train_set = self._dataset(train_samples, train=True)
-            self.val_set = self._dataset(scan_split(val_dir, self.class_names), train=False)
+            train_part, val_part = train_samples, scan_split(val_dir, self.class_names)
         else:
             val_size = max(1, round(self.val_fraction * len(train_samples)))
             train_part, val_part = split_train_val(train_samples, val_size, self.split_seed)  # type: ignore[arg-type]
-            self.train_set = self._dataset(list(train_part), train=True)
-            self.val_set = self._dataset(list(val_part), train=False)
             log.info("no %s: holding out %d of %d train images for validation", val_dir, val_size,
                      len(train_samples))
-        if test_dir.is_dir():
-            self.test_set = self._dataset(scan_split(test_dir, self.class_names), train=False)
-        else:
-            self.test_set = self.val_set
+        self.train_set = self._dataset(list(train_part), train=True)
+        self.val_set = self._dataset(list(val_part), train=False)
+        self.test_set = self._dataset(scan_split(test_dir, self.class_names), train=False) if test_dir.is_dir() \
+            else self.val_set

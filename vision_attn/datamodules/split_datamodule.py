@@ -19,12 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class ResumableRandomSampler(Sampler[int]):
-    """Shuffles in an order that depends only on (seed, epoch), and can start part-way through an epoch.
-
-    Lightning calls ``set_epoch`` at each epoch's start. After a crash, ``resume_at = (epoch, items)`` makes
-    that epoch's iteration skip the ``items`` already trained on, so a resumed run sees exactly the batches
-    an uninterrupted run would. ``len`` stays the full epoch, so Lightning's batch counting is unchanged.
-    """
+    """Shuffles in an order that depends only on (seed, epoch); ``resume_at = (epoch, items)`` skips that epoch's
+    first ``items``, so a resumed run sees the batches an uninterrupted one would (``len`` stays the full epoch)."""
 
     def __init__(self, size: int, seed: int) -> None:
         self.size, self.seed, self.epoch = size, seed, 0
@@ -46,9 +42,8 @@ class ResumableRandomSampler(Sampler[int]):
 
 
 class ShardedEvalSampler(DistributedSampler):
-    """Evaluation shards without padding: rank r takes items r, r + W, r + 2W, ... so every item is evaluated
-    exactly once across the W ranks (``DistributedSampler`` repeats items to even the shards out, which
-    counts them twice). Being a ``DistributedSampler``, Lightning uses it as it is."""
+    """Evaluation shards without padding: rank r takes items r, r + W, r + 2W, ..., each item once across the W
+    ranks (``DistributedSampler`` pads by repeating items, counting them twice); Lightning uses it as it is."""
 
     def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
@@ -61,9 +56,8 @@ class ShardedEvalSampler(DistributedSampler):
 
 
 class SplitDataModule(L.LightningDataModule):
-    """Loaders that differ only in the split and whether it trains. Subclasses define ``_loader``, set ``loader``
-    (``option_groups.Loader``), ``train_set``/``val_set``/``test_set`` in ``setup``, and the images' ``image_size``,
-    ``in_chans`` and ``mean``/``std`` per channel, which ``image_format`` gives the CLI to link into the model."""
+    """Loaders that differ only in the split and whether it trains. Subclasses define ``_loader``, set ``loader``,
+    the splits in ``setup``, and ``image_size``, ``in_chans``, ``mean`` and ``std`` (``image_format``)."""
 
     train_set: Dataset | None = None
     val_set: Dataset | None = None
@@ -104,7 +98,7 @@ class SplitDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ exact resume of the training order
+    # where the training order is, for an exact resume
     _shuffle_seed: int | None = None
     _resume_state: dict[str, int] | None = None
     _counted_epoch: int = -1
@@ -113,10 +107,8 @@ class SplitDataModule(L.LightningDataModule):
 
     def _make_loader(self, dataset: Dataset | None, *, train: bool, collate_fn: Callable,
                      drop_last: bool = False) -> DataLoader:
-        """The DataLoader of a split, as ``loader`` says (its ``eval_batch_size`` when not training). Training
-        shuffles with a ``ResumableRandomSampler`` seeded from the run's seed (``seed_everything``), and the loader
-        has its own generator, so creating it consumes nothing of the global random stream: both are what makes a
-        resumed run bitwise equal to an uninterrupted one."""
+        """A split's DataLoader; training shuffles resumably from the run's seed, with the loader's own generator (none
+        of the global random stream), so a resumed run is bitwise equal to an uninterrupted one."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not been run for this stage")
         batch_size = self.loader.batch_size if train else self.loader.eval_size

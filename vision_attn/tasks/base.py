@@ -1,8 +1,6 @@
-"""What every task shares, written once (torchgeo's ``BaseTask``): the guarded training step, the optimiser and the
-run's schedule, the checkpoint's model kind, version and random streams, and the callbacks every task brings along.
-A task subclasses ``BaseTask``, names its ``kind``, builds ``self.model``, saves its option groups with
-``save_options``, and defines ``training_loss``, ``parameter_groups`` and (to draw attention) ``overlay_figures``.
-"""
+"""What every task shares (torchgeo's ``BaseTask``): the guarded training step, the optimiser and schedule, the
+checkpoint's kind, version and random streams, and the callbacks. A task names its ``kind``, builds ``self.model``,
+calls ``save_options``, and defines ``training_loss``, ``parameter_groups`` and maybe ``overlay_figures``."""
 
 from __future__ import annotations
 
@@ -56,11 +54,11 @@ class SkippedImagesReport(L.Callback):
 
 
 class DataFilesBesideCheckpoints(L.Callback):
-    """As a fit starts, rank 0 has the DataModule write what a checkpoint's user may want beside it in plain files
-    (the captioning DataModule's ``vocab.json``), in the checkpoint folder: its ``save_files(folder)``, if any."""
+    """As a fit starts, rank 0 has the DataModule write its ``save_files(folder)`` (``vocab.json``) in the checkpoint
+    folder."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 has the DataModule save its files in the checkpoint folder."""
+        """Rank 0 has the DataModule save its files."""
         folder = getattr(trainer.checkpoint_callback, "dirpath", None)
         save = getattr(getattr(trainer, "datamodule", None), "save_files", None)
         if trainer.is_global_zero and folder and save is not None:
@@ -68,8 +66,8 @@ class DataFilesBesideCheckpoints(L.Callback):
 
 
 class ValidationOverlays(L.Callback):
-    """After each validation epoch (not the sanity check), rank 0 logs the task's attention figures of the first
-    ``count`` images of the first validation batch: to TensorBoard, or as PNGs beside a CSV log."""
+    """After each validation (not the sanity check), rank 0 logs the task's attention figures of the first ``count``
+    images of the first validation batch: to TensorBoard, or as PNGs beside a CSV log."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -77,7 +75,7 @@ class ValidationOverlays(L.Callback):
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Keep the first validation batch and its step output, on rank 0 and outside the sanity check."""
+        """Keep the first validation batch and its step output."""
         if batch is not None and batch_idx == 0 and self.count > 0 and not trainer.sanity_checking \
                 and trainer.is_global_zero:
             self._pending = (batch, outputs)
@@ -92,11 +90,9 @@ class ValidationOverlays(L.Callback):
 
 def decay_groups(model: nn.Module, weight_decay: float, skip: set[str] = frozenset()) -> list[dict]:
     """Weight decay on matrices only; biases, norms and the names in ``skip`` are left undecayed."""
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        (no_decay if parameter.ndim < 2 or name in skip else decay).append(parameter)
+    trained = [(name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad]
+    decay = [parameter for name, parameter in trained if parameter.ndim >= 2 and name not in skip]
+    no_decay = [parameter for name, parameter in trained if parameter.ndim < 2 or name in skip]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -124,16 +120,14 @@ class BaseTask(L.LightningModule):
         raise NotImplementedError
 
     def overlay_figures(self, batch: Any, outputs: Any, count: int) -> list[tuple[str, Image.Image]]:
-        """(tag, figure) of the attention of the first ``count`` images of a validation batch and its step output
-        (none by default: a model without attention draws nothing)."""
+        """(tag, figure) of the attention of a validation batch's first ``count`` images (none by default)."""
         return []
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
                              strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> BaseTask:
-        """Lightning's ``load_from_checkpoint``, for local files only and always weights-only (a remote path, or a
-        file whose pickle carries code, is refused in one line). The files its fit started from are not read
-        (``checkpoint.INITIAL_WEIGHTS``): the checkpoint holds those weights (``kwargs`` may still set them)."""
+        """Lightning's ``load_from_checkpoint``, local files and weights-only (else refused in one line); the files
+        its fit started from are not read (``checkpoint.INITIAL_WEIGHTS``): it holds those weights."""
         path = local_path(checkpoint_path)
         hparams = load_file(path).get("hyper_parameters")  # refuses folders, missing files and pickled code first
         if isinstance(hparams, dict):
@@ -143,7 +137,7 @@ class BaseTask(L.LightningModule):
                                             strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """The callbacks every task brings: the skipped-image report, the data files, the overlays, the schedule."""
+        """The skipped-image report, the data files, the overlays and the schedule."""
         return [SkippedImagesReport(), DataFilesBesideCheckpoints(), ValidationOverlays(self.log_overlays),
                 self.schedule]
 
@@ -153,8 +147,8 @@ class BaseTask(L.LightningModule):
         optimizer = torch.optim.AdamW(self.parameter_groups(), lr=options.lr, betas=tuple(options.betas),
                                       weight_decay=options.weight_decay)
         self.schedule.attach(self.trainer)
-        scheduler = LambdaLR(optimizer, self.schedule.lr_factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": LambdaLR(optimizer, self.schedule.lr_factor), "interval": "step"}}
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         """``training_loss`` of the batch (None for an empty batch); a non-finite loss stops the run."""
@@ -167,9 +161,9 @@ class BaseTask(L.LightningModule):
         return loss
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Stamp the checkpoint with the model kind and version, and keep the random streams for an exact resume."""
+        """Stamp the model kind and version, and keep the random streams for an exact resume."""
         stamp(checkpoint, self.kind)
-        checkpoint[RNG_KEY] = capture_rng_state()  # for an exact resume: augmentation and dropout continue
+        checkpoint[RNG_KEY] = capture_rng_state()  # augmentation and dropout continue where they were
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Upgrade an older checkpoint, refuse another model kind's, and restore its random streams."""

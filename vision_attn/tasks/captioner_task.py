@@ -1,6 +1,4 @@
-"""The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, its optimiser's groups. The network
-is ``captioning/captioner.py``, the objectives ``likelihood``, ``reinforce`` and ``self_critical``, and the auxiliary
-terms ``objective.auxiliary`` lists (``captioning/extensions/``)."""
+"""The Show-Attend-Tell captioner as a LightningModule: its steps, what they log, its optimiser's groups."""
 
 from __future__ import annotations
 
@@ -37,16 +35,14 @@ from vision_attn.tasks.base import BaseTask
 from vision_attn.tasks.predictions import CaptionPredictions, write_run_results
 
 log = logging.getLogger(__name__)
-
 OPTIMISER = CaptionerOptimiser(lr=4e-4)  # the paper's rate (Xu et al. 2015 trained with Adam)
 
 
 class CaptionerTask(CaptionPredictions, BaseTask):
     """Trains a ``Captioner`` by likelihood (with the doubly stochastic term, and REINFORCE for hard attention) or,
     from the point ``self_critical`` names, self-critically; validation and test beam-search and log the COCO
-    metrics, pointing and the scene metrics. ``vocabulary``, ``image`` and ``objects`` come from the DataModule
-    and stay in the checkpoint with every group; ``test`` writes ``<log dir>/results_test.json``, ``predict`` (the
-    test split's captions) ``<log dir>/predictions.json`` (``tasks/predictions.py``).
+    metrics, pointing and the scene metrics; ``test`` writes ``<log dir>/results_test.json``, ``predict``
+    ``<log dir>/predictions.json``.
 
     Args:
         log_overlays: after each validation, log the attention of this many validation images (0: none)
@@ -54,14 +50,12 @@ class CaptionerTask(CaptionPredictions, BaseTask):
 
     kind = CAPTIONER
 
-    def __init__(
-        self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
-        objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
-        decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
-        objective: ObjectiveOptions = ObjectiveOptions(), self_critical: SelfCriticalOptions = SelfCriticalOptions(),
-        optimiser: CaptionerOptimiser = OPTIMISER, schedule: Schedule = Schedule(),
-        log_overlays: int = 4,
-    ) -> None:
+    def __init__(self, *, vocabulary: list[str] | None = None, image: ImageFormat | None = None,
+                 objects: ObjectNames | None = None, encoder: EncoderOptions = EncoderOptions(),
+                 decoder: DecoderOptions = DecoderOptions(), decoding: DecodingOptions = DecodingOptions(),
+                 objective: ObjectiveOptions = ObjectiveOptions(),
+                 self_critical: SelfCriticalOptions = SelfCriticalOptions(), optimiser: CaptionerOptimiser = OPTIMISER,
+                 schedule: Schedule = Schedule(), log_overlays: int = 4) -> None:
         super().__init__(optimiser=CaptionerOptimiser.coerce(optimiser, OPTIMISER), schedule=schedule,
                          log_overlays=log_overlays)
         image, objects, encoder = ImageFormat.coerce(image), ObjectNames.coerce(objects), EncoderOptions.coerce(encoder)
@@ -84,10 +78,9 @@ class CaptionerTask(CaptionPredictions, BaseTask):
                           objective=self.objective, self_critical=self.self_critical.options,
                           optimiser=self.optimiser, schedule=self.schedule.options, log_overlays=log_overlays)
 
-    # ----------------------------------------------------------------------------------------- training
     def training_loss(self, batch: CaptionBatch) -> Tensor:
-        """The NLL with the doubly stochastic term (and REINFORCE for hard attention), or once self-critical training
-        has started its loss (train/reward logged); the auxiliary terms added; logged as train/loss."""
+        """The NLL with the doubly stochastic term (REINFORCE for hard attention), or once started the self-critical
+        loss; plus the auxiliary terms; logged as train/loss."""
         switch = self.self_critical.options
         if switch.enabled and self.schedule.phase_started("self-critical training", epoch=switch.from_epoch,
                                                           share=switch.from_progress):
@@ -115,8 +108,7 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         return loss
 
     def _teacher_forced(self, annotations: Tensor, captions: Tensor, caption_images: Tensor | None) -> DecoderOutput:
-        """The decoder's teacher-forced pass; where it runs compiled, at static shapes (``static_batch``), so
-        that batches of other caption counts and lengths never recompile, and the output is cut back."""
+        # compiled, the pass runs at static shapes (no recompiling for other caption counts) and is cut back
         if not runs_compiled(self.model.decoder, annotations.device):
             return self.model.teacher_forced(annotations, captions, caption_images)
         padded_annotations, padded = static_batch(annotations, captions, caption_images,
@@ -139,7 +131,6 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         return loss
 
     def _auxiliary(self, loss: Tensor, step: TrainingStep, stage: str) -> Tensor:
-        """``loss`` plus each auxiliary term's weighted loss, in the listed order, their figures logged."""
         for term in self.auxiliary.values():
             result: TermResult | None = term(step)
             if result is None:  # the batch lacks what the term reads
@@ -149,7 +140,6 @@ class CaptionerTask(CaptionPredictions, BaseTask):
             loss = loss + result.loss
         return loss
 
-    # ------------------------------------------------------------------------------------- evaluation
     def _evaluation_step(self, batch: EvalCaptionBatch | None, stage: str) -> list[dict[str, Any]]:
         if batch is None:
             return []
@@ -166,7 +156,7 @@ class CaptionerTask(CaptionPredictions, BaseTask):
         return self._evaluation_step(batch, "test")
 
     def _finish_evaluation(self, stage: str) -> list[dict[str, Any]]:
-        """Gather every rank's records; rank 0 scores them, every rank logs the scores."""
+        # every rank's records gathered; rank 0 scores them, every rank logs the scores
         records = self.evaluation.gather()
         if not self.trainer.sanity_checking:
             data = self.trainer.datamodule
@@ -190,13 +180,12 @@ class CaptionerTask(CaptionPredictions, BaseTask):
     def overlay_figures(self, batch: EvalCaptionBatch, outputs: list[dict[str, Any]],
                         count: int) -> list[tuple[str, Image.Image]]:
         """α over the image for each word of the first ``count`` decoded captions (none from cached features)."""
-        if batch.features:  # cached features, no pixels to draw on (the feature cache's docs say so)
+        if batch.features:  # no pixels to draw on
             return []
         return caption_figures(batch.images[:count], outputs[:count], self.model.mean, self.model.std)
 
-    # ----------------------------------------------------------------------------------- plumbing
     def frozen_encoder_part(self) -> FrozenPart | None:
-        """The encoder's frozen part, whose output a DataModule may cache (``feature_cache``); None if none."""
+        """The encoder's frozen part, whose output a DataModule may cache; None if none."""
         return self.model.encoder.frozen_features()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -1,5 +1,4 @@
-"""LightningModules for the image classifiers: the ViT, and the small CNN that can teach it (DeiT's distillation):
-the loss, accuracy, where the attention maps fall, and the optimiser's groups."""
+"""LightningModules for the image classifiers: the ViT, and the small CNN that can teach it (DeiT's distillation)."""
 
 from __future__ import annotations
 
@@ -33,19 +32,13 @@ from vision_attn.vit.rollout import attention_rollout, explain, pooled_weights
 from vision_attn.vit.rollout_mass import map_scores
 
 log = logging.getLogger(__name__)
-
 MAP_SCORES = ("rollout_mass", "rollout_pointing", "last_layer_mass", "last_layer_pointing")
 OPTIMISER, SCHEDULE = Optimiser(weight_decay=0.05), Schedule(warmup_epochs=1.0)  # the classifiers' defaults
 
 
 class ClassifierTask(ClassPredictions, BaseTask):
-    """What the image classifiers share: top-1 accuracy (micro) and the mean loss in training, validation and
-    test, ``classify``'s entries as predictions (``tasks/predictions.py``), and AdamW with no decay on norms,
-    biases and the model's ``no_weight_decay``. Subclasses build ``self.model`` (images -> logits) and may
-    override ``classification_loss``.
-
-    ``num_classes``, ``class_names`` and ``image`` are linked from the DataModule by the CLI and stored with the
-    checkpoint, so ``classify`` can preprocess new images alone."""
+    """What the image classifiers share: top-1 accuracy (micro) and the mean loss, ``classify``'s entries as
+    predictions, AdamW without decay on norms, biases and ``no_weight_decay``. Subclasses build ``self.model``."""
 
     def __init__(self, *, num_classes: int, class_names: list[str] | None, image: ImageFormat | None,
                  training: ClassifierTraining, optimiser: Optimiser, schedule: Schedule, log_overlays: int) -> None:
@@ -58,8 +51,7 @@ class ClassifierTask(ClassPredictions, BaseTask):
         # top-1 accuracy over images (micro): torchmetrics' default would average the per-class recalls
         self.train_accuracy, self.val_accuracy, self.test_accuracy = (
             torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro") for _ in range(3))
-        # the mean loss over images, summed and counted across DDP ranks (a mean of rank means would weigh
-        # ranks with fewer images too much)
+        # the mean loss over images, summed and counted across DDP ranks (not a mean of the ranks' means)
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
 
     def save_options(self, **options: Any) -> None:
@@ -74,14 +66,13 @@ class ClassifierTask(ClassPredictions, BaseTask):
 
     def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
                             origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(loss, logits) of a training batch: cross-entropy with label smoothing. ``boxes`` (B, 4) [x, y, w, h]
-        in pixels are the objects' places when the DataModule knows them, ``origins`` (B, 2) where each image lies
-        in a larger one it is a window of (``FashionMNISTCanvasDataModule``); a convnet reads a window as any image."""
+        """(loss, logits) of a training batch: cross-entropy with label smoothing. ``boxes`` (B, 4) [x, y, w, h] and
+        ``origins`` (B, 2), the windows' places, come from ``FashionMNISTCanvasDataModule``; a convnet ignores them."""
         logits = self.model(images)
         return F.cross_entropy(logits, labels, label_smoothing=self.training_options.label_smoothing), logits
 
     def training_loss(self, batch: tuple[Tensor, ...]) -> Tensor:
-        """``classification_loss`` of the batch, logged as train/loss, with the epoch's top-1 accuracy as train/acc."""
+        """``classification_loss``, logged as train/loss, with the epoch's top-1 accuracy as train/acc."""
         images, labels, *places = batch
         loss, logits = self.classification_loss(images, labels, *places)
         self.train_accuracy(logits, labels)
@@ -90,7 +81,7 @@ class ClassifierTask(ClassPredictions, BaseTask):
         return loss
 
     def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
-        """The logits (B, classes) of an evaluation batch; ``masks``, the objects' masks when it has them, unused."""
+        """The logits (B, classes) of an evaluation batch (``masks``, the objects', unused here)."""
         return self.model(images)
 
     def _evaluate(self, batch: tuple[Tensor, ...] | None, stage: str, accuracy: torchmetrics.Metric,
@@ -128,11 +119,10 @@ class ConvNetTask(ClassifierTask):
 
     kind = CONVNET
 
-    def __init__(
-        self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
-        architecture: ConvNetArchitecture = ConvNetArchitecture(), training: ClassifierTraining = ClassifierTraining(),
-        optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE, log_overlays: int = 0,
-    ) -> None:
+    def __init__(self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
+                 architecture: ConvNetArchitecture = ConvNetArchitecture(),
+                 training: ClassifierTraining = ClassifierTraining(), optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE, log_overlays: int = 0) -> None:
         super().__init__(num_classes=num_classes, class_names=class_names, image=image,
                          training=ClassifierTraining.coerce(training), optimiser=optimiser, schedule=schedule,
                          log_overlays=log_overlays)
@@ -145,11 +135,8 @@ class ConvNetTask(ClassifierTask):
 class ViTTask(ClassifierTask):
     """Trains ``VisionTransformer`` with AdamW, warm-up + cosine and label smoothing; logs top-1 accuracy.
 
-    When the evaluation batches carry object masks, ``(images, labels, masks)`` as
-    ``FashionMNISTCanvasDataModule``'s do, validation and test also log where rollout and the last layer's
-    attention fall (``evaluation_logits``). ``training.patch_drop_rate_end`` schedules PatchDropout over the run's
-    progress, so early steps, when the model learns coarse shapes, are cheap and the last ones see more of each
-    image. ``pretrained`` weights are adapted to this ViT (``vit/pretrained.py``).
+    With object masks in the evaluation batches (``FashionMNISTCanvasDataModule``), validation and test also log
+    where rollout and the last layer's attention fall.
 
     Args:
         pretrained: the first weights: a local ViT weights file (timm's or a fit's) or timm:<model>[.<tag>] from the
@@ -160,12 +147,11 @@ class ViTTask(ClassifierTask):
 
     kind = VIT
 
-    def __init__(
-        self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
-        architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
-        distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
-        pretrained: str | None = None, compile: bool = False, log_overlays: int = 4,
-    ) -> None:
+    def __init__(self, *, num_classes: int = 10, class_names: list[str] | None = None, image: ImageFormat | None = None,
+                 architecture: ViTArchitecture = ViTArchitecture(), training: ViTTraining = ViTTraining(),
+                 distillation: Distillation = Distillation(), optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE, pretrained: str | None = None, compile: bool = False,
+                 log_overlays: int = 4) -> None:
         super().__init__(num_classes=num_classes, class_names=class_names, image=image,
                          training=ViTTraining.coerce(training), optimiser=optimiser, schedule=schedule,
                          log_overlays=log_overlays)
@@ -190,8 +176,7 @@ class ViTTask(ClassifierTask):
                           compile=compile)
 
     def setup(self, stage: str) -> None:
-        """For a fit with a ``distillation.teacher``: load the teacher, and with a distillation token have the ViT
-        return both heads' logits in training."""
+        """For a fit with a ``distillation.teacher``: load it (a distillation token's head then learns it)."""
         if stage == "fit" and self.distillation.teacher and not self._teacher:
             self._teacher.append(load_teacher(self.distillation.teacher, self.num_classes, self.image))
             self.model.distilled_training = self.model.dist_token is not None
@@ -203,9 +188,8 @@ class ViTTask(ClassifierTask):
 
     def classification_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None = None,
                             origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(loss, logits): cross-entropy with label smoothing, the grounded loss with ``attention_grounding``, or
-        DeiT's distillation loss with a teacher (train/teacher_loss); PatchDropout's rate follows the run's
-        progress when scheduled (train/patch_drop_rate)."""
+        """(loss, logits): cross-entropy, the grounded loss, or DeiT's distillation loss (train/teacher_loss);
+        PatchDropout's rate follows the run's progress when scheduled (train/patch_drop_rate)."""
         options = self.training_options
         if options.patch_drop_rate_end is not None:  # p = p_0 + (p_end − p_0) · (the share of the run done)
             start, end = options.patch_drop_rate, options.patch_drop_rate_end
@@ -229,9 +213,8 @@ class ViTTask(ClassifierTask):
 
     def grounded_loss(self, images: Tensor, labels: Tensor, boxes: Tensor | None,
                       origins: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Cross-entropy plus ``attention_grounding`` × −log(the share of the rollout on the object's box): the
-        classifier's attention rollout (mean over heads, as ``vision-attn rollout-mass`` scores it) is pulled onto
-        the training object, each patch counting by how much of it the box covers."""
+        """Cross-entropy + ``attention_grounding`` × −log(the share of the rollout on the object's box), each patch
+        counting by how much of it the box covers."""
         if boxes is None:
             raise ValueError("training.attention_grounding needs training batches that carry the objects' boxes, as "
                              "FashionMNISTCanvasDataModule's do")
@@ -253,8 +236,7 @@ class ViTTask(ClassifierTask):
         return loss + self.training_options.attention_grounding * grounding, logits
 
     def evaluation_logits(self, images: Tensor, masks: list[Tensor], stage: str) -> Tensor:
-        """The logits; with the objects' masks, also where rollout and the last layer's attention fall, logged as
-        {stage}/rollout_mass, {stage}/rollout_pointing, {stage}/last_layer_mass and {stage}/last_layer_pointing."""
+        """The logits; with the objects' masks, where rollout and the last layer fall ({stage}/``MAP_SCORES``)."""
         if not masks:
             return self.model(images)
         maps = explain(self.model, images)  # scored as docs/formats/metrics.md says
@@ -267,6 +249,6 @@ class ViTTask(ClassifierTask):
         return maps.logits
 
     def overlay_figures(self, batch: tuple[Tensor, Tensor], outputs: None, count: int) -> list[tuple[str, Image.Image]]:
-        """Rollout and last-layer overlays of the first ``count`` images of a validation batch, with their labels."""
+        """Rollout and last-layer overlays of a validation batch's first ``count`` images, with their labels."""
         classifier = Classifier.from_hparams(self.model, self.hparams)
         return validation_figures(classifier, batch[0][:count].detach(), batch[1][:count].detach())

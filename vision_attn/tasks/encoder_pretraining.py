@@ -1,11 +1,6 @@
-"""The Lightning task that pretrains the captioner's encoder on a classification set, as the paper's encoder
-was: "the Oxford VGGnet pretrained on ImageNet ... we use the 14×14×512 feature map of the fourth
-convolutional layer before max pooling" (Xu et al. 2015, §4.3). On Fashion scenes the set is single
-Fashion-MNIST items drawn as the scenes draw them (``FashionSceneItemsDataModule``), with their class and
-colour as targets. The classifier is ``captioning.encoder.EncoderClassifier``; a captioner starts from its trunk
-with ``encoder.pretrained: <this run's checkpoint>`` (and its object heads from this one's heads with
-``aids.object_heads_from_encoder``).
-"""
+"""Pretraining the captioner's encoder on a classification set, as the paper's VGGnet was on ImageNet (Xu et al.
+2015, §4.3); on Fashion scenes, single items with their class and colour. A captioner starts from it with
+``encoder.pretrained``."""
 
 from __future__ import annotations
 
@@ -28,21 +23,16 @@ class EncoderPretrainingTask(BaseTask):
     ``FashionSceneItemsDataModule`` gives them with its ``colour_names``; without colour names, colours are left
     out. ``encoder`` must be the captioner's (its backbone, width and stride).
 
-    ``num_classes``, ``class_names``, ``colour_names`` and ``image`` are linked from the DataModule and kept with
-    the checkpoint: a captioner refuses an encoder pretrained under another normalisation, and starts its object
-    heads only from heads of its own classes and colours.
-
     Args:
         label_smoothing: the training cross-entropies' label smoothing (of the class and of the colour)
     """
 
     kind = ENCODER
 
-    def __init__(
-        self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
-        class_names: list[str] | None = None, colour_names: list[str] | None = None, image: ImageFormat | None = None,
-        label_smoothing: float = 0.1, optimiser: Optimiser = OPTIMISER, schedule: Schedule = SCHEDULE,
-    ) -> None:
+    def __init__(self, *, encoder: EncoderOptions = EncoderOptions(), num_classes: int = 10,
+                 class_names: list[str] | None = None, colour_names: list[str] | None = None,
+                 image: ImageFormat | None = None, label_smoothing: float = 0.1, optimiser: Optimiser = OPTIMISER,
+                 schedule: Schedule = SCHEDULE) -> None:
         super().__init__(optimiser=Optimiser.coerce(optimiser, OPTIMISER), schedule=Schedule.coerce(schedule, SCHEDULE))
         encoder, image, colours = EncoderOptions.coerce(encoder), ImageFormat.coerce(image), list(colour_names or [])
         if class_names is not None and len(class_names) != num_classes:
@@ -83,8 +73,7 @@ class EncoderPretrainingTask(BaseTask):
 
     def _count(self, accuracy: MulticlassAccuracy, logits: Tensor, targets: Tensor, name: str, *, training: bool,
                prog_bar: bool = True) -> None:
-        """Add a batch to an epoch's accuracy. Training batches are only counted (``on_train_epoch_end`` logs the
-        epoch's figure): logging at every step took time from the pretraining's budget."""
+        # training batches are only counted (on_train_epoch_end logs them): logging each step took time
         if training:
             accuracy.update(logits.detach(), targets)
         else:
@@ -92,7 +81,7 @@ class EncoderPretrainingTask(BaseTask):
             self.log(name, accuracy, prog_bar=prog_bar, on_step=False, on_epoch=True)
 
     def on_train_epoch_end(self) -> None:
-        """Log the epoch's train/acc (and train/colour_acc) from the counted training batches, then reset them."""
+        """Log the epoch's train/acc (and train/colour_acc) from the counted batches, and reset them."""
         counted = [("train/acc", self.accuracy["train_"])]
         if self.colour_accuracy is not None:
             counted.append(("train/colour_acc", self.colour_accuracy["train_"]))
@@ -102,7 +91,7 @@ class EncoderPretrainingTask(BaseTask):
             accuracy.reset()
 
     def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """The class (and colour) cross-entropy with label smoothing, logged as train/loss; accuracy only counted."""
+        """The class (and colour) cross-entropy with label smoothing, logged as train/loss."""
         return self._step(batch, "train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> None:

@@ -1,7 +1,5 @@
-"""``vision-attn predict``: the tasks' ``predict_step`` over the DataModule's predict set (its test split), and the
-``predictions.json`` a run writes in its log dir, as the tool that predicts from image files writes it (``caption``'s
-results records, ``classify``'s entries). Under DDP every rank predicts its share; rank 0 writes the gathered records.
-"""
+"""``vision-attn predict``: the tasks' ``predict_step`` over the test split, and the ``predictions.json`` rank 0
+writes in the log dir as ``caption`` or ``classify`` would."""
 
 from __future__ import annotations
 
@@ -22,20 +20,17 @@ from vision_attn.io import write_json_atomically
 from vision_attn.results import write_results
 
 log = logging.getLogger(__name__)
-
 PREDICTIONS_FILE = "predictions.json"
 TOP_K = 5  # the classes each classifier entry lists, as `vision-attn classify` does by default
 
 
 def run_folder(trainer: L.Trainer) -> Path:
-    """Where a run writes its results: the first logger's log dir, else the trainer's ``default_root_dir``
-    (a collective under DDP: every rank must ask)."""
+    """The first logger's log dir, else ``default_root_dir`` (a collective under DDP: every rank must ask)."""
     return Path(trainer.log_dir or trainer.default_root_dir)
 
 
 def write_run_results(trainer: L.Trainer, records: list[dict[str, Any]], name: str) -> Path | None:
-    """Rank 0 writes the captioner's gathered ``records`` as a results JSON called ``name`` in the run's folder
-    (every rank calls it; nothing is written without records). Returns the file on rank 0."""
+    """Rank 0 writes the gathered ``records`` (if any) as the results JSON ``name`` in the run's folder; returns it."""
     path = run_folder(trainer) / name
     if not trainer.is_global_zero or not records:
         return None
@@ -44,16 +39,14 @@ def write_run_results(trainer: L.Trainer, records: list[dict[str, Any]], name: s
 
 
 class PredictionsWriter(BasePredictionWriter):
-    """At the end of ``vision-attn predict``, every rank's predictions are gathered and rank 0 writes them to
-    ``<log dir>/predictions.json`` with the task's ``save_predictions``, and prints where."""
+    """At the end of ``predict``, rank 0 writes every rank's predictions to ``<log dir>/predictions.json``."""
 
     def __init__(self) -> None:
         super().__init__(write_interval="epoch")
 
     def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any,
                            batch_indices: Any) -> None:
-        """Gather the records of every batch (of the one predict loader) of every rank; rank 0 writes them (a
-        collective)."""
+        """Gather every rank's records; rank 0 writes them (a collective)."""
         records = pl_module.gather_predictions([record for batch in predictions for record in (batch or [])])
         path = run_folder(trainer) / PREDICTIONS_FILE
         if trainer.is_global_zero:
@@ -79,8 +72,7 @@ class Predicting:
 
 
 class CaptionPredictions(Predicting):
-    """The captioner's predictions: a results record per image (``caption_batch``, as ``test`` and ``caption``
-    make them), by image id, written as ``caption`` writes them."""
+    """The captioner's predictions: a results record per image, as ``caption`` writes them."""
 
     def predict_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
         """The beam-searched results records of the batch's images (none for a batch of skipped images)."""
@@ -90,7 +82,7 @@ class CaptionPredictions(Predicting):
                              file_names=list(batch.file_names) or None, features=batch.features)
 
     def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every rank's records, one per image id, sorted by it (``gather_records``, as ``test`` gathers them)."""
+        """Every rank's records, one per image id, sorted by it."""
         return gather_records(records)
 
     def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
@@ -99,9 +91,8 @@ class CaptionPredictions(Predicting):
 
 
 class ClassPredictions(Predicting):
-    """The classifiers' predictions: ``classify``'s entry per image, ``{"file_name", "label", "probability",
-    "top_k"}`` with the 5 most probable classes. The predict loader gives each image's place in the predict set
-    (its index, and its file, or ``test/<index>`` for images held in memory) as the batch's last element."""
+    """The classifiers' predictions: ``classify``'s entry per image; a batch's last element is its images' places
+    (index, and file or ``test/<index>``)."""
 
     def predict_step(self, batch: tuple[Any, ...] | None, batch_idx: int) -> list[dict[str, Any]]:
         """The batch's entries, each with its index in the predict set (``index``, for the order)."""

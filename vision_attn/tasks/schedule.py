@@ -1,14 +1,6 @@
-"""The one owner of a run's schedule: its progress, by steps or by a time budget, and everything that follows it.
-
-``RunSchedule`` is a Lightning callback that every task brings along; the tasks read it, none reads the trainer's
-timer: the learning rate (``lr_factor``), the phases that start part-way (``phase_started``: the captioner's
-self-critical training), continuous schedules (``progress``: the ViT's PatchDropout rate), and the stop at the last
-validation of a time budget (``on_validation_end``).
-
-Progress is the share of the run's steps done, or, with ``Schedule.by_time`` and a ``trainer.max_time``, the
-further along of that and the share of the time budget spent: a run capped by time then ends its schedule at the
-cap however fast the machine is (budgeted training, Li et al. 2020).
-"""
+"""The one owner of a run's schedule: its progress and what follows it (the learning rate, phases that start
+part-way, the PatchDropout rate, the stop at a time budget's last validation). Progress is the share of steps done,
+or with ``Schedule.by_time`` and ``max_time`` the spent share of the time budget if further (Li et al. 2020)."""
 
 from __future__ import annotations
 
@@ -33,9 +25,8 @@ def budget_timer(trainer: L.Trainer) -> Timer | None:
 
 def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
                   time_share: float | None = None) -> float:
-    """The learning rate at step ``step`` as a share of the peak: (step + 1) / ``warmup_steps``, then
-    min + (1 − min)·½(1 + cos(π·p)), p the share of the decay's steps done, or of the time budget
-    (``time_share``) when that is further along."""
+    """The learning rate as a share of the peak: (step + 1) / ``warmup_steps``, then min + (1 − min)·½(1 + cos(π·p)),
+    p the share of the decay's steps done, or ``time_share`` when further."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
@@ -45,15 +36,10 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
 
 
 class RunSchedule(L.Callback):
-    """The schedule of one run, as ``options`` (``Schedule``) define it; ``attach`` reads the trainer's steps and
-    time budget when the optimiser is configured.
+    """The schedule of one run (``Schedule``); ``attach`` reads the trainer's steps and time budget.
 
-    The stop at the last validation: Lightning's Timer stops a fit at the first batch past ``max_time`` and
-    validates there, so a validation that ends just short of ``max_time`` would be followed by a few more steps and
-    a second validation past the budget. A validation that leaves less time than it took, within the budget's last
-    ``tail``, ends the fit instead, giving up less than one validation's time of training at the cosine's tail. One
-    that ends past ``max_time`` is left to Lightning's own stop (one more step, then a validation), so a phase the
-    budget's clock starts still gets its step on a loaded machine.
+    A validation that leaves less time than it took, within the budget's last ``tail``, ends the fit (else the
+    Timer's stop would add steps and a second validation past the budget); one past ``max_time`` is left to it.
     """
 
     def __init__(self, options: Schedule | None = None, *, tail: float = 0.05) -> None:
@@ -65,7 +51,7 @@ class RunSchedule(L.Callback):
         self._validation_started: float | None = None
 
     def attach(self, trainer: L.Trainer) -> None:
-        """Read the run's length (its steps, and its time budget) from ``trainer``, as the optimiser is set up."""
+        """Read the run's steps and time budget from ``trainer``, as the optimiser is set up."""
         self._trainer = trainer
         self.total_steps = max(1, int(trainer.estimated_stepping_batches))
         batches = trainer.num_training_batches
@@ -98,9 +84,8 @@ class RunSchedule(L.Callback):
                              min_lr_ratio=self.options.min_lr_ratio, time_share=self.time_share())
 
     def phase_started(self, name: str, *, epoch: int | None = None, share: float | None = None) -> bool:
-        """Whether the phase ``name`` has started: from ``epoch``, or from the step at which ``share`` of the run
-        was done (and from then on). The share is read on rank 0 and sent to every rank, so all switch at the same
-        step (Lightning's Timer stops them together too)."""
+        """Whether the phase ``name`` has started: from ``epoch``, or from the step at which ``share`` of the run was
+        done (read on rank 0, so every rank switches at the same step)."""
         trainer = self._trainer
         if trainer is None:
             return False
@@ -135,8 +120,7 @@ class RunSchedule(L.Callback):
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(stop)  # every rank as rank 0
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Say, in one line and in the logged metrics (``stopped_by_max_time``), when ``max_time`` (a safety
-        ceiling over a step or epoch budget) ended the fit before its budget: its figures are a shorter run's."""
+        """Say (and log ``stopped_by_max_time``) when ``max_time`` ended the fit before its steps or epochs."""
         timer = budget_timer(trainer)
         if timer is None or timer.time_remaining("train") > 0:
             return
@@ -153,7 +137,7 @@ class RunSchedule(L.Callback):
                 trainer.logger.log_metrics({"stopped_by_max_time": 1.0}, step=trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        """The steps at which the run's phases started, kept in checkpoints so a resumed run stays in them."""
+        """The steps at which the run's phases started (a resumed run stays in them)."""
         return {"phases": dict(self._phases)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

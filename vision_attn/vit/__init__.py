@@ -1,6 +1,4 @@
-"""The patch-embedding Vision Transformer without Lightning: the model, its option groups, attention rollout, local
-and timm weights, distillation, the trained classifier at work, and its maps drawn and scored. The LightningModule is
-``vision_attn.tasks.ViTTask``."""
+"""The Vision Transformer without Lightning, its maps and weights (the LightningModule: ``tasks.ViTTask``)."""
 
 from vision_attn.vit.vision_transformer import VisionTransformer
 

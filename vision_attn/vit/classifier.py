@@ -1,5 +1,4 @@
-"""A ViT classifier without Lightning: the network of a ViT task's groups (as training builds it), and a trained one
-with what it needs to read images (``Classifier``), classifying image files."""
+"""A ViT classifier without Lightning: the network of a ViT task's groups, and a trained one classifying images."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def open_file(path: str | os.PathLike, mode: str, max_side: int) -> Image.Image:
 
 def build_vit(image: ImageFormat, num_classes: int, architecture: ViTArchitecture,
               training: ViTTraining | None = None) -> VisionTransformer:
-    """The ``VisionTransformer`` of a ViT task's groups: ``architecture`` as it is, for ``image``'s size and channels,
-    with ``training``'s dropout rates."""
+    """The ``VisionTransformer`` of a ViT task's groups, for ``image``'s size and channels."""
     training = training or ViTTraining()
     return VisionTransformer(img_size=image.size, in_chans=image.channels, num_classes=num_classes,
                              **asdict(architecture), drop_rate=training.drop_rate,
@@ -61,8 +59,7 @@ class Classifier:
 
     @classmethod
     def from_hparams(cls, model: VisionTransformer, hparams: Mapping[str, Any]) -> Classifier:
-        """The metadata of a ViT task's hyper-parameters around ``model``, with the defaults filled in: classes
-        named by their index, and mean = std = 0.5 per channel."""
+        """``model`` with a ViT task's hyper-parameters (classes named by index, mean = std = 0.5 by default)."""
         image = ImageFormat.coerce(hparams.get("image"))
         mean, std = image.normalisation([0.5] * image.channels, [0.5] * image.channels)
         return cls(model, list(hparams.get("class_names") or [str(i) for i in range(hparams["num_classes"])]),
@@ -91,8 +88,7 @@ class Classifier:
         return "L" if self.in_chans == 1 else "RGB"
 
     def preprocess(self, path: Any, opener: Opener = open_file) -> Tensor:
-        """An image file (or what ``opener`` reads) as the network input the checkpoint was trained on: (C, H, W),
-        normalised (the shorter side resized to the input size, then the centre square)."""
+        """An image file (or what ``opener`` reads) as the network's normalised input (C, H, W): its centre square."""
         pixels = eval_transform(self.image_size)(to_tensor(opener(path, self.mode, 2 * self.image_size)))
         return normalize(pixels, self.mean, self.std)
 
@@ -114,9 +110,8 @@ class Classifier:
 def classify_batches(classifier: Classifier, items: Sequence[Item], *, opener: Opener = open_file,
                      batch_size: int = 64, on_bad_image: OnBadImage = "error",
                      bad_images: BadImageCounter | None = None) -> Iterator[tuple[Item, Tensor]]:
-    """(item, its logits (C,) as float32 on the CPU) for each readable image (``opener`` reads an item), in order,
-    ``batch_size`` at a time. An unreadable image raises BadImageError naming it, or with ``on_bad_image="skip"`` is
-    left out with a logged warning (and counted in ``bad_images``)."""
+    """(item, its float32 CPU logits (C,)) for each readable image, in order; an unreadable one raises BadImageError,
+    or with ``on_bad_image="skip"`` is left out with a warning (and counted in ``bad_images``)."""
     for chunk, batch in readable_batches(items, lambda item: classifier.preprocess(item, opener),
                                          batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         logits = classifier.model(batch.to(classifier.device)).float().cpu()

@@ -1,7 +1,4 @@
-"""The classifiers' option groups (``option_groups`` says what a group is): the ViT's and the ConvNet's
-architectures, what training does to them (shared, with the ViT's own additions), and DeiT's distillation.
-``ViTTask`` and ``ConvNetTask`` take them, with the shared ``ImageFormat``, ``Optimiser`` and ``Schedule``.
-"""
+"""The classifiers' option groups: the ViT's and the ConvNet's architectures, their training, DeiT's distillation."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ class ViTArchitecture(OptionGroup):
     ``VisionTransformer`` arguments, which are timm's."""
 
     name = "architecture"
-
     patch_size: int = 4
     """P: the image is cut into P×P patches, one token each"""
     embed_dim: int = 64
@@ -48,7 +44,7 @@ class ViTArchitecture(OptionGroup):
     """NHWC convolutions in the patch embedding: the same maths, faster on CPUs"""
 
     def check(self) -> None:
-        """Refuse sizes below 1 or too large, heads not dividing embed_dim, an mlp_ratio ≤ 0, negative registers."""
+        """Refuse sizes out of range, heads not dividing embed_dim, an mlp_ratio ≤ 0, negative registers."""
         for key in ("patch_size", "embed_dim", "depth", "num_heads"):
             require(getattr(self, key) >= 1, self.name, f"{key} must be at least 1, got {getattr(self, key)}")
         for key, high, why in (("patch_size", 256, "a patch larger than that is most of any image here"),
@@ -69,7 +65,6 @@ class ConvNetArchitecture(OptionGroup):
     """The small VGG-shaped CNN that teaches the ViT (``vit/convnet.py``)."""
 
     name = "architecture"
-
     widths: list[int] = field(default_factory=lambda: [32, 64, 128])
     """the channels of each stage (two 3×3 conv-BN-ReLU layers each, 2×2 max pooling between)"""
 
@@ -88,7 +83,6 @@ class ClassifierTraining(OptionGroup):
 
     name = "training"
     rates = ("drop_rate", "label_smoothing")  # each from 0 to below 1
-
     drop_rate: float = 0.0
     """dropout (the ViT: after the position embedding, in the MLPs and before the head)"""
     label_smoothing: float = 0.0
@@ -107,7 +101,6 @@ class ViTTraining(ClassifierTraining):
     depth, PatchDropout and its schedule, and attention grounding."""
 
     rates = (*ClassifierTraining.rates, "attn_drop_rate", "drop_path_rate", "patch_drop_rate")
-
     attn_drop_rate: float = 0.0
     """dropout on the attention weights"""
     drop_path_rate: float = 0.0
@@ -120,7 +113,7 @@ class ViTTraining(ClassifierTraining):
     """+ this × −log(the share of the rollout on the object's box), with training batches that carry boxes"""
 
     def check(self) -> None:
-        """``ClassifierTraining.check``; refuse a patch_drop_rate_end outside [0, 1), a negative attention_grounding."""
+        """Also refuse a patch_drop_rate_end outside [0, 1), a negative attention_grounding."""
         super().check()
         end = self.patch_drop_rate_end
         require(end is None or (finite(end) and 0.0 <= end < 1.0), self.name,
@@ -136,7 +129,6 @@ class Distillation(OptionGroup):
     the second term. With the architecture's dist_token the distillation token's head learns the teacher."""
 
     name = "distillation"
-
     teacher: str | None = None
     """a `vision-attn fit` checkpoint of a ConvNetTask (DeiT's choice) or of a ViT (null: no distillation)"""
     mode: Literal["hard", "soft"] = "hard"

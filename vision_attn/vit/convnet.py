@@ -1,10 +1,6 @@
-"""A small convolutional classifier: the teacher of the ViT's distillation (Touvron et al. 2021, "Training
-data-efficient image transformers & distillation through attention", DeiT).
-
-DeiT distils from a convnet because its inductive biases (locality, translation equivariance) are what a ViT
-lacks on little data. This one is VGG-shaped: stages of two 3×3 conv-BN-ReLU layers, 2×2 max pooling between,
-    h = AvgPool(Stage_S(… Pool(Stage_1(x)))),   y = W h + b.
-"""
+"""A small VGG-shaped CNN, the teacher of the ViT's distillation (DeiT, Touvron et al. 2021: a convnet's locality
+is what a ViT lacks on little data): h = AvgPool(Stage_S(… Pool(Stage_1(x)))), y = W h + b, each stage two 3×3
+conv-BN-ReLU layers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Deletion curves (``docs/formats/metrics.md``): does a ViT's map point at the patches its decision rests on?
-
-A map orders the patches, most weight first. The top k patches are erased (filled with the canvas's background)
-for k = 0 .. N in even steps, and the model's probability of the class it predicted on the untouched image is
-read each time. The area under that curve, over the fraction of patches erased, is lower for a map that points at
-what matters: its first patches take the evidence away. A random order is the baseline.
-"""
+"""Deletion curves (``docs/formats/metrics.md``): the probability of the predicted class as a map's top k patches
+are erased, k = 0 .. N; a map pointing at the evidence has a lower area under it than a random order."""
 
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ def erase_steps(patches: int, steps: int) -> list[int]:
 
 
 def patch_masks(order: Tensor, erased: int, grid: tuple[int, int], size: tuple[int, int]) -> Tensor:
-    """(B, 1, H, W) booleans: the pixels of the first ``erased`` patches of each image's ``order`` (B, N), the
-    patches of a Gh×Gw grid over H×W pixels."""
+    """(B, 1, H, W): the pixels of the first ``erased`` patches of each ``order`` (B, N) over a Gh×Gw grid."""
     batch, patches = order.shape
     chosen = torch.zeros(batch, patches, dtype=torch.bool, device=order.device)
     chosen.scatter_(1, order[:, :erased], True)
@@ -48,10 +42,8 @@ def patch_masks(order: Tensor, erased: int, grid: tuple[int, int], size: tuple[i
 
 def deletion_curves(probabilities: Probabilities, images: Tensor, backgrounds: Tensor, maps: Mapping[str, Tensor], *,
                     steps: int) -> tuple[list[int], dict[str, Tensor]]:
-    """The erased patch counts (``erase_steps``) and, per map (B, Gh, Gw), the deletion curve of each image (B,
-    S + 1): the probability of the class predicted on the untouched image, with its map's top k patches taken
-    from ``backgrounds`` (as ``images``, (B, C, H, W); H and W multiples of the grid). Ties in a map keep the
-    patches' order."""
+    """The erased counts (``erase_steps``) and per map (B, Gh, Gw) each image's curve (B, S + 1): the predicted
+    class's probability with the top k patches taken from ``backgrounds`` (ties keep the patches' order)."""
     grid = next(iter(maps.values())).shape[-2:]
     if images.shape[-2] % grid[0] or images.shape[-1] % grid[1]:
         raise ValueError(f"{tuple(images.shape[-2:])} images do not tile a {tuple(grid)} patch grid")
@@ -75,8 +67,7 @@ def curve_area(counts: list[int], curves: Tensor) -> Tensor:
 
 
 class DeletionScores(NamedTuple):
-    """``canvas_deletion``'s measures: images used, the model's accuracy, the patch counts erased, and per map
-    (``DELETION_MAPS``) its mean area under the deletion curve and its mean curve."""
+    """``canvas_deletion``'s measures: images, accuracy, erased counts, and per map its mean area and mean curve."""
 
     images: int
     accuracy: float
@@ -89,16 +80,12 @@ def canvas_deletion(classifier: Classifier, images: Tensor, labels: Tensor, *, c
                     seed: int = 0, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
                     background_noise: int = 0, background: Background | None = None, batch_size: int = 64,
                     on_batch: Callable[[int, int], None] | None = None) -> DeletionScores:
-    """Deletion curves of Fashion-MNIST items (N, 28, 28) on the canvases of ``canvas_batches`` (as
-    ``rollout_on_canvas`` draws them for the same ``seed``), erased patches filled with the canvas the item was
-    pasted on (black, its grey noise or its ``background``). ``on_batch`` sees how many images each batch held and
-    how many there are in all."""
+    """Deletion curves of Fashion-MNIST items (N, 28, 28) on the canvases of ``canvas_batches``, erased patches
+    filled with what lay under the item; ``on_batch`` sees each batch's image count and the total."""
     shuffle = torch.Generator().manual_seed(seed + 2)
     resize, device = eval_transform(classifier.image_size), classifier.device
-
     def probabilities(inputs: Tensor) -> Tensor:
         return classifier.model(inputs).float().softmax(dim=-1)
-
     correct, areas, means, counts = 0, {name: [] for name in DELETION_MAPS}, {}, []
     for start, _, canvases, drawn in canvas_batches(classifier, images, canvas_size=canvas_size, seed=seed,
                                                     background_noise=background_noise, background=background,

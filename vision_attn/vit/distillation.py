@@ -1,6 +1,4 @@
-"""DeiT's distillation (Touvron et al. 2021, "Training data-efficient image transformers & distillation through
-attention"): a trained classifier, frozen, teaches the ViT on every training batch. ``Distillation``
-(``vit/classifier_options.py``) sets it."""
+"""DeiT's distillation (Touvron et al. 2021): a trained classifier, frozen, teaches the ViT on every batch."""
 
 from __future__ import annotations
 
@@ -26,14 +24,12 @@ from vision_attn.vit.classifier_options import ConvNetArchitecture, Distillation
 from vision_attn.vit.convnet import ConvNet
 
 log = logging.getLogger(__name__)
-
 TEACHER_KINDS = (CONVNET, VIT)
 
 
 def load_teacher(path: str, num_classes: int, image: ImageFormat) -> torch.nn.Module:
-    """The frozen classifier of a ``vision-attn fit`` checkpoint (a ConvNet task's or a ViT task's), in eval mode;
-    refused in one line when it does not read the student's images (``num_classes`` classes, ``image``'s size,
-    channels and normalisation)."""
+    """The frozen classifier of a ConvNet or ViT checkpoint, in eval mode; refused in one line when it does not
+    read the student's images (its classes, size, channels and normalisation)."""
     loaded = load_file(path)
     kind = checkpoint_kind(loaded)
     if kind not in TEACHER_KINDS:

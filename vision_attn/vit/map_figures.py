@@ -1,5 +1,4 @@
-"""The ViT's attention maps drawn over its images: an overlay per image file (``vision-attn overlay``, the Python
-API) and the figures a ViT task logs as it validates."""
+"""The ViT's attention maps drawn over its images: per image file, and the figures a ViT task logs."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def vit_overlays(classifier: Classifier, paths: Sequence[str | os.PathLike], *, 
                  discard_ratio: float = 0.0, gradient_class: int | None = None, panel_size: int = 224, columns: int = 5,
                  batch_size: int = 32, on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
                  opener: Opener = open_file, **style: Any) -> Iterator[Overlay]:
-    """An overlay per image, titled "class probability", as ``vit_figure`` draws it; ``opener`` reads an item of
-    ``paths`` (default: an image file). The ViT saw the centre square of each image, so the maps are drawn there;
-    the rest is dimmed."""
+    """An overlay per image (``opener`` reads it), titled "class probability"; the maps lie on the centre square
+    the ViT saw, the rest dimmed."""
     for chunk, batch in readable_batches(paths, lambda item: classifier.preprocess(item, opener),
                                          batch_size=batch_size, on_bad_image=on_bad_image, bad_images=bad_images):
         maps = explain(classifier.model, batch.to(classifier.device), head_fusion=head_fusion,

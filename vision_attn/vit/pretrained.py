@@ -1,15 +1,6 @@
-"""Load ViT weights from a local file (timm or our own) or from timm by name, adapting them to the model at hand.
-
-``timm:<model name>[.<tag>]`` (e.g. ``timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k``; without a tag, timm's
-default) is built by timm with ``pretrained=True``, which reads the Hugging Face cache (``vision_attn.weights``);
-its state dict then goes through the same adaptation as a file's.
-
-Three adaptations, as users of timm expect them:
-- a different input-channel count: the patch-embedding kernel (or a conv stem's first kernel) is summed
-  (1 channel) or tiled and rescaled;
-- a different image size or patch grid: the position embedding is resampled bicubically;
-- a different number of classes: the head is left freshly initialised.
-"""
+"""ViT weights from a local file (timm's or our own) or ``timm:<model name>[.<tag>]`` (timm's, from the Hugging Face
+cache), adapted as timm's users expect: the first kernel summed (1 channel) or tiled for other input channels, the
+position embedding resampled bicubically for another grid, the head left fresh for other classes."""
 
 from __future__ import annotations
 
@@ -53,8 +44,7 @@ def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
         return weight
     if in_chans == 1:
         return weight.sum(dim=1, keepdim=True)
-    repeats = math.ceil(in_chans / old_chans)
-    return weight.repeat(1, repeats, 1, 1)[:, :in_chans] * (old_chans / in_chans)
+    return weight.repeat(1, math.ceil(in_chans / old_chans), 1, 1)[:, :in_chans] * (old_chans / in_chans)
 
 
 def resize_patch_kernel(weight: Tensor, patch_size: int) -> Tensor:
@@ -67,8 +57,8 @@ def resize_patch_kernel(weight: Tensor, patch_size: int) -> Tensor:
 
 def load_pretrained(model: VisionTransformer, path: str | os.PathLike, *, state: dict[str, Tensor] | None = None
                     ) -> list[str]:
-    """Load a local weights file, or ``timm:<model name>[.<tag>]`` through timm, into ``model``; returns the keys
-    left at their initial values. ``state``: the file's state dict, already read (``path`` then names it)."""
+    """Load a weights file or ``timm:<model>[.<tag>]`` into ``model`` (``state``: the file's, already read); returns
+    the keys left at their initial values."""
     if state is not None:
         state = dict(state)
     elif str(path).startswith(TIMM_PREFIX):
@@ -107,5 +97,4 @@ def load_pretrained(model: VisionTransformer, path: str | os.PathLike, *, state:
 
 def _is_timm_model(name: str) -> bool:
     import timm
-
     return timm.is_model(name.partition(".")[0])

@@ -1,19 +1,9 @@
 """Where a ViT looks: last-layer attention, attention rollout, and gradient-weighted rollout.
 
-Attention rollout (Abnar & Zuidema 2020) follows the attention through the residual stream: each layer's
-heads are fused, the weakest links are discarded, the identity is added for the residual connection,
-rows are renormalised to sum to 1, and the layers are multiplied,
-
-    Â_l = rownorm(fuse(A_l) + I),    R = Â_L · Â_(L-1) · … · Â_1.
-
-Row i of R says how much each input token contributes to output token i. The classifier reads the cls
-token (row 0) for ``global_pool="token"`` and the mean of the patch tokens for ``"avg"``; ``class_map``
-takes that row's weights on the patches and shapes them into the patch grid.
-
-Gradient rollout (the relevance rule of Chefer et al. 2021) weights each head's attention by the gradient
-of the chosen class score and keeps the positive evidence, Ā_l = mean_h (A_h ⊙ ∂y_c/∂A_h)⁺, then
-accumulates R ← R + Ā_l R from R = I. Gradients are small next to the identity, so the map is read from
-R − I: what flowed between tokens, without each token's relevance to itself.
+Attention rollout (Abnar & Zuidema 2020): Â_l = rownorm(discard(fuse(A_l)) + I), R = Â_L · … · Â_1; row i of R is
+how much each input token feeds output token i, and ``class_map`` reads the pooled token's row on the patches.
+Gradient rollout (Chefer et al. 2021): R ← R + mean_h (A_h ⊙ ∂y_c/∂A_h)⁺ R from R = I, read as R − I (what flowed
+between tokens: the gradients are small next to the identity).
 """
 
 from __future__ import annotations
@@ -80,8 +70,7 @@ def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor]) 
 
 
 def pooled_weights(matrix: Tensor, global_pool: str = "token", prefix_tokens: int = 1) -> Tensor:
-    """The classifier's view of (B, T, T) token-to-token weights: its weights on the patch tokens, (B, T − P): the cls
-    token's row for ``token`` pooling, the mean of the patch rows for ``avg``; the P prefix tokens are left out."""
+    """(B, T, T) token weights -> the pooled token's on the patches (B, T − P): cls row, or the patch rows' mean."""
     rows = matrix[:, 0] if global_pool == "token" else matrix[:, prefix_tokens:].mean(dim=1)
     return rows[:, prefix_tokens:]
 
@@ -115,9 +104,8 @@ class AttentionMaps:
 def explain(model: VisionTransformer, images: Tensor, *, head_fusion: HeadFusion = "mean",
             discard_ratio: float = 0.0, gradient_class: int | Tensor | Literal["predicted"] | None = None
             ) -> AttentionMaps:
-    """Logits and attention maps for a batch; the gradient rollout too when ``gradient_class`` is given: one
-    class for every image, a (B,) tensor of one class per image, or ``"predicted"``, each image's top class
-    (read from the same forward pass)."""
+    """Logits and attention maps for a batch; the gradient rollout too for ``gradient_class``: one class, (B,)
+    classes, or ``"predicted"`` (each image's top class)."""
     grid, pool, prefix = model.grid_size, model.global_pool, model.num_prefix_tokens
     with torch.enable_grad() if gradient_class is not None else torch.no_grad():
         logits, attentions = model.forward_with_attention(images)

@@ -1,6 +1,5 @@
-"""Whether a trained ViT looks at the garment: Fashion-MNIST items pasted on a larger canvas, and how much of each
-map (rollout, gradient rollout, the last layer's attention) lies on the item, with the pointing game
-(``vision-attn rollout-mass``; a ViT task logs the same scores as it validates on canvases)."""
+"""Whether a trained ViT looks at the garment: how much of each map lies on Fashion-MNIST items pasted on a larger
+canvas, and the pointing game (``vision-attn rollout-mass``)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class MapScores(NamedTuple):
 
 
 class CanvasScores(NamedTuple):
-    """``rollout_on_canvas``'s measures: images used, accuracy, each map's scores (``MAP_NAMES``), and the mean
-    area share of the item (what a map blind to it would score, in mass and about in pointing)."""
+    """``rollout_on_canvas``'s measures: images, accuracy, each map's scores, and the item's mean area share."""
 
     images: int
     accuracy: float
@@ -48,16 +46,15 @@ def named_maps(maps: AttentionMaps) -> dict[str, Tensor]:
 
 
 def map_scores(maps: AttentionMaps, masks: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """Per map of ``named_maps``: its mass on the mask (docs/formats/metrics.md) and its pointing-game hit, per
-    image. ``masks`` (B, H, W) are at the input's size."""
+    """Per map of ``named_maps``: each image's mass on ``masks`` (B, H, W) and pointing-game hit."""
     masks = masks.to(maps.rollout.device)
     return {name: (mask_mass(found, masks), pointing_game(found, masks)) for name, found in named_maps(maps).items()}
 
 
 def canvas_batches(classifier: Classifier, images: Tensor, *, canvas_size: int, seed: int, background_noise: int,
                    background: Background | None, batch_size: int) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
-    """Fashion-MNIST items (N, 28, 28) at random places (from ``seed``), per batch: its first index, and uint8 (B, 1,
-    S, S) the black canvases, those filled by ``TestCanvasFill`` and what lies under the items."""
+    """Per batch of items (N, 28, 28) at random places: its first index, and uint8 (B, 1, S, S) the black canvases,
+    those filled by ``TestCanvasFill`` and what lies under the items."""
     if classifier.in_chans != 1:
         raise ValueError("the canvas check needs a 1-channel (Fashion-MNIST) ViT checkpoint")
     places = random_places(len(images), canvas_size, generator=torch.Generator().manual_seed(seed))
@@ -72,11 +69,8 @@ def canvas_batches(classifier: Classifier, images: Tensor, *, canvas_size: int, 
 def rollout_on_canvas(classifier: Classifier, images: Tensor, labels: Tensor, *, canvas_size: int, seed: int = 0,
                       head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, background_noise: int = 0,
                       background: Background | None = None, batch_size: int = 256) -> CanvasScores:
-    """Fashion-MNIST items (N, 28, 28) on canvases (``canvas_batches``), seen by the ViT as its input pipeline would
-    (resized to its image size): accuracy, each map's mass on the item (docs/formats/metrics.md, the mask is the
-    item's pixels > 0) and pointing game, and the item's area share (the mass of a map blind to the item).
-    ``background_noise`` or ``background`` fill every pixel but the item's, where a map that finds "whatever is not
-    black" no longer finds the item."""
+    """Items (N, 28, 28) on canvases (``canvas_batches``), resized as the ViT reads files: accuracy, each map's
+    mass on the item (pixels > 0) and pointing game, and the item's area share (what a blind map scores)."""
     resize = eval_transform(classifier.image_size)  # as `classify` sees a file
     correct, areas = 0, []
     scores: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in MAP_NAMES}

@@ -1,23 +1,18 @@
-"""Vision Transformer: "An Image is Worth 16x16 Words" (Dosovitskiy et al. 2020, arXiv 2010.11929).
-
-A conv patch embedding, a cls token, a learned position embedding, pre-LN Transformer blocks of
-multi-head self-attention and an MLP, a final LayerNorm and a linear head on the cls token.
-Parameter names and shapes equal timm's ``VisionTransformer``, so timm state dicts load as they are.
-"""
+"""Vision Transformer: "An Image is Worth 16x16 Words" (Dosovitskiy et al. 2020, arXiv 2010.11929): patch
+embedding, cls token, position embedding, pre-LN blocks of self-attention, Softmax(QKᵀ/√d)V (Vaswani et al. 2017),
+and MLPs, a linear head. Parameter names equal timm's, so timm state dicts load as they are."""
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-
-from vision_attn.vit.self_attention import MultiHeadSelfAttention
 
 
 class Intermediates(NamedTuple):
-    """What ``forward_intermediates`` returns: the final tokens (B, P + K, D), each block's attention
-    (B, heads, T, T) first block first, and the patches PatchDropout kept ((B, K) indices, None when all)."""
+    """``forward_intermediates``: tokens (B, P + K, D), each block's attention (B, heads, T, T), the kept patches."""
 
     tokens: Tensor
     attentions: list[Tensor]
@@ -35,10 +30,8 @@ def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
 
 def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: int = 1, *,
                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
-    """PatchDropout (Liu et al. 2023): in training, keep ``max(1, int(N (1 − p)))`` of each image's N patch tokens,
-    chosen uniformly, and every prefix token; the tokens carry their position embedding already. ``return_indices``
-    also returns the kept patches, (B, K) indices into the N (None when all are kept).
-    """
+    """PatchDropout (Liu et al. 2023): in training, keep ``max(1, int(N (1 − p)))`` random patch tokens of each image
+    and every prefix token; ``return_indices`` also returns the kept (B, K) indices (None when all are kept)."""
     if drop_prob == 0.0 or not training:
         return (x, None) if return_indices else x
     prefix, patches = x[:, :prefix_tokens], x[:, prefix_tokens:]
@@ -51,8 +44,7 @@ def patch_dropout(x: Tensor, drop_prob: float, training: bool, prefix_tokens: in
 
 
 def prefix_tokens(cls_token: Tensor, dist_token: Tensor | None, reg_token: Tensor | None, batch: int) -> Tensor:
-    """(B, P, D): the tokens before the patches, in timm's order: cls, the distillation token (DeiT), the
-    registers (Darcet et al. 2024: tokens that hold no patch)."""
+    """(B, P, D): the tokens before the patches, in timm's order: cls, distillation, registers."""
     tokens = [token for token in (cls_token, dist_token, reg_token) if token is not None]
     return torch.cat(tokens, dim=1).expand(batch, -1, -1)
 
@@ -60,12 +52,9 @@ def prefix_tokens(cls_token: Tensor, dist_token: Tensor | None, reg_token: Tenso
 class PatchEmbed(nn.Module):
     """Image (B, C, H, W) -> patch tokens (B, N, D) by a conv with kernel = stride = patch size.
 
-    ``stem="conv"`` replaces that one conv by a convolutional stem after Xiao et al. (2021, "Early convolutions
-    help transformers see better"): log2(patch size) convs of stride 2, each with BatchNorm and ReLU, widths
-    D/2^(k−1) … D/2, D, then a 1×1 conv to D. Same grid, same tokens; it sees an item the same way wherever
-    the patch borders fall, and trains faster. Its convs are 4×4 with padding 1 (the paper's are 3×3): output
-    cell i then covers input cells 2i−1 … 2i+2, centred on the two it replaces, so token (r, c) is centred on
-    patch (r, c) of the image and maps drawn on the patch grid stay where the model looked.
+    ``stem="conv"``: a convolutional stem (Xiao et al. 2021) instead, log2(P) stride-2 convs with BatchNorm and ReLU
+    (widths … D/2, D), then a 1×1 conv; same grid. Its convs are 4×4 with padding 1 (the paper's 3×3), so token
+    (r, c) stays centred on patch (r, c) and maps drawn on the patch grid stay where the model looked.
     """
 
     def __init__(self, *, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
@@ -107,6 +96,49 @@ class PatchEmbed(nn.Module):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, Gh, Gw) -> (B, N, D)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0,
+                                 return_weights: bool = False, fused: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Softmax(QKᵀ/√d)V over (B, H, N, d): the fused kernel, or the explicit path (``fused=False``: faster on a CPU
+    for a few tokens), which alone gives the weights (B, H, N, N) when ``return_weights`` asks for them."""
+    if fused and not return_weights:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    # (B, H, N, N), scaled in place: one pass less
+    weights = torch.matmul(q, k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5).softmax(dim=-1)
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ v, weights
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection (parameter names as in timm's ``Attention``)."""
+
+    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, fused: bool = True) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"embed dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.attn_drop, self.fused = attn_drop, fused
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Self-attention over the tokens, (B, N, D) -> (B, N, D), without the weights."""
+        return self._attend(x, return_weights=False)[0]
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``, and the attention weights (B, H, N, N), by the explicit Softmax(QKᵀ/√d)V."""
+        return self._attend(x, return_weights=True)
+
+    def _attend(self, x: Tensor, *, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        batch, tokens, dim = x.shape  # qkv: (B, N, 3·D) -> (3, B, H, N, d)
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out, weights = scaled_dot_product_attention(*qkv.unbind(0), dropout_p=self.attn_drop if self.training else 0.0,
+                                                    return_weights=return_weights, fused=self.fused)
+        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # (B, H, N, d) -> (B, N, D)
+        return self.proj_drop(self.proj(out)), weights
 
 
 class Mlp(nn.Module):
@@ -157,25 +189,17 @@ def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature:
     rows, cols = torch.meshgrid(torch.arange(grid_size[0], dtype=torch.float32),
                                 torch.arange(grid_size[1], dtype=torch.float32), indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
-    y = rows.flatten()[:, None] * omega[None]
-    x = cols.flatten()[:, None] * omega[None]
+    y, x = (grid.flatten()[:, None] * omega[None] for grid in (rows, cols))
     return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1)
 
 
 class VisionTransformer(nn.Module):
-    """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits.
+    """ViT classifier. ``forward_features`` returns tokens, ``forward_head`` the logits; the attention weights come
+    only through ``forward_intermediates`` or ``forward_with_attention`` (the others run the fused SDPA kernel).
 
-    Attention weights come through an explicit call: ``forward_intermediates`` (tokens, each block's (B, heads,
-    N, N) attention, the kept patches) or ``forward_with_attention`` (logits and the attentions); ``forward`` and
-    ``forward_features`` run the fused SDPA kernel (``fused_attention=False``: the explicit Softmax(QKᵀ/√d)V).
-    ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout, as timm names it).
-    ``stem="conv"`` embeds patches with a small convolutional stem instead of one patch-sized conv (``PatchEmbed``).
-    ``reg_tokens`` adds that many registers (Darcet et al. 2024, "Vision transformers need registers"): learnt
-    tokens that hold no patch, where attention with nowhere useful to go can rest instead of on background patches.
-    ``dist_token`` adds DeiT's distillation token (Touvron et al. 2021) with its own head: in training with
-    ``distilled_training`` set, ``forward_head`` returns both heads' logits (the cls head learns the labels, the
-    distillation head a teacher's), otherwise their mean, as DeiT classifies.
-    ``channels_last`` runs the patch embedding's convolutions in NHWC (faster on CPUs, the same maths).
+    ``reg_tokens``: registers (Darcet et al. 2024), learnt tokens where attention with nowhere useful to go can rest.
+    ``dist_token``: DeiT's distillation token (Touvron et al. 2021) with its own head; ``forward_head`` returns both
+    heads' logits in training with ``distilled_training`` set, else their mean, as DeiT classifies.
     """
 
     def __init__(self, *, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
@@ -223,8 +247,7 @@ class VisionTransformer(nn.Module):
         return self.patch_embed.grid_size
 
     def init_weights(self) -> None:
-        """The starting weights: E_pos truncated normal or 2-D sin-cos, the prefix tokens near 0, every Linear
-        truncated normal with zero bias, and the heads at zero with ``zero_init_head``."""
+        """E_pos truncated normal or 2-D sin-cos, prefix tokens near 0, Linears truncated normal (heads 0 if asked)."""
         if self.pos_embed_init == "sincos":  # fixed 2-D sin-cos start (Beyer et al. 2022); still learned
             with torch.no_grad():
                 self.pos_embed.zero_()
@@ -251,12 +274,8 @@ class VisionTransformer(nn.Module):
         return {"pos_embed", "cls_token"} | tokens
 
     def embed(self, x: Tensor, *, window_origin: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Image (B, C, H, W) -> the blocks' input tokens z_0 = [x_cls; x_p E] + E_pos, (B, P + K, D), and ``kept``:
-        in training PatchDropout keeps K of the N patches ((B, K) indices into the N; None when all are kept).
-
-        ``window_origin`` (B, 2) [x, y] in pixels, multiples of the patch size: each ``x`` is a window of a
-        larger ``img_size`` image with its top-left corner there, its patches take the position embeddings
-        of the places they cover."""
+        """Image -> (z_0 = [x_cls; x_p E] + E_pos (B, P + K, D), the (B, K) patches PatchDropout kept or None).
+        ``window_origin`` (B, 2) [x, y] pixels: ``x`` is a window of an ``img_size`` image with its corner there."""
         window = None if window_origin is None else tuple(side // self.patch_embed.patch_size for side in x.shape[-2:])
         x = self.patch_embed(x, window=window is not None)  # (B, N, D)
         x = torch.cat([prefix_tokens(self.cls_token, self.dist_token, self.reg_token, x.shape[0]), x], dim=1)
@@ -266,16 +285,14 @@ class VisionTransformer(nn.Module):
                              return_indices=True)
 
     def forward_features(self, x: Tensor, *, window_origin: Tensor | None = None) -> Tensor:
-        """Image (B, C, H, W) -> tokens (B, P + N, D): the cls token first (normalised for token pooling), then
-        the registers, then the patches (P = ``num_prefix_tokens``), through the fused attention kernel."""
+        """Image (B, C, H, W) -> tokens (B, P + N, D), the P = ``num_prefix_tokens`` first, by the fused kernel."""
         x, _ = self.embed(x, window_origin=window_origin)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
 
     def forward_intermediates(self, x: Tensor, *, window_origin: Tensor | None = None) -> Intermediates:
-        """``forward_features`` with what the maps need: each block's attention (B, heads, T, T), through the
-        explicit Softmax(QKᵀ/√d)V, and the patches PatchDropout kept."""
+        """``forward_features``, with each block's attention (B, heads, T, T) and the patches PatchDropout kept."""
         x, kept = self.embed(x, window_origin=window_origin)
         attentions = []
         for block in self.blocks:
@@ -284,8 +301,7 @@ class VisionTransformer(nn.Module):
         return Intermediates(self.norm(x), attentions, kept)
 
     def window_position_embedding(self, origin: Tensor, window: tuple[int, int]) -> Tensor:
-        """(B, P + h·w, D): the prefix tokens' position embeddings, then those of the h×w patches of each image's
-        window, whose top-left corner is at ``origin`` (B, 2) [x, y] pixels of the full image."""
+        """(B, P + h·w, D): the prefix's position embeddings, then those of each h×w window at ``origin`` [x, y]."""
         patch = self.patch_embed.patch_size
         if bool((origin % patch).any()):
             raise ValueError(f"window origins must be multiples of the patch size ({patch}), got {origin.tolist()}")
@@ -293,16 +309,15 @@ class VisionTransformer(nn.Module):
         top, left = (origin[:, 1] // patch).long(), (origin[:, 0] // patch).long()
         if bool((top < 0).any() | (left < 0).any() | (top + height > rows).any() | (left + width > cols).any()):
             raise ValueError(f"a {height}x{width}-patch window at {origin.tolist()} leaves the {rows}x{cols} grid")
-        prefix, grid = self.pos_embed[:, : self.num_prefix_tokens], self.pos_embed[0, self.num_prefix_tokens :]
-        grid = grid.view(rows, cols, -1)
+        prefix = self.pos_embed[:, : self.num_prefix_tokens]
+        grid = self.pos_embed[0, self.num_prefix_tokens :].view(rows, cols, -1)
         across = left[:, None] + torch.arange(width, device=origin.device)  # (B, w)
         down = top[:, None] + torch.arange(height, device=origin.device)  # (B, h)
         patches = grid[down[:, :, None], across[:, None, :]].flatten(1, 2)  # (B, h, w, D) -> (B, h·w, D)
         return torch.cat([prefix.expand(len(origin), -1, -1), patches], dim=1)
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
-        """Tokens (B, P + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``. With a
-        distillation token: the two heads' mean, or both heads' logits in distilled training."""
+        """Tokens (B, P + N, D) -> logits (B, classes), or the pooled features with ``pre_logits``."""
         # y = LN(z_L^0), or the mean of the patch tokens
         pooled = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(dim=1)
         features = self.head_drop(self.fc_norm(pooled))
@@ -314,7 +329,7 @@ class VisionTransformer(nn.Module):
         return (logits + distilled) / 2
 
     def forward(self, x: Tensor) -> Tensor:
-        """Image (B, C, H, W) -> logits (B, classes), through the fused attention kernel (``forward_head``)."""
+        """Image (B, C, H, W) -> logits (B, classes)."""
         return self.forward_head(self.forward_features(x))
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
