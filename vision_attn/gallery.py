@@ -1,5 +1,5 @@
-"""Attention overlays for a set of inputs, as ``vision-attn overlay`` makes them: results JSON from ``caption``,
-or image files and folders with a checkpoint of either model, drawn to one PNG per image and an index.html."""
+"""Attention overlays as ``vision-attn overlay`` makes them, of results JSON or images through a checkpoint: one PNG
+per image and an index.html."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def _option(default: Any, help: str, **argparse_settings: Any) -> Any:
 
 @dataclass
 class OverlayOptions:
-    """How the overlays are drawn and laid out, and the ViT's maps made; each field is a ``vision-attn overlay``
-    option (``--panel-size`` for ``panel_size``)."""
+    """How the overlays are drawn and laid out; each field is a ``vision-attn overlay`` option."""
 
     upsample: str = _option("bilinear", "how the attention grid is enlarged to the image (default bilinear)",
                             choices=["bilinear", "pyramid"])
@@ -54,7 +53,7 @@ class OverlayOptions:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the options of the fields that are not shared options (``--head-fusion``, ``--discard-ratio``)."""
+        """Add the fields' options but the shared ones (``--head-fusion``, ``--discard-ratio``)."""
         for option in fields(cls):
             settings = {k: v for k, v in option.metadata.items() if k != "shared"}
             if not option.metadata.get("shared"):
@@ -77,7 +76,7 @@ class OverlayOptions:
 
 
 def _png_names(sources: Sequence[str]) -> dict[str, deque[str]]:
-    """A PNG name per source, reserved before anything is drawn: ``<stem>.png``, then ``_2``, ``_3``... when taken."""
+    # a PNG name per source, reserved before anything is drawn: <stem>.png, then _2, _3... when taken
     reserved: dict[str, deque[str]] = {}
     used: set[str] = set()
     for source in sources:
@@ -103,9 +102,8 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
                   beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                   device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None,
                   overwrite: bool = False) -> OverlaysWritten:
-    """Overlays of every input into ``out``, and its gallery page: ``.json`` inputs are results from ``caption``,
-    others images or folders drawn with ``checkpoint``. ``on_overlay`` sees (input, caption or class, PNG) as each
-    is written. ``out`` is checked before any drawing (``io.OwnedFolder``; ``overwrite`` as there)."""
+    """Overlays of every input (``.json``: results from ``caption``; else images drawn with ``checkpoint``) into
+    ``out``, checked first, and its gallery page; ``on_overlay`` sees (input, caption or class, PNG) of each."""
     options = options or OverlayOptions()
     json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
     images = [path for path in inputs if path not in json_inputs]
