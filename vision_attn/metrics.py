@@ -252,14 +252,12 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
                 coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], (grid_h, grid_w))[0, 0]
                 mask_masses += float((alpha * coverage).sum())
                 masked += 1
-    named_twice = twice / captions if captions else float("nan")
-    if counted == 0:
-        return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0,
-                "object_named_twice_rate": named_twice}
-    scores = {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
-              "pointing_words": float(counted), "object_named_twice_rate": named_twice}
-    if masks is not None:
-        scores["alpha_mass_in_mask"] = mask_masses / masked if masked else float("nan")
+    nan = float("nan")
+    scores = {"pointing_accuracy": hits / counted if counted else nan,
+              "alpha_mass_in_box": masses / counted if counted else nan, "pointing_words": float(counted),
+              "object_named_twice_rate": twice / captions if captions else nan}
+    if masks is not None and counted:
+        scores["alpha_mass_in_mask"] = mask_masses / masked if masked else nan
     return scores
 
 

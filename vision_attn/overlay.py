@@ -231,8 +231,8 @@ def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], 
     if maps.gradient_rollout is not None and gradient_class is not None:
         panels.append((heat_panel(shown, maps.gradient_rollout[index], box=box, **style),
                        f"gradient rollout: {names[gradient_class]}"))
-    for head, weights in enumerate(maps.heads[index]):
-        panels.append((heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}"))
+    panels += [(heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}")
+               for head, weights in enumerate(maps.heads[index])]
     return panel_grid(panels, columns=columns)
 
 
