@@ -62,14 +62,13 @@ def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str
     return f"images/{number}.png", f"thumbs/{number}.jpg", shown.size
 
 
-def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_scale: tuple[float, float] | None
-                   ) -> dict[str, float]:
-    # the scene metrics of one caption record against its objects (SceneObject)
+def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, image: Image.Image) -> dict[str, float]:
+    # the scene metrics of one caption record against its objects (SceneObject), whose boxes are in the file's pixels
     if objects is None:
         return {}
-    image_id = record["image_id"]
+    image_id, size = record["image_id"], record.get("image_size")
     scores = scene_scores([record], {image_id: [(o.name, o.colour) for o in objects]})
-    scale = {image_id: box_scale} if box_scale else None
+    scale = {image_id: (size[1] / image.width, size[0] / image.height)} if size else None  # to α's input pixels
     scores.update(pointing_scores([record], {image_id: objects}, box_scale=scale))
     keep = ("object_recall", "object_precision", "colour_accuracy", "repeated_object_rate", "pointing_accuracy")
     return {name: round(scores[name], 4) for name in keep if name in scores and not math.isnan(scores[name])}
@@ -89,10 +88,7 @@ def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, 
         image = open_image(path, mode="RGB")
         shown, thumb, size = _save_views(image, folder, number)
         found = None if objects is None else objects.get(record["image_id"], [])
-        scale = None
-        if found is not None and record.get("image_size"):  # boxes are in the file's pixels, α over the input
-            scale = (record["image_size"][1] / image.width, record["image_size"][0] / image.height)
-        metrics = _scene_metrics(record, found, scale)
+        metrics = _scene_metrics(record, found, image)
         item = {"kind": "captioner", "id": record["image_id"], "file": Path(record["file_name"]).name,
                 "image": shown, "size": size, "caption": record["caption"], "tokens": record["tokens"],
                 "grid": record["grid"], "alphas": record["alphas"], "betas": record.get("betas"),
@@ -181,9 +177,8 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
     """``vision-attn explore``: the site for a results JSON (its images in the folder ``images`` if given), or for
     ``images`` run through a checkpoint (a captioner with every beam, or a ViT); the site and its image count."""
     progress = None if quiet else _printer("images")
-    for path in (instances, attributes):
-        if path:
-            input_file(path, "an instances or attributes JSON")
+    for path in filter(None, (instances, attributes)):
+        input_file(path, "an instances or attributes JSON")
     # read and checked before any work: a bad instances or attributes file is one line, not a half-made site
     objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
     if checkpoint is None:

@@ -65,14 +65,10 @@ class OverlayOptions:
         return cls(**{option.name: getattr(namespace, option.name) for option in fields(cls)})
 
     @property
-    def style(self) -> dict[str, Any]:
-        """How each map is drawn over its image: upsampling mode, smoothing, colour map and opacity."""
-        return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity}
-
-    @property
-    def layout(self) -> dict[str, int]:
-        """How the panels of a figure are laid out: their size and how many per row."""
-        return {"panel_size": self.panel_size, "columns": self.columns}
+    def drawing(self) -> dict[str, Any]:
+        """How a figure is drawn: each map's upsampling, smoothing, colour map and opacity; the panels' layout."""
+        return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity,
+                "panel_size": self.panel_size, "columns": self.columns}
 
 
 def _png_names(sources: Sequence[str]) -> dict[str, deque[str]]:
@@ -143,7 +139,7 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
             gradient_class = classifier.class_index(options.gradient_class) if options.gradient_class else None
             for source, figure, text in vit_overlays(
                 classifier, image_paths, head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                gradient_class=gradient_class, batch_size=batch_size, **policy, **options.layout, **options.style,
+                gradient_class=gradient_class, batch_size=batch_size, **policy, **options.drawing,
             ):
                 add(source, figure, text)
         elif kind == CAPTIONER:
@@ -156,7 +152,6 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
             image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
                                  on_bad_image, bad_images)
             if image is not None:
-                add(str(path), caption_overlay(image, record, **options.layout, **options.style),
-                    record.get("caption", ""))
+                add(str(path), caption_overlay(image, record, **options.drawing), record.get("caption", ""))
         write_gallery(staging, entries)
     return OverlaysWritten(owner.path / "index.html", len(entries), bad_images.skipped_note())

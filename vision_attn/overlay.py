@@ -190,8 +190,7 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
                     **style: Any) -> Image.Image:
     """The paper's figure for one results record: the image, then one panel per word with α_t, titled with the word
     and β_t; with ``head_alphas``, a row per head under the words' mean α. ``style`` goes to ``heat_panel``."""
-    tokens, alphas, betas = record.get("tokens"), record.get("alphas"), record.get("betas")
-    grid = record.get("grid")
+    tokens, alphas, betas, grid = (record.get(key) for key in ("tokens", "alphas", "betas", "grid"))
     if not isinstance(tokens, list) or not isinstance(alphas, list) or not isinstance(grid, list) or len(grid) != 2:
         raise ValueError(f"{record.get('file_name') or record.get('image_id')}: the record has no tokens, alphas "
                          "and grid (write it with `vision-attn caption`)")
