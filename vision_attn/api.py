@@ -85,8 +85,7 @@ class CaptionResult:
 
 @dataclass(frozen=True)
 class ClassificationResult:
-    """One image's classes: ``top_k`` ((name, probability), ...) best first; ``logits`` (C,) float32 when asked for
-    (not compared); ``source`` as in ``CaptionResult``."""
+    """One image's classes: ``top_k`` ((name, probability), ...) best first; ``logits`` (C,) when asked for."""
 
     source: str
     top_k: tuple[tuple[str, float], ...]
@@ -139,8 +138,7 @@ def _upright(image: Image.Image, mode: str) -> Image.Image:
 
 
 def open_input(image: ImageInput, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
-    """An image file or a PIL image, upright in ``mode`` ("RGB" or "L"), as the models read it; ``max_side`` lets a
-    large JPEG decode at a reduced scale."""
+    """An image file or a PIL image, upright in ``mode`` ("RGB" or "L"), as the models read it."""
     if isinstance(image, Image.Image):
         return _upright(image, mode)
     return open_image(image, mode=mode, max_side=max_side)
@@ -225,8 +223,7 @@ def iter_classifications(classifier: Classifier | str | os.PathLike, images: Ima
 def classify(classifier: Classifier | str | os.PathLike, images: Images, *, top_k: int = 5, batch_size: int = 32,
              on_bad_image: OnBadImage = "error", device: str | torch.device | None = None,
              logits: bool = False) -> list[ClassificationResult]:
-    """The ``top_k`` classes of images, one result per readable image, in order, with its logits when ``logits``;
-    the other arguments as in ``caption``."""
+    """The ``top_k`` classes of images (and logits), one result per readable image; the rest as in ``caption``."""
     return list(iter_classifications(classifier, images, top_k=top_k, batch_size=batch_size,
                                      on_bad_image=on_bad_image, device=device, logits=logits))
 
@@ -238,8 +235,7 @@ def write_classifications(out: str | os.PathLike, results: Sequence[Classificati
 
 def caption_figure(result: CaptionResult, image: ImageInput | None = None, *, panel_size: int = 224,
                    columns: int = 5, **style: Any) -> Image.Image:
-    """The paper's figure of a caption, as ``vision-attn overlay`` draws it, over ``image`` (default: the result's
-    file); ``style`` goes to ``overlay.heat_panel`` (``mode``, ``sigma``, ``cmap``, ``opacity``)."""
+    """The paper's figure of a caption over ``image`` (default: its file); ``style`` goes to ``overlay.heat_panel``."""
     if image is None:
         if not Path(result.source).is_file():
             raise ValueError(f"{result.source}: not an image file; pass the image the caption was made from")

@@ -43,8 +43,7 @@ VIEW_SIZE, THUMB_SIZE = 448, 112
 
 
 def js_data(callback: str, payload: Any) -> str:
-    """``VA.<callback>(<JSON>);`` with ``<``, U+2028 and U+2029 escaped: no ``</script>``, no line break that
-    JavaScript reads differently from JSON."""
+    """``VA.<callback>(<JSON>);``, ``<``, U+2028 and U+2029 escaped so that no text can end or break the script."""
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     return f"VA.{callback}({text});\n"
@@ -81,8 +80,7 @@ def _write_item(folder: Path, number: int, item: dict[str, Any]) -> None:
 def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
                     objects: dict[Any, list[SceneObject]] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Write each captioner record's data and images into ``folder``; the index entries, with the scene metrics
-    when ``objects`` (per image id, as ``read_objects`` reads them) are given."""
+    """Write each captioner record's data and images into ``folder``; the index entries (with ``objects``' metrics)."""
     index = []
     for number, (record, path) in enumerate(pairs):
         image = open_image(path, mode="RGB")
@@ -135,8 +133,7 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
 
 
 def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bool = False) -> OwnedFolder:
-    """The site's folder, checked before any work: refused when it holds an input, or (unless ``overwrite``) files
-    that no ``explore`` wrote."""
+    """The site's folder, checked before any work: not holding an input, nor (unless ``overwrite``) others' files."""
     resolved = Path(out).resolve()
     for path in inputs:
         if resolved in Path(path).resolve().parents:
@@ -145,8 +142,7 @@ def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bo
 
 
 def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict[str, Any]]]) -> Path:
-    """Build a site in a staging folder with ``build`` (which returns the index entries), then put it in place of
-    the earlier one (a failed build leaves the folder as it was)."""
+    """Build a site with ``build`` (which returns the index entries) and put it in place; a failure changes nothing."""
     with owner.staged() as staging:
         for sub in ("data/items", "images", "thumbs"):
             (staging / sub).mkdir(parents=True)

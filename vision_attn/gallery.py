@@ -98,8 +98,7 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
                   beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                   device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None,
                   overwrite: bool = False) -> OverlaysWritten:
-    """Overlays of every input (``.json``: results from ``caption``; else images drawn with ``checkpoint``) into
-    ``out``, checked first, and its gallery page; ``on_overlay`` sees (input, caption or class, PNG) of each."""
+    """Overlays of results JSON, or images drawn with ``checkpoint``, into ``out`` with a gallery page."""
     options = options or OverlayOptions()
     json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
     images = [path for path in inputs if path not in json_inputs]

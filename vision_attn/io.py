@@ -16,8 +16,7 @@ from typing import IO, Any, NamedTuple
 
 
 def not_a_file(path: str | os.PathLike) -> str | None:
-    """Why a file written to ``path`` may not replace what is there (a folder, a device, a pipe, a socket); None for
-    a regular file or nothing (a dangling link too: the rename replaces the link)."""
+    """Why a file written to ``path`` may not replace what is there (a folder, a device, a pipe), or None."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -108,8 +107,7 @@ def output_folder(path: str | os.PathLike) -> Path:
 
 
 def input_file(path: str | os.PathLike, what: str, *, error: type[Exception] = ValueError) -> Path:
-    """A file a command reads, checked before it is opened: there, and no folder, pipe (it would block) or device;
-    ``what`` names it in the errors ("a results JSON")."""
+    """A file a command reads, checked before it is opened: no folder, pipe (it would block) or device."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{path}: is a folder, not {what}")
@@ -194,8 +192,7 @@ def _verified(folder: Path, name: str, record: dict[str, Any],
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest | None:
-    """The manifest of ``folder`` checked file by file; None when there is none of ours (or a link, a pipe, one
-    larger than ``MAX_MANIFEST_BYTES``)."""
+    """The manifest of ``folder`` checked file by file; None when there is none of ours."""
     folder = Path(folder)
     try:
         found = os.lstat(folder / MANIFEST)
@@ -270,8 +267,7 @@ class OwnedFolder:
 
     @contextmanager
     def staged(self) -> Iterator[Path]:
-        """A hidden folder inside the output folder to write into: its files replace the earlier output (``commit``)
-        when the block ends well; on failure or Ctrl-C it is removed with the folders made for it."""
+        """A hidden folder to write into: its files replace the earlier output when the block ends well."""
         made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))

@@ -277,8 +277,7 @@ def pointing_by_mention(records: Iterable[Mapping[str, Any]],
 
 def hallucination_scores(records: Iterable[Mapping[str, Any]], present: Mapping[Any, set[str]],
                          words: ObjectWords) -> dict[str, float]:
-    """CHAIR (Rohrbach et al. 2018): CHAIRi, the share of object mentions (``words``) not ``present`` in the image,
-    CHAIRs, the share of captions with one; and the mentions counted."""
+    """CHAIR (Rohrbach et al. 2018): the share of mentions (CHAIRi) and of captions (CHAIRs) naming absent objects."""
     mentions = hallucinated = captions = bad_captions = 0
     for record in records:
         found = [category for _, category in words.mentions(record["tokens"])]
@@ -301,8 +300,7 @@ def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
 
 
 def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
-    """The pointing game (Zhang et al. 2016) per image: does the mask hold the centre pixel of the map's argmax
-    cell? Shapes as in ``mask_mass``."""
+    """The pointing game (Zhang et al. 2016): does the mask hold the centre pixel of the map's argmax cell?"""
     if masks.shape[-2] % weights.shape[-2] or masks.shape[-1] % weights.shape[-1]:
         raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(weights.shape[-2:])} grid")
     cells = weights.shape[-2:]
@@ -314,8 +312,7 @@ def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
 
 def scene_scores(records: Iterable[Mapping[str, Any]], scenes: Mapping[Any, Sequence[tuple[str, str | None]]],
                  words: ObjectWords | None = None) -> dict[str, float]:
-    """The scene metrics (``docs/formats/metrics.md``) over the objects the captions' ``tokens`` name (``words``,
-    default the scenes'); ``scenes``: image id -> its objects as (category, colour or None)."""
+    """The scene metrics over the objects the captions name; ``scenes``: image id -> [(category, colour or None)]."""
     words = words or built_in("scenes")
     objects = emitted = named_right = coloured = colour_right = repeated = captions = recalled = 0
     for record in records:

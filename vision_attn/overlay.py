@@ -223,8 +223,7 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
 def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], *, title: str,
                box: Box | None = None, head_fusion: str = "mean", discard_ratio: float = 0.0,
                gradient_class: int | None = None, columns: int = 5, **style: Any) -> Image.Image:
-    """Image ``index`` of ``explain``'s ``AttentionMaps`` over ``shown``: the image titled ``title``, the rollout,
-    the gradient rollout if computed, and the last layer's heads."""
+    """Image ``index`` of ``AttentionMaps`` over ``shown``: rollout, gradient rollout if made, last layer's heads."""
     rollout_title = f"rollout ({head_fusion}" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
     panels = [(shown, title), (heat_panel(shown, maps.rollout[index], box=box, **style), rollout_title)]
     if maps.gradient_rollout is not None and gradient_class is not None:

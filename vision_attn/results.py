@@ -58,8 +58,7 @@ def _weights(row: Any, count: int) -> bool:
 
 
 def record_problem(record: Any) -> str | None:
-    """What is wrong with a results record that carries attention, or None (as ``docs/formats/results.schema.json``
-    says): each field's type and range, the α, β and ``head_alphas`` rows per token, each beam's."""
+    """What is wrong with a results record with attention (``docs/formats/results.schema.json``), or None."""
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
@@ -133,8 +132,7 @@ def check_total_words(path: Path, records: Sequence[dict[str, Any]]) -> None:
 
 def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None
                  ) -> list[tuple[dict[str, Any], Path]]:
-    """The records of a results JSON with each one's image file, looked for in ``image_dir`` (by path or name), else
-    in the working directory or beside the JSON; anything wrong is one line."""
+    """A results JSON's records with their image files (in ``image_dir``, else here or beside the JSON)."""
     path = Path(path)
     loaded = read_json(path, "a results JSON")
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):

@@ -47,8 +47,7 @@ class NamedWeights(NamedTuple):
 
 
 def is_weights_name(value: str | os.PathLike | None) -> bool:
-    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``); False for a path, a weights-file
-    suffix or an existing file."""
+    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``), False for a local file."""
     if value is None or isinstance(value, os.PathLike):
         return False
     text = str(value)
@@ -134,8 +133,7 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
 
 
 def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
-    """``<architecture>.<tag>`` of the timm weights ``name`` (``imagenet``: the model name's tag or timm's default)
-    for ``model_name`` (which may carry a tag)."""
+    """``<architecture>.<tag>`` of the timm weights ``name`` (``imagenet``: the model's tag or timm's default)."""
     import timm
     architecture, _, tag = model_name.partition(".")
     if not timm.is_model(architecture):

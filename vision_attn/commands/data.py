@@ -144,8 +144,7 @@ def cache_features_command(argv: Sequence[str]) -> None:
 
 @tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
 def benchmark_command(argv: Sequence[str]) -> None:
-    """``vision-attn benchmark``: a source checkout's ``benchmarks/run.py``, run as a program of its own (the package
-    imports nothing of ``benchmarks/``)."""
+    """``vision-attn benchmark``: a source checkout's ``benchmarks/run.py``, run as a program of its own."""
     checkout = Path(__file__).resolve().parents[2]  # the benchmark reads benchmarks/ and configs/ there
     if not (checkout / "benchmarks" / "run.py").is_file():
         raise FileNotFoundError(f"{checkout / 'benchmarks'}: not found; the benchmark runs from a source checkout")
@@ -157,8 +156,7 @@ def benchmark_command(argv: Sequence[str]) -> None:
 
 
 def run_streamed(command: list[str], env: dict[str, str]) -> int:
-    """Run ``command``, copying its output line by line to this process's ``sys.stdout`` and ``sys.stderr`` (where a
-    caller that redirects them finds it); its exit code."""
+    """Run ``command``, its output copied as it comes to ``sys.stdout`` and ``sys.stderr``; its exit code."""
     out, err = sys.stdout, sys.stderr
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
         errors = threading.Thread(target=lambda: err.writelines(process.stderr))  # type: ignore[arg-type]

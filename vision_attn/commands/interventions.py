@@ -15,8 +15,7 @@ from vision_attn.commands import CANVAS_SIZE, canvas_background, tool
 
 @contextmanager
 def progress_bar(unit: str) -> Any:
-    """A callback ``(done, total)`` advancing a tqdm bar on a terminal's stderr, made at the first batch (an error
-    before any work stays one line)."""
+    """A callback ``(done, total)`` advancing a tqdm bar on a terminal, made at the first batch."""
     bars: list[Any] = []
 
     def advance(done: int, total: int) -> None:
