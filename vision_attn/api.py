@@ -1,9 +1,6 @@
-"""The Python API: captions with their attention, classes, and attention figures, in a few lines, as typed results.
-
-Everything here goes through the code of ``vision-attn caption``, ``classify`` and ``overlay``: a caption made
-here is the record ``caption`` writes, a figure the PNG ``overlay`` draws. Images are file paths, folders of images
-(their image files, sorted by name) or PIL images, mixed freely. Nothing here imports Lightning; docs/api/index.md
-shows it in use::
+"""The Python API: captions with their attention, classes and attention figures as typed results, through the code
+of ``vision-attn caption``, ``classify`` and ``overlay`` (the same records and PNGs). Images are files, folders of
+images (sorted by name) or PIL images, mixed freely. No Lightning; docs/api/index.md shows it in use::
 
     captioner = load_captioner("runs/captioner/best.ckpt", device="cpu")
     results = caption(captioner, ["photo.jpg", Image.open("other.png")], beam_size=3)
@@ -48,15 +45,10 @@ def _frozen(values: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class CaptionResult:
-    """One image's caption with where each word looked, as ``vision-attn caption`` records it (compare two
-    results by their ``to_record()``).
-
-    ``alphas`` is a read-only float64 array (T, Gh, Gw): α_t, word t's attention over the grid (summing to 1),
-    rounded to 6 decimals as in the results JSON. ``betas`` (T,) is the gate β_t per word; ``head_alphas``
-    (T, K, Gh, Gw) each head's α with a multihead score, else None; ``image_size`` (H, W) the network input's.
-    ``source`` is the file's path as given (a PIL image: ``"<image N>"``, N its place in the input list) and
-    ``image_id`` the file name (a PIL image: N).
-    """
+    """One image's caption with where each word looked, as ``vision-attn caption`` records it (compare results by
+    ``to_record()``). Read-only float64 arrays, rounded as in the JSON: ``alphas`` (T, Gh, Gw), word t's α;
+    ``betas`` (T,); ``head_alphas`` (T, K, Gh, Gw) with a multihead score. ``image_size`` (H, W) is the network
+    input's; ``source`` the path as given (a PIL image: ``"<image N>"``), ``image_id`` the file name (or N)."""
 
     source: str
     image_id: Any
@@ -70,7 +62,7 @@ class CaptionResult:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CaptionResult:
-        """The result of a record as ``caption_record`` makes it (docs/formats/results.md)."""
+        """The result of a results record (docs/formats/results.md)."""
         tokens, grid = tuple(record["tokens"]), (int(record["grid"][0]), int(record["grid"][1]))
         heads = record.get("head_alphas")
         return cls(source=record["file_name"], image_id=record["image_id"], caption=record["caption"], tokens=tokens,
@@ -93,8 +85,7 @@ class CaptionResult:
 
 @dataclass(frozen=True)
 class ClassificationResult:
-    """One image's classes: ``top_k`` is ((class name, probability), ...) best first; ``logits`` (C,) float32,
-    in the checkpoint's class order, when asked for (not compared). ``source`` is named as in ``CaptionResult``."""
+    """One image's classes: ``top_k`` ((name, probability), ...) best first; ``logits`` (C,) when asked for."""
 
     source: str
     top_k: tuple[tuple[str, float], ...]
@@ -111,8 +102,7 @@ class ClassificationResult:
         return self.top_k[0][1]
 
     def to_record(self) -> dict[str, Any]:
-        """The image's entry in ``vision-attn classify``'s JSON: ``{"file_name", "label", "probability", "top_k":
-        [{"class", "probability"}, ...]}``, probabilities rounded to 6 decimals."""
+        """The image's entry in ``vision-attn classify``'s JSON, probabilities to 6 decimals."""
         return {"file_name": self.source, "label": self.label, "probability": round(self.probability, 6),
                 "top_k": [{"class": name, "probability": round(p, 6)} for name, p in self.top_k]}
 
@@ -124,8 +114,7 @@ class _Input(NamedTuple):
 
 
 def _inputs(images: Images) -> list[_Input]:
-    """Each image file, the image files of each folder (a missing path: a one-line error before any work), and
-    each PIL image, in order."""
+    # each image file, each folder's image files (a missing path: one line, before any work), each PIL image
     listed = [images] if isinstance(images, str | os.PathLike | Image.Image) else list(images)
     found: list[_Input] = []
     for index, image in enumerate(listed):
@@ -139,8 +128,7 @@ def _inputs(images: Images) -> list[_Input]:
 
 
 def _upright(image: Image.Image, mode: str) -> Image.Image:
-    """A PIL image as ``open_image`` makes a decoded file: EXIF orientation applied, 16/32-bit grey to 8 bits,
-    transparency over black, in ``mode``."""
+    # a PIL image as open_image makes a decoded file: EXIF orientation, 16/32-bit grey to 8 bits, alpha over black
     image = ImageOps.exif_transpose(image)
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         image = image.point(lambda value: value / 256).convert("L")
@@ -150,8 +138,7 @@ def _upright(image: Image.Image, mode: str) -> Image.Image:
 
 
 def open_input(image: ImageInput, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
-    """An image file or a PIL image, upright in ``mode`` ("RGB" or "L"), as the models read it; ``max_side``
-    lets a large JPEG file decode at a reduced scale."""
+    """An image file or a PIL image, upright in ``mode`` ("RGB" or "L"), as the models read it."""
     if isinstance(image, Image.Image):
         return _upright(image, mode)
     return open_image(image, mode=mode, max_side=max_side)
@@ -162,8 +149,7 @@ def _open_item(item: _Input, mode: str, max_side: int) -> Image.Image:
 
 
 def _loaded(model: Any, kind: type, load: Callable[..., Any], device: str | torch.device | None) -> Any:
-    """``model`` if it is already a loaded ``kind`` (on ``device``, when one is asked), else the checkpoint it
-    names, loaded by ``load`` on ``device`` (default cpu)."""
+    # model if it is a loaded kind (on device, when one is asked), else the checkpoint it names, loaded on device
     if not isinstance(model, kind):
         return load(model, device=device or "cpu")
     if device is not None and (torch.device(device).type, torch.device(device).index or 0) != \
@@ -189,7 +175,7 @@ def load_classifier(checkpoint: str | os.PathLike, *, device: str | torch.device
 
 
 def _caption_pixels(item: _Input, size: int) -> torch.Tensor:
-    """RGB uint8 (3, size, size), the whole image squashed to the square: ``load_caption_image`` for a file."""
+    # RGB uint8 (3, size, size), the whole image squashed to the square, as load_caption_image reads a file
     if not isinstance(item.image, Image.Image):
         return load_caption_image(item.image, size)
     image = _upright(item.image, "RGB")
@@ -213,10 +199,9 @@ def iter_captions(captioner: Captioner | str | os.PathLike, images: Images, *, b
 def caption(captioner: Captioner | str | os.PathLike, images: Images, *, beam_size: int | None = None,
             batch_size: int = 32, on_bad_image: OnBadImage = "error",
             device: str | torch.device | None = None) -> list[CaptionResult]:
-    """Caption images (files, folders, PIL images) by beam search, ``batch_size`` at a time: one result per
-    readable image, in order. ``captioner`` is a loaded one or a checkpoint, loaded on ``device`` (default cpu);
-    ``beam_size`` defaults to the checkpoint's. An unreadable image raises BadImageError naming it, or with
-    ``on_bad_image="skip"`` is left out with a logged warning, as ``vision-attn caption --on-bad-image``."""
+    """Caption images by beam search (``beam_size``: default the checkpoint's): one result per readable image, in
+    order. ``captioner`` is loaded or a checkpoint (loaded on ``device``, default cpu). An unreadable image raises
+    BadImageError, or with ``on_bad_image="skip"`` is left out with a warning."""
     return list(iter_captions(captioner, images, beam_size=beam_size, batch_size=batch_size,
                               on_bad_image=on_bad_image, device=device))
 
@@ -238,9 +223,7 @@ def iter_classifications(classifier: Classifier | str | os.PathLike, images: Ima
 def classify(classifier: Classifier | str | os.PathLike, images: Images, *, top_k: int = 5, batch_size: int = 32,
              on_bad_image: OnBadImage = "error", device: str | torch.device | None = None,
              logits: bool = False) -> list[ClassificationResult]:
-    """The ``top_k`` classes of images (files, folders, PIL images), ``batch_size`` at a time: one result per
-    readable image, in order, with its logits when ``logits``. ``classifier``, ``device`` and ``on_bad_image``
-    as in ``caption``."""
+    """The ``top_k`` classes of images (and logits), one result per readable image; the rest as in ``caption``."""
     return list(iter_classifications(classifier, images, top_k=top_k, batch_size=batch_size,
                                      on_bad_image=on_bad_image, device=device, logits=logits))
 
@@ -252,9 +235,7 @@ def write_classifications(out: str | os.PathLike, results: Sequence[Classificati
 
 def caption_figure(result: CaptionResult, image: ImageInput | None = None, *, panel_size: int = 224,
                    columns: int = 5, **style: Any) -> Image.Image:
-    """The paper's figure of a caption, as ``vision-attn overlay`` draws it: the image (default: the file the
-    result was made from), then one panel per word with α_t over it, titled with the word and β_t. ``style`` goes
-    to ``overlay.heat_panel`` (``mode``, ``sigma``, ``cmap``, ``opacity``)."""
+    """The paper's figure of a caption over ``image`` (default: its file); ``style`` goes to ``overlay.heat_panel``."""
     if image is None:
         if not Path(result.source).is_file():
             raise ValueError(f"{result.source}: not an image file; pass the image the caption was made from")
@@ -266,10 +247,8 @@ def caption_figure(result: CaptionResult, image: ImageInput | None = None, *, pa
 def classifier_figure(classifier: Classifier, image: ImageInput, *, head_fusion: HeadFusion = "mean",
                       discard_ratio: float = 0.0, gradient_class: str | int | None = None, panel_size: int = 224,
                       columns: int = 5, **style: Any) -> Image.Image:
-    """The ViT's attention over one image, as ``vision-attn overlay`` draws it: the image titled with its top
-    class, the attention rollout (``head_fusion``, ``discard_ratio``), the gradient rollout of
-    ``gradient_class`` (a name or an index) if given, and the last layer's heads. ``style`` as in
-    ``caption_figure``."""
+    """The ViT's attention over one image, as ``vision-attn overlay`` draws it: rollout, the gradient rollout of
+    ``gradient_class`` (a name or an index) if given, the last layer's heads; ``style`` as in ``caption_figure``."""
     index = classifier.class_index(str(gradient_class)) if gradient_class is not None else None
     item = _inputs(image)
     if len(item) != 1:

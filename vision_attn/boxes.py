@@ -1,7 +1,5 @@
-"""Boxes laid over a Gh×Gw grid of cells over the image: how much of each cell a box covers, and how a box's area
-falls into the cells (the captioner's object loss and grounding, the ViT's attention grounding). Boxes are
-(..., 4) as [x0, y0, x1, y1] fractions of the image's width and height; the results are (..., Gh·Gw).
-"""
+"""Boxes (..., 4) as [x0, y0, x1, y1] fractions of the image over a Gh×Gw grid of cells: how much of each cell a box
+covers and how its area falls into the cells, (..., Gh·Gw) (object loss, grounding)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The attention explorer: a static site where each word's α (captioner) or each map of a ViT (rollout with its
-head fusion and discard ratio, every layer, every head of the last layer) is drawn in the browser from the
-attention arrays, as ``vision-attn explore`` writes it.
+"""The attention explorer, as ``vision-attn explore`` writes it: a static site drawing each word's α (captioner) or
+each ViT map (rollout, every layer, the last layer's heads) in the browser from the attention arrays.
 
     site/index.html       thumbnails, a search box on the captions' words, the scene metrics per image
     site/view.html        one image: ``view.html?n=<k>``
@@ -10,9 +9,8 @@ attention arrays, as ``vision-attn explore`` writes it.
     site/data/colours.js  the colour map's 256 RGB entries, the same as ``overlay.colorize``'s
     site/images/k.png     the image as shown, site/thumbs/k.jpg its thumbnail
 
-Data files are JavaScript that hands a JSON value to the page (``VA.item({...})``), because browsers refuse
-``fetch`` of ``file://`` URLs; the JSON is written with ``<`` escaped, so no caption can close a script, and
-the page only ever puts caption words and class names into the document as text.
+Data files are JavaScript handing JSON to the page (``VA.item({...})``): browsers refuse ``fetch`` of ``file://``.
+``<`` is escaped, so no caption can close a script; the page puts words and class names in only as text.
 """
 
 from __future__ import annotations
@@ -45,15 +43,14 @@ VIEW_SIZE, THUMB_SIZE = 448, 112
 
 
 def js_data(callback: str, payload: Any) -> str:
-    """``VA.<callback>(<JSON>);`` with every ``<``, U+2028 and U+2029 escaped: the text of a script can then
-    never hold ``</script>`` or a line break that JavaScript reads differently from JSON."""
+    """``VA.<callback>(<JSON>);``, ``<``, U+2028 and U+2029 escaped so that no text can end or break the script."""
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     return f"VA.{callback}({text});\n"
 
 
 def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str, tuple[int, int]]:
-    """Save the image as shown (longer side at most ``VIEW_SIZE``) and its thumbnail; their paths and the size."""
+    # save the image as shown (longer side at most VIEW_SIZE) and its thumbnail; their paths and the size
     shown = image.convert("RGB")
     if max(shown.size) > VIEW_SIZE:
         shown.thumbnail((VIEW_SIZE, VIEW_SIZE), Image.Resampling.LANCZOS)
@@ -64,14 +61,13 @@ def _save_views(image: Image.Image, folder: Path, number: int) -> tuple[str, str
     return f"images/{number}.png", f"thumbs/{number}.jpg", shown.size
 
 
-def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, box_scale: tuple[float, float] | None
-                   ) -> dict[str, float]:
-    """The scene metrics (``docs/formats/metrics.md``) of one caption record against its objects (SceneObject)."""
+def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, image: Image.Image) -> dict[str, float]:
+    # the scene metrics of one caption record against its objects (SceneObject), whose boxes are in the file's pixels
     if objects is None:
         return {}
-    image_id = record["image_id"]
+    image_id, size = record["image_id"], record.get("image_size")
     scores = scene_scores([record], {image_id: [(o.name, o.colour) for o in objects]})
-    scale = {image_id: box_scale} if box_scale else None
+    scale = {image_id: (size[1] / image.width, size[0] / image.height)} if size else None  # to α's input pixels
     scores.update(pointing_scores([record], {image_id: objects}, box_scale=scale))
     keep = ("object_recall", "object_precision", "colour_accuracy", "repeated_object_rate", "pointing_accuracy")
     return {name: round(scores[name], 4) for name in keep if name in scores and not math.isnan(scores[name])}
@@ -84,17 +80,13 @@ def _write_item(folder: Path, number: int, item: dict[str, Any]) -> None:
 def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
                     objects: dict[Any, list[SceneObject]] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Write each captioner record's page data and images into ``folder``; the index entries, in order. With
-    ``objects`` (per image id, as ``read_objects`` reads an instances file) each entry has its scene metrics."""
+    """Write each captioner record's data and images into ``folder``; the index entries (with ``objects``' metrics)."""
     index = []
     for number, (record, path) in enumerate(pairs):
         image = open_image(path, mode="RGB")
         shown, thumb, size = _save_views(image, folder, number)
         found = None if objects is None else objects.get(record["image_id"], [])
-        scale = None
-        if found is not None and record.get("image_size"):  # boxes are in the file's pixels, α over the input
-            scale = (record["image_size"][1] / image.width, record["image_size"][0] / image.height)
-        metrics = _scene_metrics(record, found, scale)
+        metrics = _scene_metrics(record, found, image)
         item = {"kind": "captioner", "id": record["image_id"], "file": Path(record["file_name"]).name,
                 "image": shown, "size": size, "caption": record["caption"], "tokens": record["tokens"],
                 "grid": record["grid"], "alphas": record["alphas"], "betas": record.get("betas"),
@@ -112,8 +104,7 @@ def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, 
 def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], folder: Path, *,
                 on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
                 progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Write each image's ViT data (top-5 classes, every layer's attention per head) into ``folder``; the index
-    entries, in order."""
+    """Write each image's ViT data (top-5 classes, every layer's attention per head) into ``folder``; the index."""
     model = classifier.model
     index: list[dict[str, Any]] = []
     top_k = max(1, min(5, len(classifier.class_names)))
@@ -142,8 +133,7 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
 
 
 def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bool = False) -> OwnedFolder:
-    """The site's folder, checked before any work (``io.OwnedFolder``): refused when it holds an input, or files
-    that no ``explore`` wrote (unless ``overwrite``)."""
+    """The site's folder, checked before any work: not holding an input, nor (unless ``overwrite``) others' files."""
     resolved = Path(out).resolve()
     for path in inputs:
         if resolved in Path(path).resolve().parents:
@@ -152,8 +142,7 @@ def site_folder(out: str | os.PathLike, inputs: Sequence[Path], *, overwrite: bo
 
 
 def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict[str, Any]]]) -> Path:
-    """Build a site into a staging folder with ``build`` (which fills it and returns the index entries), then put
-    its files in place of the earlier site's (``OwnedFolder.staged``: a failed build leaves the folder as it was)."""
+    """Build a site with ``build`` (which returns the index entries) and put it in place; a failure changes nothing."""
     with owner.staged() as staging:
         for sub in ("data/items", "images", "thumbs"):
             (staging / sub).mkdir(parents=True)
@@ -181,13 +170,11 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
             checkpoint: str | os.PathLike | None = None, instances: str | os.PathLike | None = None,
             attributes: str | os.PathLike | None = None, beam_size: int | None = None, device: str = "cpu",
             on_bad_image: OnBadImage = "error", quiet: bool = False, overwrite: bool = False) -> tuple[Path, int]:
-    """``vision-attn explore``: the site for a results JSON (its images found by ``read_results``, or in the folder
-    ``images``), or for ``images`` run through a checkpoint first (a captioner with every beam, or a ViT). ``out``
-    is checked before any work (``site_folder``). Returns the site and its number of images."""
+    """``vision-attn explore``: the site for a results JSON (its images in the folder ``images`` if given), or for
+    ``images`` run through a checkpoint (a captioner with every beam, or a ViT); the site and its image count."""
     progress = None if quiet else _printer("images")
-    for path in (instances, attributes):
-        if path:
-            input_file(path, "an instances or attributes JSON")
+    for path in filter(None, (instances, attributes)):
+        input_file(path, "an instances or attributes JSON")
     # read and checked before any work: a bad instances or attributes file is one line, not a half-made site
     objects = read_objects(Path(instances), Path(attributes) if attributes else None) if instances else None
     if checkpoint is None:

@@ -1,5 +1,5 @@
-"""Attention overlays for a set of inputs, as ``vision-attn overlay`` makes them: results JSON from ``caption``,
-or image files and folders with a checkpoint of either model, drawn to one PNG per image and an index.html."""
+"""Attention overlays as ``vision-attn overlay`` makes them, of results JSON or images through a checkpoint: one PNG
+per image and an index.html."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def _option(default: Any, help: str, **argparse_settings: Any) -> Any:
 
 @dataclass
 class OverlayOptions:
-    """How the overlays are drawn and laid out, and the ViT's maps made; each field is a ``vision-attn overlay``
-    option (``--panel-size`` for ``panel_size``)."""
+    """How the overlays are drawn and laid out; each field is a ``vision-attn overlay`` option."""
 
     upsample: str = _option("bilinear", "how the attention grid is enlarged to the image (default bilinear)",
                             choices=["bilinear", "pyramid"])
@@ -54,7 +53,7 @@ class OverlayOptions:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the options of the fields that are not shared options (``--head-fusion``, ``--discard-ratio``)."""
+        """Add the fields' options but the shared ones (``--head-fusion``, ``--discard-ratio``)."""
         for option in fields(cls):
             settings = {k: v for k, v in option.metadata.items() if k != "shared"}
             if not option.metadata.get("shared"):
@@ -66,18 +65,14 @@ class OverlayOptions:
         return cls(**{option.name: getattr(namespace, option.name) for option in fields(cls)})
 
     @property
-    def style(self) -> dict[str, Any]:
-        """How each map is drawn over its image: upsampling mode, smoothing, colour map and opacity."""
-        return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity}
-
-    @property
-    def layout(self) -> dict[str, int]:
-        """How the panels of a figure are laid out: their size and how many per row."""
-        return {"panel_size": self.panel_size, "columns": self.columns}
+    def drawing(self) -> dict[str, Any]:
+        """How a figure is drawn: each map's upsampling, smoothing, colour map and opacity; the panels' layout."""
+        return {"mode": self.upsample, "sigma": self.sigma, "cmap": self.cmap, "opacity": self.opacity,
+                "panel_size": self.panel_size, "columns": self.columns}
 
 
 def _png_names(sources: Sequence[str]) -> dict[str, deque[str]]:
-    """A PNG name per source, reserved before anything is drawn: ``<stem>.png``, then ``_2``, ``_3``... when taken."""
+    # a PNG name per source, reserved before anything is drawn: <stem>.png, then _2, _3... when taken
     reserved: dict[str, deque[str]] = {}
     used: set[str] = set()
     for source in sources:
@@ -103,9 +98,7 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
                   beam_size: int | None = None, batch_size: int = 32, on_bad_image: OnBadImage = "error",
                   device: str = "cpu", on_overlay: Callable[[str, str, Path], None] | None = None,
                   overwrite: bool = False) -> OverlaysWritten:
-    """Overlays of every input into ``out``, and its gallery page: ``.json`` inputs are results from ``caption``,
-    others images or folders drawn with ``checkpoint``. ``on_overlay`` sees (input, caption or class, PNG) as each
-    is written. ``out`` is checked before any drawing (``io.OwnedFolder``; ``overwrite`` as there)."""
+    """Overlays of results JSON, or images drawn with ``checkpoint``, into ``out`` with a gallery page."""
     options = options or OverlayOptions()
     json_inputs = [path for path in inputs if str(path).lower().endswith(".json")]
     images = [path for path in inputs if path not in json_inputs]
@@ -145,7 +138,7 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
             gradient_class = classifier.class_index(options.gradient_class) if options.gradient_class else None
             for source, figure, text in vit_overlays(
                 classifier, image_paths, head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
-                gradient_class=gradient_class, batch_size=batch_size, **policy, **options.layout, **options.style,
+                gradient_class=gradient_class, batch_size=batch_size, **policy, **options.drawing,
             ):
                 add(source, figure, text)
         elif kind == CAPTIONER:
@@ -158,7 +151,6 @@ def draw_overlays(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *
             image = load_or_skip(lambda path=path: open_image(path, mode="RGB", max_side=2 * options.panel_size),
                                  on_bad_image, bad_images)
             if image is not None:
-                add(str(path), caption_overlay(image, record, **options.layout, **options.style),
-                    record.get("caption", ""))
+                add(str(path), caption_overlay(image, record, **options.drawing), record.get("caption", ""))
         write_gallery(staging, entries)
     return OverlaysWritten(owner.path / "index.html", len(entries), bad_images.skipped_note())

@@ -1,6 +1,5 @@
-"""Writing result files so that a crash never leaves a half-written file under the final name, and never in place of
-something that is not a regular file (a device, a pipe); and output folders that a command owns: it replaces only
-what it wrote there and can prove it wrote (``OwnedFolder``)."""
+"""Result files written atomically, never in place of a device or a pipe; and output folders a command owns
+(``OwnedFolder``): it replaces only what it can prove it wrote there."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from typing import IO, Any, NamedTuple
 
 
 def not_a_file(path: str | os.PathLike) -> str | None:
-    """Why ``path`` may not be replaced by a file written there: it is (or links to) a folder, a device, a pipe or
-    a socket. None when it is a regular file, or not there (a dangling link too: the rename replaces the link)."""
+    """Why a file written to ``path`` may not replace what is there (a folder, a device, a pipe), or None."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -29,16 +27,14 @@ def not_a_file(path: str | os.PathLike) -> str | None:
 
 
 def refuse_not_a_file(path: Path) -> None:
-    """Raise, in one line, where ``path`` is there and not a regular file (``not_a_file``)."""
-    problem = not_a_file(path)
-    if problem:
+    """Raise, in one line, where ``path`` is there and not a regular file."""
+    if problem := not_a_file(path):
         raise ValueError(f"{path}: {problem}; give the name of a regular file to write")
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX); if ``write``
-    fails the temporary file is removed and ``path`` is untouched. A ``path`` that is not a regular file (a device
-    such as /dev/null, a pipe) is refused before writing and again before the rename, which would replace it."""
+    """Call ``write`` on a temporary file beside ``path``, then rename it into place (atomic on POSIX); a failure
+    leaves ``path`` untouched. A ``path`` that is not a regular file is refused before writing and before the rename."""
     path = Path(path)
     refuse_not_a_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +74,8 @@ def _check_parents(path: Path) -> None:
 
 
 def output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """A file a command will write, checked before any work: not a folder, a device, a pipe or a socket, not under
-    a file, and not one of ``inputs`` (the same file, by a link, a hard link or another spelling of its path)."""
+    """A file a command will write, checked before any work: a regular file or nothing, not under a file, and not one
+    of ``inputs`` (by a link, a hard link or another spelling of its path)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give the name of a file to write")
@@ -111,8 +107,7 @@ def output_folder(path: str | os.PathLike) -> Path:
 
 
 def input_file(path: str | os.PathLike, what: str, *, error: type[Exception] = ValueError) -> Path:
-    """A file a command reads, checked before it is opened: there, and not a folder, a pipe (opening it would block)
-    or a device. ``what`` names it in the one-line errors ("a results JSON")."""
+    """A file a command reads, checked before it is opened: no folder, pipe (it would block) or device."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{path}: is a folder, not {what}")
@@ -129,8 +124,7 @@ STAGING_PREFIX = ".vision-attn-staging-"  # a command writes into such a hidden 
 
 
 def writable_folder(path: str | os.PathLike) -> Path:
-    """Refuse, before any work, a folder that this process cannot create files in (or, when it is not there yet,
-    the nearest folder above it that is)."""
+    """Refuse, before any work, a folder (or its nearest existing parent) that this process cannot create files in."""
     path = Path(path)
     existing = next((folder for folder in (path, *path.parents) if folder.exists()), Path.cwd())
     try:
@@ -143,7 +137,7 @@ def writable_folder(path: str | os.PathLike) -> Path:
 
 
 def file_record(path: Path) -> dict[str, Any]:
-    """What the manifest keeps of a file written: its size and SHA-256, which a later run checks it against."""
+    """What the manifest keeps of a file written: its size and SHA-256."""
     digest = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
@@ -152,9 +146,8 @@ def file_record(path: Path) -> dict[str, Any]:
 
 
 def inside(folder: Path, name: object) -> Path | None:
-    """``folder / name`` where it is safe to write or remove: ``name`` a relative path without ``..``, none of its
-    parents under ``folder`` a link or anything but a folder, itself no link, and it resolves inside ``folder``;
-    else None."""
+    """``folder / name`` where it is safe to write or remove (a relative path without ``..``, no link on the way or
+    at the end, resolving inside ``folder``); else None."""
     parts = Path(name).parts if isinstance(name, str) else ()
     if not parts or Path(name).is_absolute() or ".." in parts or Path(name) == Path(MANIFEST):
         return None
@@ -172,10 +165,8 @@ def inside(folder: Path, name: object) -> Path | None:
 
 
 class Manifest(NamedTuple):
-    """A folder's manifest, checked against the folder: the command that wrote it; ``ours``, the files it lists
-    that are still what was written (relative path -> ``file_record``); ``foreign``, the listed files that are
-    there but are not (changed, replaced, a link, or outside the folder). Listed files no longer there are
-    neither."""
+    """A folder's manifest checked against it: the command; ``ours``, listed files still as written (path ->
+    ``file_record``); ``foreign``, listed files there but changed, replaced, a link or outside the folder."""
 
     command: str
     ours: dict[str, dict[str, Any]]
@@ -184,9 +175,8 @@ class Manifest(NamedTuple):
 
 def _verified(folder: Path, name: str, record: dict[str, Any],
               hashed: dict[tuple[int, int], dict[str, Any]] | None = None) -> bool:
-    """Whether ``folder / name`` is a regular file inside ``folder`` that matches ``record``. ``hashed`` keeps each
-    file's record by its device and inode, so that a manifest naming one file many times (or by several names)
-    costs one read of it, not one per name; a size that differs needs no read at all."""
+    # whether folder/name is a regular file inside folder matching record; hashed caches records by (device, inode)
+    # so that a file a manifest names many times is read once
     target = inside(folder, name)
     try:
         found = os.lstat(target) if target is not None else None
@@ -202,8 +192,7 @@ def _verified(folder: Path, name: str, record: dict[str, Any],
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest | None:
-    """The manifest of ``folder`` checked file by file (``Manifest``); None when there is none, it is not one of
-    ours, or it is a link, a pipe or larger than ``MAX_MANIFEST_BYTES``."""
+    """The manifest of ``folder`` checked file by file; None when there is none of ours."""
     folder = Path(folder)
     try:
         found = os.lstat(folder / MANIFEST)
@@ -228,17 +217,14 @@ def read_manifest(folder: str | os.PathLike) -> Manifest | None:
 
 
 class OwnedFolder:
-    """An output folder that a command owns, checked before any work and written through a staging folder.
+    """An output folder a command owns, checked before any work and written through a staging folder.
 
-    The command's manifest (``MANIFEST``) lists the files it wrote with their size and SHA-256. When every listed
-    file still there matches its record, inside the folder and through no link, the files are the command's own:
-    writing again replaces them and removes the ones not written again. A folder with other files and no such
-    manifest is the user's: refused unless ``overwrite``, which replaces files of the names written, removes
-    nothing and keeps every other file. ``exclusive`` (a dataset, never a mix of two runs) refuses the command's
-    own earlier output too unless ``overwrite``, which replaces it whole; ``legacy(folder)`` lists what the command
-    wrote before it kept a manifest (used where there is none). A link to a folder is followed; inside it nothing
-    is written or removed through a link, or outside the folder. ``inputs`` that the earlier output holds are
-    refused, as writing would replace or remove them.
+    Its ``MANIFEST`` lists the files the command wrote (size, SHA-256). When every listed file still matches, they
+    are the command's own: writing again replaces them and removes those not written again. Other files make the
+    folder the user's: refused unless ``overwrite``, which replaces same-named files and keeps the rest.
+    ``exclusive`` (a dataset) refuses the command's own output too unless ``overwrite``, which replaces it whole;
+    ``legacy(folder)`` lists what the command wrote before manifests. Nothing is written or removed through a link
+    or outside the folder; ``inputs`` held by the earlier output are refused.
     """
 
     def __init__(self, path: str | os.PathLike, command: str, *, overwrite: bool = False, exclusive: bool = False,
@@ -281,8 +267,7 @@ class OwnedFolder:
 
     @contextmanager
     def staged(self) -> Iterator[Path]:
-        """A hidden folder inside the output folder to write into: when the block ends well its files replace the
-        earlier output (``commit``); on any failure, or Ctrl-C, it is removed with the folders made for it."""
+        """A hidden folder to write into: its files replace the earlier output when the block ends well."""
         made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
@@ -294,9 +279,7 @@ class OwnedFolder:
             _remove_empty(made)  # the deepest first
 
     def _check_targets(self, entries: dict[str, bool], stale: Sequence[str]) -> None:
-        """Refuse, before anything in the folder changes, a target that is a link or under one, outside the
-        folder, a folder where a file goes or the reverse, not a regular file, or (without ``overwrite``) a file
-        of the user's in the way."""
+        # refuse, before anything changes, a target through a link, of the wrong kind, or (without overwrite) the user's
         for name, is_folder in entries.items():
             target, kind = self.path / name, "folder" if is_folder else "file"
             if inside(self.path, name) is None:
@@ -313,9 +296,8 @@ class OwnedFolder:
                                       "or pass --overwrite to replace it")
 
     def commit(self, staging: Path) -> list[str]:
-        """Move every file under ``staging`` into the folder, remove the earlier output's files that were not
-        written again (each checked once more against its record), and list what was written in the manifest;
-        returns the relative paths written."""
+        """Move the files under ``staging`` into the folder, remove the earlier output's files not written again (if
+        still as written) and list the new ones in the manifest; returns their relative paths."""
         entries = {p.relative_to(staging).as_posix(): p.is_dir() for p in sorted(staging.rglob("*"))}
         records = {name: file_record(staging / name) for name, is_folder in entries.items() if not is_folder}
         stale = sorted(set(self.previous) - set(records))
@@ -341,8 +323,7 @@ class OwnedFolder:
             "files": [{"path": name, **records[name]} for name in sorted(records)]})
 
 
-def _remove_empty(folders: Sequence[Path]) -> None:
-    """Remove the folders in turn, up to the first that holds anything."""
+def _remove_empty(folders: Sequence[Path]) -> None:  # in turn, up to the first that holds anything
     for folder in folders:
         try:
             folder.rmdir()

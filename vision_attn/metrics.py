@@ -1,9 +1,6 @@
-"""Caption metrics the COCO way, and whether attention points at the object a word names
-(``docs/formats/metrics.md``).
-
-BLEU-1..4, METEOR, ROUGE-L and CIDEr-D come from pycocoevalcap, each image scored once; SPICE is left out (it needs
-a Stanford CoreNLP download), and without Java METEOR and the PTB tokenizer are skipped with one warning.
-"""
+"""Caption metrics the COCO way (pycocoevalcap: BLEU-1..4, METEOR, ROUGE-L, CIDEr-D; no SPICE, which needs a CoreNLP
+download; without Java no METEOR or PTB tokenizer), and whether attention points at the object a word names
+(``docs/formats/metrics.md``)."""
 
 from __future__ import annotations
 
@@ -31,24 +28,21 @@ _inherited: list[Any] = []  # a forked child keeps its parent's scorer reference
 
 
 def meteor_scorer() -> Any:
-    """pycocoevalcap's METEOR scorer, started once per process and kept (Java's start-up and METEOR's tables are
-    paid once); started again when its Java process has ended, or in a forked child (which shares its pipes)."""
+    """pycocoevalcap's METEOR scorer, one per process (Java's start-up is paid once); a new one when its Java process
+    has ended, or in a forked child (which shares its pipes)."""
     global _meteor, _meteor_pid
     if _meteor is not None and _meteor_pid != os.getpid():
         _inherited.append(_meteor)
         _meteor = None
     if _meteor is None or _meteor.meteor_p.poll() is not None:
         from pycocoevalcap.meteor.meteor import Meteor
-
         _meteor, _meteor_pid = Meteor(), os.getpid()
     return _meteor
 
 
 def meteor_score(gts: Mapping[Any, list[str]], res: Mapping[Any, list[str]]) -> float:
-    """METEOR of tokenized ``res`` against ``gts`` (``meteor_scorer``). When its Java process fails (it died, or
-    could not start within the memory it was given) the scorer is dropped, its process ended and its lock freed
-    (pycocoevalcap holds it past an error, so the next score, or collecting it, would wait forever), and the
-    failure is one line."""
+    """METEOR of tokenized ``res`` against ``gts``. A failed Java process is one line; the scorer is dropped, its
+    process ended and its lock freed (pycocoevalcap holds it past an error: the next use would wait forever)."""
     global _meteor
     scorer = meteor_scorer()
     try:
@@ -90,7 +84,6 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
-
     missing = [key for key in predictions if key not in references]
     if missing:
         raise ValueError(f"{len(missing)} predicted images have no references, e.g. image id {missing[0]!r}")
@@ -102,7 +95,6 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     use_java = java_available()
     if use_java:
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
         tokenizer = PTBTokenizer()
         gts = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()})
         res = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in res.items()})
@@ -119,21 +111,16 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     return scores
 
 
-class _TfIdf(NamedTuple):
-    """A caption's tf-idf weight per n-gram, the vector's norm per n, and the length CIDEr-D compares (its bigrams)."""
-
+class _TfIdf(NamedTuple):  # tf-idf weight per n-gram, the norm per n, the length CIDEr-D compares (bigrams)
     weights: dict[tuple, float]
     norms: list[float]
     length: int
 
 
 class CiderD:
-    """CIDEr-D (Vedantam et al. 2015) of single candidates against their references, as a training reward.
-
-    pycocoevalcap's ``Cider`` (tf-idf n-grams for n = 1..4, the candidate's weights clipped at the reference's,
-    a Gaussian length penalty with σ = 6, times 10), but with the document frequencies taken once from ``corpus``
-    (every image's references) instead of from the batch scored. Tokens are any hashables (words or ids).
-    """
+    """CIDEr-D (Vedantam et al. 2015) of single candidates, as a training reward: pycocoevalcap's ``Cider`` (tf-idf
+    n-grams, n = 1..4, clipped at the reference's, Gaussian length penalty σ = 6, times 10) with the document
+    frequencies taken once from ``corpus`` (every image's references). Tokens are any hashables."""
 
     n, sigma = 4, 6.0  # n-grams up to 4 words; the length penalty's σ
 
@@ -153,7 +140,6 @@ class CiderD:
         return Counter(caption[i:i + k] for k in range(1, self.n + 1) for i in range(len(caption) - k + 1))
 
     def _vector(self, caption: Sequence[Hashable]) -> _TfIdf:
-        """The caption's tf-idf vector."""
         weights, norms = {}, [0.0] * self.n
         log_frequency, log_images = self.log_frequency, self.log_images
         for gram, count in self._counts(caption).items():
@@ -164,8 +150,7 @@ class CiderD:
 
     def __call__(self, candidates: Sequence[Sequence[Hashable]],
                  references: Sequence[Sequence[Sequence[Hashable]]]) -> list[float]:
-        """One score per candidate; ``references[i]`` are candidate i's references (several candidates may
-        share a list object, whose vectors are then computed once)."""
+        """One score per candidate against ``references[i]`` (a list object shared by candidates is read once)."""
         if len(candidates) != len(references):
             raise ValueError(f"{len(candidates)} candidates but {len(references)} reference lists")
         cache: dict[int, list] = {}
@@ -192,8 +177,8 @@ class CiderD:
 
 def pointed_box(alpha: Tensor, grid: Sequence[int], image_size: Sequence[int],
                 boxes: Sequence[Sequence[float]]) -> int | None:
-    """The index of the box (x0, y0, x1, y1) that holds the centre of α's argmax cell (α (L,) or (Gh, Gw) over a
-    Gh×Gw grid on an (H, W) image), each box grown by half a cell; of several the nearest, None when none holds it."""
+    """The box (x0, y0, x1, y1), grown by half a cell, that holds the centre of α's argmax cell (α over a Gh×Gw grid
+    on an (H, W) image): its index, the nearest of several, or None."""
     cell_h, cell_w = image_size[0] / grid[0], image_size[1] / grid[1]
     row, col = divmod(int(alpha.argmax()), grid[1])
     x, y = (col + 0.5) * cell_w, (row + 0.5) * cell_h
@@ -208,8 +193,8 @@ def pointed_box(alpha: Tensor, grid: Sequence[int], image_size: Sequence[int],
 
 def box_coverage(boxes: Sequence[tuple[float, float, float, float]], grid: tuple[int, int],
                  size: tuple[float, float]) -> Tensor:
-    """Each cell's share inside the boxes (x0, y0, x1, y1) on a (Gh, Gw) grid over an (H, W) image, (Gh, Gw):
-    exact for one box; for several, their union read at ``SAMPLES_PER_CELL``² points of each cell."""
+    """Each cell's share (Gh, Gw) inside the boxes on a grid over an (H, W) image: exact for one box, for several
+    their union read at ``SAMPLES_PER_CELL``² points a cell."""
     (grid_h, grid_w), (height, width) = grid, size
     cell_h, cell_w = height / grid_h, width / grid_w
     if len(boxes) == 1:
@@ -231,14 +216,10 @@ def box_coverage(boxes: Sequence[tuple[float, float, float, float]], grid: tuple
 def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
                     *, box_scale: Mapping[Any, tuple[float, float]] | None = None, words: ObjectWords | None = None,
                     masks: Callable[[Any, str], Tensor | None] | None = None) -> dict[str, float]:
-    """Pointing accuracy (does a box of the named category hold α_t's argmax cell, ``pointed_box``) and mean α
-    mass in its boxes, over every object a caption names (``words``, default the scenes' class words) whose
-    category the image holds, in results records (``docs/formats/results.md``). ``boxes`` maps an image id to
-    (category, [x, y, w, h]) in the network input's pixels, or in the image file's with ``box_scale`` giving
-    (sx, sy) to the network input. ``masks(image_id, category)``, where given, is the category's pixels in the
-    image file (H, W), and adds the mean α mass in the mask (the grid laid over the whole image).
-    ``object_named_twice_rate`` is the share of captions in which the α of two mentions peaks on one object
-    (``pointed_box`` over all the image's boxes): "a white shirt and a white dress" said of one shirt."""
+    """Pointing accuracy (``pointed_box`` on the named category's boxes) and mean α mass in them, over each object a
+    caption names (``words``, default the scenes') that the image holds. ``boxes``: image id -> (category, [x, y,
+    w, h]) in input pixels, or file pixels with ``box_scale`` (sx, sy). ``masks(image_id, category)`` (H, W) adds
+    the α mass in the mask; ``object_named_twice_rate``: captions where two mentions' α peak on one object."""
     words = words or built_in("scenes")
     hits, masses, counted, mask_masses, masked = 0, 0.0, 0, 0.0, 0
     captions = twice = 0
@@ -271,22 +252,19 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
                 coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], (grid_h, grid_w))[0, 0]
                 mask_masses += float((alpha * coverage).sum())
                 masked += 1
-    named_twice = twice / captions if captions else float("nan")
-    if counted == 0:
-        return {"pointing_accuracy": float("nan"), "alpha_mass_in_box": float("nan"), "pointing_words": 0.0,
-                "object_named_twice_rate": named_twice}
-    scores = {"pointing_accuracy": hits / counted, "alpha_mass_in_box": masses / counted,
-              "pointing_words": float(counted), "object_named_twice_rate": named_twice}
-    if masks is not None:
-        scores["alpha_mass_in_mask"] = mask_masses / masked if masked else float("nan")
+    nan = float("nan")
+    scores = {"pointing_accuracy": hits / counted if counted else nan,
+              "alpha_mass_in_box": masses / counted if counted else nan, "pointing_words": float(counted),
+              "object_named_twice_rate": twice / captions if captions else nan}
+    if masks is not None and counted:
+        scores["alpha_mass_in_mask"] = mask_masses / masked if masked else nan
     return scores
 
 
 def pointing_by_mention(records: Iterable[Mapping[str, Any]],
                         boxes: Mapping[Any, Sequence[tuple[str, Sequence[float]]]],
                         words: ObjectWords | None = None) -> dict[tuple[int, int], dict[str, float]]:
-    """``pointing_scores`` split by (objects in the scene, mention): the n-th object each caption names. When the
-    references name a scene's objects in every order, the first mentions are those the decoder had to choose."""
+    """``pointing_scores`` split by (objects in the scene, n-th object a caption names)."""
     words = words or built_in("scenes")
     groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for record in records:
@@ -299,9 +277,7 @@ def pointing_by_mention(records: Iterable[Mapping[str, Any]],
 
 def hallucination_scores(records: Iterable[Mapping[str, Any]], present: Mapping[Any, set[str]],
                          words: ObjectWords) -> dict[str, float]:
-    """CHAIR (Rohrbach et al. 2018, "Object Hallucination in Image Captioning") over the objects the captions'
-    ``tokens`` name (``words``): CHAIRi, the share of those mentions whose category is not ``present`` in the
-    image, and CHAIRs, the share of captions with at least one such mention; and the mentions counted."""
+    """CHAIR (Rohrbach et al. 2018): the share of mentions (CHAIRi) and of captions (CHAIRs) naming absent objects."""
     mentions = hallucinated = captions = bad_captions = 0
     for record in records:
         found = [category for _, category in words.mentions(record["tokens"])]
@@ -313,12 +289,8 @@ def hallucination_scores(records: Iterable[Mapping[str, Any]], present: Mapping[
 
 
 def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
-    """The share of a ViT map's mass on the object, per image (``docs/formats/metrics.md``).
-
-    ``weights`` (B, Gh, Gw) is a map over the patch grid (e.g. rollout), ``masks`` (B, H, W) the object's pixels in
-    the network input (H, W multiples of the grid). Each cell's weight counts by the share of its pixels in the
-    mask, so a map that ignores the object scores the mask's area share.
-    """
+    """The share of a ViT map's mass (B, Gh, Gw) on the object's pixels ``masks`` (B, H, W, multiples of the grid),
+    each cell weighed by its share of mask pixels: a map blind to the object scores the mask's area share."""
     if masks.shape[-2] % weights.shape[-2] or masks.shape[-1] % weights.shape[-1]:
         raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(weights.shape[-2:])} grid")
     coverage = torch.nn.functional.adaptive_avg_pool2d(masks.float()[:, None], weights.shape[-2:])[:, 0]
@@ -328,11 +300,10 @@ def mask_mass(weights: Tensor, masks: Tensor) -> Tensor:
 
 
 def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
-    """The pointing game (Zhang et al. 2016) for a ViT's map, per image: does the mask hold the centre pixel of the
-    map's argmax cell? ``weights`` and ``masks`` as in ``mask_mass``."""
+    """The pointing game (Zhang et al. 2016): does the mask hold the centre pixel of the map's argmax cell?"""
+    if masks.shape[-2] % weights.shape[-2] or masks.shape[-1] % weights.shape[-1]:
+        raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(weights.shape[-2:])} grid")
     cells = weights.shape[-2:]
-    if masks.shape[-2] % cells[0] or masks.shape[-1] % cells[1]:
-        raise ValueError(f"a {tuple(masks.shape[-2:])} mask does not tile a {tuple(cells)} grid")
     cell_h, cell_w = masks.shape[-2] // cells[0], masks.shape[-1] // cells[1]
     peak = weights.flatten(1).argmax(dim=1)
     rows, cols = peak // cells[1] * cell_h + cell_h // 2, peak % cells[1] * cell_w + cell_w // 2
@@ -341,9 +312,7 @@ def pointing_game(weights: Tensor, masks: Tensor) -> Tensor:
 
 def scene_scores(records: Iterable[Mapping[str, Any]], scenes: Mapping[Any, Sequence[tuple[str, str | None]]],
                  words: ObjectWords | None = None) -> dict[str, float]:
-    """The scene metrics (``docs/formats/metrics.md``: object recall and precision, colour accuracy, repeated-object
-    rate) over the objects each caption's emitted ``tokens`` name (``words``, default the scenes' class words);
-    ``scenes`` maps an image id to its objects as (category, colour or None)."""
+    """The scene metrics over the objects the captions name; ``scenes``: image id -> [(category, colour or None)]."""
     words = words or built_in("scenes")
     objects = emitted = named_right = coloured = colour_right = repeated = captions = recalled = 0
     for record in records:

@@ -1,8 +1,5 @@
-"""Attention maps drawn over images, for both models: heat-map resize, smoothing, colour map, blending, layout.
-
-A heat map is a grid of weights (Gh, Gw) over a box of the image: the whole image for the captioner (which
-squashes it to its square input), the centre square for the ViT (which resizes the shorter side and crops).
-"""
+"""Attention maps drawn over images: resize, smoothing, colour map, blending, layout. A heat map is a grid of weights
+(Gh, Gw) over a box of the image: all of it for the captioner, the centre square for the ViT (its crop)."""
 
 from __future__ import annotations
 
@@ -43,9 +40,8 @@ def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
 
 def upsample_heatmap(weights: Tensor, size: tuple[int, int], *, mode: Upsample = "bilinear",
                      sigma: float | None = None) -> Tensor:
-    """Grid weights (Gh, Gw) -> a map (H, W) over the box they cover, smoothed by ``sigma`` output pixels (default
-    a quarter of a cell). ``bilinear`` interpolates between cell centres; ``pyramid`` doubles the resolution in
-    steps, each followed by a small Gaussian, as an image-pyramid expansion does, for a softer blob."""
+    """Grid weights (Gh, Gw) -> a map (H, W), smoothed by ``sigma`` pixels (default a quarter cell). ``bilinear``
+    interpolates between cell centres; ``pyramid`` doubles the resolution in steps, each then blurred: a softer blob."""
     if weights.dim() != 2:
         raise ValueError(f"expected a (Gh, Gw) grid of weights, got shape {tuple(weights.shape)}")
     height, width = size
@@ -67,7 +63,6 @@ def upsample_heatmap(weights: Tensor, size: tuple[int, int], *, mode: Upsample =
 @lru_cache(maxsize=8)
 def _colour_table(cmap: str) -> np.ndarray:
     import matplotlib
-
     try:
         colours = matplotlib.colormaps[cmap]
     except KeyError:
@@ -83,11 +78,8 @@ def colorize(heat: Tensor, cmap: str = "turbo") -> np.ndarray:
 
 def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, mode: Upsample = "bilinear",
                sigma: float | None = None, cmap: str = "turbo", opacity: float = 0.6) -> Image.Image:
-    """``image`` with ``weights`` (Gh, Gw) drawn over ``box`` (default: the whole image).
-
-    The map is min-max scaled to m ∈ [0, 1] (a flat map, to float32 rounding, stays 0) and blended with opacity
-    ``opacity · m``; outside the box the image is dimmed, because the network never saw it.
-    """
+    """``image`` with ``weights`` (Gh, Gw) over ``box`` (default all): min-max scaled to m ∈ [0, 1] (a flat map stays
+    0), blended with opacity ``opacity · m``; outside the box, which the network never saw, the image is dimmed."""
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
     rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
@@ -105,7 +97,7 @@ def heat_panel(image: Image.Image, weights: Tensor, *, box: Box | None = None, m
 
 
 def fit_within(image: Image.Image, longest_side: int) -> Image.Image:
-    """``image`` resized so its longer side is ``longest_side``, aspect ratio kept (small images grow)."""
+    """``image`` resized to a longer side of ``longest_side`` (small images grow)."""
     scale = longest_side / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     resample = Image.Resampling.NEAREST if scale >= 4 else Image.Resampling.BICUBIC  # tiny images stay crisp
@@ -115,7 +107,6 @@ def fit_within(image: Image.Image, longest_side: int) -> Image.Image:
 @lru_cache(maxsize=4)
 def _font(size: int) -> ImageFont.ImageFont:
     from matplotlib import font_manager
-
     try:
         return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
     except OSError:  # no TrueType font found: Pillow's built-in one
@@ -171,7 +162,7 @@ def save_png(image: Image.Image, path: str | os.PathLike) -> Path:
 
 def write_gallery(folder: str | os.PathLike, entries: Sequence[tuple[str, str]], *,
                   title: str = "vision-attn attention overlays") -> Path:
-    """``index.html`` in ``folder`` showing each (PNG file name, caption or class) entry; all text escaped."""
+    """``index.html`` in ``folder`` showing each (PNG name, caption or class) entry, all text escaped."""
     items = "\n".join(
         f'<figure><a href="{html.escape(quote(name), quote=True)}"><img src="{html.escape(quote(name), quote=True)}" '
         f'alt="{html.escape(text, quote=True)}" loading="lazy"></a>'
@@ -197,11 +188,9 @@ figcaption {{ font-size: 1.1em; margin-top: 0.3em; }}
 
 def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: int = 224, columns: int = 5,
                     **style: Any) -> Image.Image:
-    """The paper's figure for one results record (``docs/formats/results.md``): the image, then one panel per word
-    with α_t over the whole image, titled with the word and β_t; a multihead score's record (``head_alphas``) adds,
-    under each word's mean α, one panel per head. ``style`` goes to ``heat_panel``."""
-    tokens, alphas, betas = record.get("tokens"), record.get("alphas"), record.get("betas")
-    grid = record.get("grid")
+    """The paper's figure for one results record: the image, then one panel per word with α_t, titled with the word
+    and β_t; with ``head_alphas``, a row per head under the words' mean α. ``style`` goes to ``heat_panel``."""
+    tokens, alphas, betas, grid = (record.get(key) for key in ("tokens", "alphas", "betas", "grid"))
     if not isinstance(tokens, list) or not isinstance(alphas, list) or not isinstance(grid, list) or len(grid) != 2:
         raise ValueError(f"{record.get('file_name') or record.get('image_id')}: the record has no tokens, alphas "
                          "and grid (write it with `vision-attn caption`)")
@@ -234,24 +223,21 @@ def caption_overlay(image: Image.Image, record: dict[str, Any], *, panel_size: i
 def vit_figure(shown: Image.Image, maps: Any, index: int, names: Sequence[str], *, title: str,
                box: Box | None = None, head_fusion: str = "mean", discard_ratio: float = 0.0,
                gradient_class: int | None = None, columns: int = 5, **style: Any) -> Image.Image:
-    """Image ``index`` of ``explain``'s ``AttentionMaps`` drawn over ``shown``: the image titled with ``title``
-    (the callers put the prediction there), the rollout, the gradient rollout if it was computed, and the last
-    layer's attention per head."""
+    """Image ``index`` of ``AttentionMaps`` over ``shown``: rollout, gradient rollout if made, last layer's heads."""
     rollout_title = f"rollout ({head_fusion}" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
     panels = [(shown, title), (heat_panel(shown, maps.rollout[index], box=box, **style), rollout_title)]
     if maps.gradient_rollout is not None and gradient_class is not None:
         panels.append((heat_panel(shown, maps.gradient_rollout[index], box=box, **style),
                        f"gradient rollout: {names[gradient_class]}"))
-    for head, weights in enumerate(maps.heads[index]):
-        panels.append((heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}"))
+    panels += [(heat_panel(shown, weights, box=box, **style), f"last layer, head {head + 1}")
+               for head, weights in enumerate(maps.heads[index])]
     return panel_grid(panels, columns=columns)
 
 
 def log_figures(loggers: Sequence[object], figures: Sequence[tuple[str, Image.Image]], *, step: int,
                 fallback_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Send figures to every logger that takes images (TensorBoard's ``add_image``); write them for the others
-    (CSV), or into ``fallback_dir`` with no logger, as PNGs under ``<log_dir>/overlays/step<step>/``. Returns the
-    PNGs written. Duck-typed: this module needs nothing of Lightning."""
+    """Send figures to each logger with ``add_image`` (TensorBoard); for the others, or ``fallback_dir`` with no
+    logger, write PNGs under ``<log_dir>/overlays/step<step>/`` and return them. Duck-typed: no Lightning here."""
     folders = []
     for logger in loggers:
         experiment = getattr(logger, "experiment", None)

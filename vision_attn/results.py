@@ -1,10 +1,6 @@
-"""The results JSON of captioning (``docs/formats/results.md``): one home for its record format, written and read.
-
-A record is the COCO results entry ``{"image_id", "caption"}`` plus where the words looked: ``file_name``,
-``tokens`` (the emitted words), ``grid`` [Gh, Gw], ``image_size`` [H, W] of the network input, ``alphas``
-(one row of L = Gh·Gw weights per token) and ``betas`` (one per token). Without the extra keys the list is
-exactly what pycocoevalcap and ``COCO.loadRes`` read.
-"""
+"""The results JSON of captioning (``docs/formats/results.md``), written and read: COCO's ``{"image_id", "caption"}``
+plus ``file_name``, ``tokens``, ``grid`` [Gh, Gw], the input's ``image_size`` [H, W], ``alphas`` (a row of Gh·Gw
+weights per token) and ``betas`` (one per token)."""
 
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ MAX_RESULTS_WORDS = 10_000_000  # the words of all of a file's captions: a large
 def caption_record(image_id: Any, words: Sequence[str], alphas: Tensor, betas: Tensor, *, grid: tuple[int, int],
                    image_size: tuple[int, int], file_name: str = "", head_alphas: Tensor | None = None
                    ) -> dict[str, Any]:
-    """A results record for one caption: ``alphas`` (T, L) and ``betas`` (T,) are those of its T words; a multihead
-    score's ``head_alphas`` (T, K, L) adds each head's α (``alphas`` is their mean). A non-finite α or β is refused
-    naming the image: JSON has no NaN, and what made it is no caption."""
+    """A results record for one caption of T words: ``alphas`` (T, L), ``betas`` (T,), a multihead score's
+    ``head_alphas`` (T, K, L). A non-finite α or β is refused naming the image (JSON has no NaN)."""
     for name, values in (("α", alphas), ("β", betas), ("α", head_alphas)):
         if values is not None and not bool(values.isfinite().all()):
             raise FloatingPointError(f"{file_name or image_id}: the captioner's {name} is NaN or infinite for this "
@@ -63,21 +58,17 @@ def _weights(row: Any, count: int) -> bool:
 
 
 def record_problem(record: Any) -> str | None:
-    """What is wrong with a results record that carries attention, or None (``docs/formats/results.schema.json``
-    says the same in JSON Schema, as far as it can): each field's type and range, one α row of Gh·Gw finite
-    weights and one β per token, K such rows per token in ``head_alphas``, and each beam's words and attention."""
+    """What is wrong with a results record with attention (``docs/formats/results.schema.json``), or None."""
     if not isinstance(record, dict):
         return f"is a {type(record).__name__}, not a record"
     image_id, name, caption = record.get("image_id"), record.get("file_name"), record.get("caption")
-    problem = id_problem(image_id)
-    if problem:
+    if problem := id_problem(image_id):
         return problem
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         return f"file_name must be a non-empty string of at most {MAX_NAME} characters, got {name!r:.60}"
     if not isinstance(caption, str):
         return f"caption must be a string, got {caption!r:.60}"
-    problem = caption_problem(caption)
-    if problem:
+    if problem := caption_problem(caption):
         return problem
     tokens, grid, alphas, betas = (record.get(key) for key in ("tokens", "grid", "alphas", "betas"))
     if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
@@ -121,8 +112,7 @@ def record_problem(record: Any) -> str | None:
 
 
 def id_problem(image_id: Any) -> str | None:
-    """What is wrong with a record's ``image_id`` (a whole number of 64 bits, or a string of at most ``MAX_NAME``
-    characters), or None."""
+    """What is wrong with a record's ``image_id`` (a 64-bit whole number, or at most ``MAX_NAME`` characters)."""
     if isinstance(image_id, bool) or not isinstance(image_id, int | str):
         return f"image_id must be a number or a string, got {image_id!r:.60}"
     if isinstance(image_id, int) and not -MAX_ID <= image_id <= MAX_ID:
@@ -142,16 +132,14 @@ def check_total_words(path: Path, records: Sequence[dict[str, Any]]) -> None:
 
 def read_results(path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None
                  ) -> list[tuple[dict[str, Any], Path]]:
-    """The records of a results JSON with the image file each names, found in ``image_dir`` (by its path or its
-    name) when given, else in the working directory or beside the JSON; anything wrong is a one-line error."""
+    """A results JSON's records with their image files (in ``image_dir``, else here or beside the JSON)."""
     path = Path(path)
     loaded = read_json(path, "a results JSON")
     if not isinstance(loaded, list) or not all(isinstance(record, dict) for record in loaded):
         raise ValueError(f"{path}: expected a list of caption records, as `caption` writes")
     found = []
     for index, record in enumerate(loaded):
-        problem = record_problem(record)
-        if problem:
+        if problem := record_problem(record):
             raise ValueError(f"{path}: record {index} ({record.get('file_name') or record.get('image_id')!r:.60}): "
                              f"{problem}")
         name = record["file_name"]
@@ -174,11 +162,9 @@ ATTENTION_KEYS = ("tokens", "grid", "image_size", "alphas", "betas", "head_alpha
 
 
 def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a COCO results JSON to score, one per image id, in the file's order: ours, or another tool's
-    bare ``[{"image_id", "caption"}]``. Refused in one line naming the file and the record: anything but a
-    non-empty list of records with a number or string ``image_id`` and a string ``caption``, attention (any of
-    ``ATTENTION_KEYS``) that ``record_problem`` refuses, and two different captions of one image (the same one
-    twice, as DDP's padding repeats images, is kept once)."""
+    """The records of a COCO results JSON to score (ours or another tool's), one per image id, in order. Refused
+    in one line: anything but records with a valid ``image_id`` and ``caption``, bad attention, two different
+    captions of one image (the same one twice, as DDP's padding makes, is kept once)."""
     path = Path(path)
     loaded = read_json(path, "a results JSON")
     if not isinstance(loaded, list):
@@ -191,18 +177,15 @@ def read_scored_results(path: str | os.PathLike) -> list[dict[str, Any]]:
             raise ValueError(f'{path}: record {index} is a {type(record).__name__}, not a {{"image_id", "caption"}} '
                              "record")
         image_id, caption = record.get("image_id"), record.get("caption")
-        problem = id_problem(image_id)
-        if problem:
+        if problem := id_problem(image_id):
             raise ValueError(f"{path}: record {index}: {problem}")
         where = f"{path}: record {index} (image {image_id!r:.60})"
         if not isinstance(caption, str):
             raise ValueError(f"{where}: caption must be a string, got {caption!r:.60}")
-        problem = caption_problem(caption)
-        if problem:
+        if problem := caption_problem(caption):
             raise ValueError(f"{where}: {problem}")
         if any(record.get(key) is not None for key in ATTENTION_KEYS):
-            problem = record_problem({**record, "file_name": "-"})
-            if problem:
+            if problem := record_problem({**record, "file_name": "-"}):
                 raise ValueError(f"{where}: {problem}")
         if image_id in first:
             earlier = loaded[first[image_id]]["caption"]

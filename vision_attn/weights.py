@@ -1,17 +1,8 @@
-"""Pretrained weights by name, found where torchvision and timm keep them: name resolution, cache look-up and the
-one-line errors of a missing file.
-
-- torchvision backbones (``vgg19``, ``resnet50``, ``resnet101``): ``imagenet`` is torchvision's ``DEFAULT``, or a
-  member of the backbone's weights enum (``IMAGENET1K_V1``); the file is torch.hub's
-  (``<torch.hub.get_dir()>/checkpoints/<file name of the URL>``).
-- timm models: ``imagenet`` is what ``timm.create_model(name, pretrained=True)`` loads, or a pretrained tag
-  (``a1_in1k``); the file is in the Hugging Face hub cache, ``$HF_HUB_CACHE`` (a few are torch.hub files).
-- Anything else (a path, or a value naming an existing file) is a local file, for ``checkpoint.load_file``.
-
-A cached file loads without the network; ``HF_HUB_OFFLINE=1`` forbids downloads of both kinds. Without the file,
-the error is one line naming the file looked for and where to get it; a dead network is found in one request.
-Every load is weights-only. The libraries are imported by the functions that need them.
-"""
+"""Pretrained weights by name, where torchvision and timm keep them: torchvision backbones' ``imagenet`` (their
+``DEFAULT``) or enum members (``IMAGENET1K_V1``) in torch.hub's cache; timm's ``imagenet`` (its default) or a
+pretrained tag (``a1_in1k``) in the Hugging Face cache; anything else is a local file. A cached file loads without
+the network, ``HF_HUB_OFFLINE=1`` forbids downloads, and a missing file or a dead network is a one-line error naming
+the file and where to get it (after one request). Every load is weights-only."""
 
 from __future__ import annotations
 
@@ -56,8 +47,7 @@ class NamedWeights(NamedTuple):
 
 
 def is_weights_name(value: str | os.PathLike | None) -> bool:
-    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``); False for a local file: a value with a
-    folder, a weights-file suffix or naming a file that exists."""
+    """True for a weights name (``imagenet``, ``IMAGENET1K_V2``, ``a1_in1k``), False for a local file."""
     if value is None or isinstance(value, os.PathLike):
         return False
     text = str(value)
@@ -72,15 +62,14 @@ def offline() -> bool:
 
 
 def no_named_weights(backbone: str, name: str) -> CheckpointError:
-    """The error for a weights name given to a backbone without named weights (the small CNN)."""
+    """The error for a weights name given to a backbone without any (the small CNN)."""
     return CheckpointError(f"the {backbone} backbone has no named weights such as '{name}': pass a local file "
                            "(e.g. an encoder pretrained with configs/captioner/fashion_scene_items.yaml)")
 
 
 def torchvision_weights(backbone: str, name: str) -> NamedWeights:
-    """The state dict of ``backbone``'s torchvision weights called ``name`` (``Weights.get_state_dict``)."""
+    """``backbone``'s torchvision weights called ``name``."""
     import torchvision
-
     enum = torchvision.models.get_model_weights(backbone)
     members = [member for member in enum.__members__ if member != "DEFAULT"]
     wanted = name.removeprefix(f"{enum.__name__}.").upper()
@@ -105,14 +94,13 @@ def torchvision_weights(backbone: str, name: str) -> NamedWeights:
 def torch_hub_file(url: str) -> Path:
     """Where torch.hub keeps the file of ``url``: ``<torch.hub.get_dir()>/checkpoints/<its file name>``."""
     import torch.hub
-
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urllib.parse.urlparse(url).path)
 
 
 @contextmanager
 def torch_hub_download(url: str, what: str) -> Iterator[Path]:
-    """Around a torch.hub load of ``url``, yielding the cache path: refuse in one line when the file is not cached
-    and downloads are off; else let a download stall at most ``NETWORK_TIMEOUT``, and make its failure one line."""
+    """Around a torch.hub load of ``url``, yielding the cache path: a missing file with downloads off, a stalled
+    (``NETWORK_TIMEOUT``) or failed download, a damaged file are each one line."""
     cached = torch_hub_file(url)
     fetch = f"on a machine with network download {url} and put it there, or pass the file as a local path"
     if cached.exists():
@@ -145,10 +133,8 @@ def torch_hub_download(url: str, what: str) -> Iterator[Path]:
 
 
 def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
-    """``<architecture>.<tag>`` of the timm weights ``name`` for the model ``model_name`` (which may carry a tag):
-    ``imagenet`` is the model name's tag or timm's default, any other name is a pretrained tag."""
+    """``<architecture>.<tag>`` of the timm weights ``name`` (``imagenet``: the model's tag or timm's default)."""
     import timm
-
     architecture, _, tag = model_name.partition(".")
     if not timm.is_model(architecture):
         raise CheckpointError(f"timm has no model '{architecture}'")
@@ -168,10 +154,8 @@ def timm_pretrained_name(model_name: str, name: str = IMAGENET) -> str:
 
 
 def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
-    """``timm.create_model(pretrained_name, pretrained=True, **kwargs)``, checked first so that a missing file is
-    one line, fast."""
+    """``timm.create_model(pretrained_name, pretrained=True, **kwargs)``; a missing file is one line, fast."""
     import timm
-
     pretrained_cfg = timm.models.get_pretrained_cfg(pretrained_name)
     what = f"timm {pretrained_name}"
     if pretrained_cfg.hf_hub_id:
@@ -181,19 +165,17 @@ def create_timm_model(pretrained_name: str, **kwargs: Any) -> nn.Module:
 
 
 def timm_weights(pretrained_name: str) -> NamedWeights:
-    """The state dict of a timm model with the pretrained weights ``<architecture>.<tag>``, as timm loads them."""
+    """The timm weights ``<architecture>.<tag>``, as timm loads them."""
     model = create_timm_model(pretrained_name)
     config = model.pretrained_cfg
     return NamedWeights(model.state_dict(), f"timm {pretrained_name}", list(config["mean"]), list(config["std"]))
 
 
 def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwargs: Any) -> nn.Module:
-    """timm's model with its weights; a ``cached`` file that cannot be read, or is of another architecture, is
-    refused naming it."""
+    # timm's model with its weights; a cached file that cannot be read, or of another architecture, is refused
     import timm
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
     from safetensors import SafetensorError
-
     try:
         return timm.create_model(pretrained_name, pretrained=True, **kwargs)
     except (EntryNotFoundError, HfHubHTTPError) as error:
@@ -207,8 +189,7 @@ def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwarg
                 from None
         folder = " (and its snapshot folder)" if "snapshots" in cached.parts else ""
 
-        def expected() -> Mapping[str, Tensor]:
-            """The state dict of the model timm builds, to compare the file's with."""
+        def expected() -> Mapping[str, Tensor]:  # the model timm builds, to compare the file's weights with
             return timm.create_model(pretrained_name, pretrained=False, **kwargs).state_dict()
 
         raise CheckpointError(f"{cached}: {_unreadable(error, what, cached, expected)}; delete it{folder} and "
@@ -220,10 +201,8 @@ UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError,
 
 def _unreadable(error: BaseException, what: str, cached: Path,
                 expected: Callable[[], Mapping[str, Tensor]] | None = None) -> str:
-    """Why the cached weights file ``cached`` failed to load as ``what``, from what we see of it ourselves: a
-    file that reads but whose weights do not fit the model that ``expected`` builds the state dict of (the first
-    key whose shape differs, with both shapes), else a file that is not a checkpoint, truncated or damaged. Never
-    torch's advice to load with ``weights_only=False``."""
+    # why cached failed to load as what: weights that do not fit expected() (the first differing key), else not a
+    # checkpoint, truncated or damaged; never torch's advice to load with weights_only=False
     if type(error).__name__ == "SafetensorError":
         return f"not a readable safetensors file, truncated or damaged ({_first_line(error)})"
     if expected is not None and isinstance(error, RuntimeError):
@@ -240,12 +219,11 @@ def _unreadable(error: BaseException, what: str, cached: Path,
 
 
 def _check_hub_files(hub_id: str, what: str) -> Path | None:
-    """The cached weights file of ``hub_id`` in the Hugging Face cache, or None when it is not there but the Hub
-    answers; else the one-line error, after one request (huggingface_hub's retries wait long on a dead network)."""
+    # the cached weights file of hub_id, or None when it is not there but the Hub answers; else one line after one
+    # request (huggingface_hub's retries wait long on a dead network)
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
     from huggingface_hub.file_download import repo_folder_name
-
     repo_id, _, revision = hub_id.partition("@")
     revision = revision or "main"
     for file in HUB_FILES:

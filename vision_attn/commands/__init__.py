@@ -1,8 +1,5 @@
-"""The ``vision-attn`` tools besides fit/validate/test/predict, one function each: it parses its options and calls one
-library function (``inference.py``: classify, caption, overlay, evaluate, explore; ``data.py``: export-samples,
-make-scenes, rollout-mass, cache-features, benchmark; ``interventions.py``: erasure, deletion). ``tool`` registers
-them in ``TOOLS``, which ``cli.main`` dispatches on. Nothing heavy is imported before a tool runs, so ``--help`` is
-instant."""
+"""The ``vision-attn`` tools besides fit/validate/test/predict, one function each that parses its options and calls
+the library, registered by ``tool`` in ``TOOLS`` for ``cli.main``. Nothing heavy is imported before a tool runs."""
 
 from __future__ import annotations
 
@@ -22,8 +19,6 @@ def tool(name: str, summary: str) -> Callable:
 
 
 def canvas_background(options: argparse.Namespace) -> Any:
-    """The ``data.backgrounds.Background`` that a tool's ``canvas_background``, ``background_level`` and
-    ``texture_source`` options (``options.SHARED_OPTIONS``) name."""
+    """The ``Background`` a tool's ``canvas_background``, ``background_level`` and ``texture_source`` options name."""
     from vision_attn.data.backgrounds import Background
-
     return Background(options.background, options.background_level, options.texture_source)

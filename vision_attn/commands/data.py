@@ -30,7 +30,6 @@ def export_samples_command(argv: Sequence[str]) -> None:
     parser.add_argument("--out", required=True, help="output folder")
     options = parser.parse_args(argv)
     from vision_attn.data.fashion_mnist import export_samples
-
     for path in export_samples(options.root, options.out, count=options.count, split=options.split,
                                seed=options.seed, canvas_size=options.canvas_size, overwrite=options.overwrite):
         print(path)
@@ -90,7 +89,6 @@ def make_scenes_command(argv: Sequence[str]) -> None:
                              "(without it, a --root that holds anything is refused)")
     options = parser.parse_args(argv)
     from vision_attn.data.scenes import make_scenes
-
     style = {key: getattr(options, key) for key in ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette",
                                                     "overlap", "background", "background_level", "background_weights",
                                                     "texture_source")}
@@ -105,8 +103,7 @@ def make_scenes_command(argv: Sequence[str]) -> None:
 
 @tool("rollout-mass", "ViT: does each attention map find Fashion-MNIST items placed on a larger canvas?")
 def rollout_mass_command(argv: Sequence[str]) -> None:
-    """``vision-attn rollout-mass``: print a ViT's accuracy, and each attention map's mass on the item and pointing
-    game, on Fashion-MNIST items placed at random on a larger canvas."""
+    """``vision-attn rollout-mass``: a ViT's accuracy and each map's mass on the item and pointing game, on canvases."""
     parser = parser_for("rollout-mass", "Does the ViT look at the garment? Accuracy, and the mass on the item and the "
                         "pointing game of rollout, gradient rollout and the last layer's attention, on Fashion-MNIST "
                         "items pasted at random on a larger canvas (docs/formats/metrics.md).", "device", "head_fusion",
@@ -123,7 +120,6 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
                              "0, black): the item's mask stays its own pixels")
     options = parser.parse_args(argv)
     from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
-
     scores = fashion_mnist_rollout_mass(options.ckpt, root=options.root, count=options.count,
                                         canvas_size=options.canvas_size, seed=options.seed,
                                         head_fusion=options.head_fusion, discard_ratio=options.discard_ratio,
@@ -143,14 +139,12 @@ def rollout_mass_command(argv: Sequence[str]) -> None:
 def cache_features_command(argv: Sequence[str]) -> None:
     """``vision-attn cache-features``: fill a frozen encoder's feature cache for the fit config in ``argv``."""
     from vision_attn.trainer_cli import cache_features
-
     cache_features(argv)
 
 
 @tool("benchmark", "measured speed side by side (markdown table + JSON; from a source checkout)")
 def benchmark_command(argv: Sequence[str]) -> None:
-    """``vision-attn benchmark``: the checkout's ``benchmarks/run.py`` (only from a source checkout), run as a
-    program of its own: the package imports nothing of ``benchmarks/``, which imports the package."""
+    """``vision-attn benchmark``: a source checkout's ``benchmarks/run.py``, run as a program of its own."""
     checkout = Path(__file__).resolve().parents[2]  # the benchmark reads benchmarks/ and configs/ there
     if not (checkout / "benchmarks" / "run.py").is_file():
         raise FileNotFoundError(f"{checkout / 'benchmarks'}: not found; the benchmark runs from a source checkout")
@@ -162,8 +156,7 @@ def benchmark_command(argv: Sequence[str]) -> None:
 
 
 def run_streamed(command: list[str], env: dict[str, str]) -> int:
-    """Run ``command`` and return its exit code, its output copied line by line, as it comes, to this process's
-    ``sys.stdout`` and ``sys.stderr`` (where a caller that redirects them finds it)."""
+    """Run ``command``, its output copied as it comes to ``sys.stdout`` and ``sys.stderr``; its exit code."""
     out, err = sys.stdout, sys.stderr
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
         errors = threading.Thread(target=lambda: err.writelines(process.stderr))  # type: ignore[arg-type]

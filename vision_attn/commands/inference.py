@@ -26,7 +26,6 @@ def classify_command(argv: Sequence[str]) -> None:
     from vision_attn.data.images import expand_inputs
     from vision_attn.errors import Interrupted
     from vision_attn.io import output_file
-
     paths = [path for _, path in expand_inputs(options.inputs)]  # a bad input or output: one line, before any work
     out = output_file(options.out, inputs=[options.ckpt, *paths])
     classifier, results = load_classifier(options.ckpt, device=options.device), []
@@ -65,7 +64,6 @@ def caption_command(argv: Sequence[str]) -> None:
         parser.error("give image files or folders, or --coco-annotations with --image-dir")
     from vision_attn.captioning.evaluation import caption_inputs, write_captions
     from vision_attn.io import output_file
-
     output_file(options.out, inputs=[options.coco_annotations] if options.coco_annotations else [])
     inputs = caption_inputs(options.inputs, coco_annotations=options.coco_annotations, image_dir=options.image_dir)
     written = write_captions(options.ckpt, inputs, options.out, beam_size=options.beam, batch_size=options.batch_size,
@@ -85,7 +83,6 @@ def overlay_command(argv: Sequence[str]) -> None:
     parser.add_argument("--ckpt", help="captioner or ViT checkpoint (not needed when every input is a results JSON)")
     parser.add_argument("--out", required=True, help="output folder for the PNGs and index.html")
     from vision_attn.gallery import OverlayOptions, draw_overlays
-
     OverlayOptions.add_arguments(parser)
     options = parser.parse_args(argv)
     style = OverlayOptions.from_arguments(options)
@@ -114,7 +111,6 @@ def evaluate_command(argv: Sequence[str]) -> None:
     if options.words and not options.instances:
         parser.error("--words goes with --instances")
     from vision_attn.captioning.evaluation import evaluate_results, scores_table
-
     scores = evaluate_results(options.results, options.annotations, instances=options.instances,
                               attributes=options.attributes, words=options.words, out=options.out)
     print(f"{scores_table(scores)}\nwrote {options.out}")
@@ -142,7 +138,6 @@ def explore_command(argv: Sequence[str]) -> None:
     if options.attributes and not options.instances:
         parser.error("--attributes goes with --instances")
     from vision_attn.explorer import explore
-
     site, count = explore(results=options.results, images=options.images, out=options.out,
                           checkpoint=options.ckpt, instances=options.instances, attributes=options.attributes,
                           beam_size=options.beam, device=options.device, on_bad_image=options.on_bad_image,

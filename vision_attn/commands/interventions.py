@@ -1,5 +1,5 @@
-"""The causal tests of attention: erasure (captioner) and deletion (ViT). Each erases what a map points at and
-measures what the model loses (docs/formats/metrics.md)."""
+"""The causal tests of attention, erasure (captioner) and deletion (ViT): what the model loses when what a map points
+at is erased."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from vision_attn.commands import CANVAS_SIZE, canvas_background, tool
 
 @contextmanager
 def progress_bar(unit: str) -> Any:
-    """A callback ``(done, total)`` that advances a tqdm bar on stderr, made at the first batch (so an error before
-    any work stays one line) and shown only on a terminal; closed on leaving."""
+    """A callback ``(done, total)`` advancing a tqdm bar on a terminal, made at the first batch."""
     bars: list[Any] = []
 
     def advance(done: int, total: int) -> None:
         if not bars:
             from tqdm.auto import tqdm
-
             bars.append(tqdm(total=total, unit=unit, disable=None, leave=False))
         bars[0].update(done)
 
@@ -60,7 +58,6 @@ def erasure_command(argv: Sequence[str]) -> None:
     from vision_attn.captioning.erasure import erasure_test, write_erasure
     from vision_attn.data.scenes import dataset_files
     from vision_attn.io import output_file
-
     root = Path(options.root)  # the dataset's files are inputs: the report never replaces one of them
     dataset = [root / name for name in dataset_files(root)] if root.is_dir() else []
     out = output_file(options.out, inputs=[options.ckpt, *dataset])
@@ -107,7 +104,6 @@ def deletion_command(argv: Sequence[str]) -> None:
     from vision_attn.errors import DatasetNotFoundError
     from vision_attn.io import output_file, write_json_atomically
     from vision_attn.vit.deletion import fashion_mnist_deletion
-
     try:  # Fashion-MNIST's files are inputs too (where they are found now; a download comes later)
         source = find_fashion_mnist(options.root, download=False)
     except DatasetNotFoundError:
