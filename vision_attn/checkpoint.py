@@ -48,12 +48,10 @@ def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str
     sound (``checkpoint_checks``); each refusal is one line naming the file."""
     path = input_file(local_path(path), "a checkpoint file", error=CheckpointError)
     loaded = _read(path, map_location)
-    non_finite = first_non_finite(loaded)
-    if non_finite is not None:
+    if (non_finite := first_non_finite(loaded)) is not None:
         raise CheckpointError(f"{path}: the weight {non_finite} holds NaN or infinite values; a fit that diverged "
                               "wrote it, or the file was altered")
-    problem = metadata_problem(loaded)
-    if problem:
+    if problem := metadata_problem(loaded):
         raise CheckpointError(f"{path}: not a vision-attn checkpoint as written, {problem}")
     return loaded
 
@@ -66,11 +64,9 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
             return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
-    problem = torch_file_problem(path)
-    if problem:
+    if problem := torch_file_problem(path):
         raise CheckpointError(f"{path}: {problem}")
-    damage = zip_damage(path)
-    if damage:
+    if damage := zip_damage(path):
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, truncated or damaged ({damage})")
     try:
         with warnings.catch_warnings():
@@ -305,8 +301,7 @@ def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], *, source: str | os.PathLike) -> Any:
     """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when they do not fit."""
-    problem = state_dict_mismatch(model.state_dict(), state)
-    if problem:
+    if problem := state_dict_mismatch(model.state_dict(), state):
         raise CheckpointError(f"{source}: weights do not fit {type(model).__name__}: {problem}")
     model.load_state_dict(state)
     return model

@@ -66,8 +66,7 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
     hyper-parameters."""
     loaded = load_file(path)
     kind = loaded.get(KIND_KEY)
-    wanted = model_kind(class_path)
-    if wanted:
+    if wanted := model_kind(class_path):
         require_kind(kind, wanted, source=source, training=True)
     hparams = hyper_parameters(loaded)
     if not hparams:

@@ -47,8 +47,7 @@ class OptionGroup:
             group = value
         elif isinstance(value, Mapping):
             known = {field.name for field in fields_of(cls)}
-            unknown = sorted(set(value) - known)
-            if unknown:
+            if unknown := sorted(set(value) - known):
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
             texts = {field.name for field in fields_of(cls) if field.type in ("str", "str | None")}
