@@ -18,7 +18,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
     KIND_KEY,
-    clear_initial_weights,
     hyper_parameters,
     load_file,
     require_kind,
@@ -53,13 +52,6 @@ def model_kind(class_path: str) -> str | None:
     return getattr(model_class(class_path), "kind", None)
 
 
-def clear_model_initial_weights(model: Any, kind: str | None) -> None:
-    """``checkpoint.clear_initial_weights`` on a config's ``model`` (class path and init args)."""
-    init_args = model.get("init_args") if hasattr(model, "get") else None
-    if init_args is not None:
-        clear_initial_weights(kind, init_args)
-
-
 def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[str, Any] | None:
     """The model config (``class_path`` and ``init_args``, without the initial-weight options) of the checkpoint
     at the local ``path``, refused naming ``source`` when of another family than ``class_path``; None: no
@@ -76,13 +68,6 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
 
 # The model's option group that a checkpoint's user may change: how captions are searched, not what was learnt
 CHANGEABLE_GROUPS = ("decoding",)
-
-
-def model_options_given(args: list[str]) -> list[str]:
-    """The model options (``--model.[init_args.]GROUP...``) named on the command line ``args``, without values."""
-    names = [arg.partition("=")[0] for arg in args]
-    return [name for name in names if name.startswith("--model.")
-            and name not in ("--model.class_path", "--model.init_args")]
 
 
 def changed_options(restored: dict[str, Any], given: dict[str, Any], task: type | None,
@@ -115,7 +100,7 @@ def refuse_changed_options(restored: dict[str, Any], given: dict[str, Any], args
     checkpoint; those of config files are logged in one line and the checkpoint's used, so the configs a run was
     fitted with still test it."""
     class_path = str(restored["class_path"])
-    on_command_line, in_configs = set(model_options_given(args)), []
+    on_command_line, in_configs = {arg.partition("=")[0] for arg in args}, []  # the names given, without values
     for path, asked, theirs in changed_options(restored["init_args"], given, model_class(class_path),
                                                model_kind(class_path)):
         if {f"--model.init_args.{path}", f"--model.{path}"} & on_command_line:
@@ -156,9 +141,10 @@ def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
-def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
-    """(the checkpoints ``--ckpt_path last`` resumes from, the folders looked in), as Lightning (2.6) finds them:
-    each ModelCheckpoint's ``last*`` files, and the OnExceptionCheckpoints' files."""
+def require_last_checkpoint(trainer: L.Trainer, subcommand: str) -> None:
+    """Refuse ``--ckpt_path last`` without a last checkpoint, naming where it was looked for (Lightning would warn,
+    then fit from scratch or evaluate untrained weights). Lightning (2.6) resumes from each ModelCheckpoint's
+    ``last*`` files, and the OnExceptionCheckpoints' files."""
     found, folders = [], []
     for callback in trainer.callbacks:
         if isinstance(callback, OnExceptionCheckpoint):
@@ -168,13 +154,6 @@ def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
             folders.append(folder)
             found += [path for path in sorted(folder.iterdir()) if path.suffix == callback.FILE_EXTENSION
                       and path.stem.startswith(callback.CHECKPOINT_NAME_LAST)] if folder.is_dir() else []
-    return found, folders
-
-
-def require_last_checkpoint(trainer: L.Trainer, subcommand: str) -> None:
-    """Refuse ``--ckpt_path last`` without a last checkpoint, naming where it was looked for (Lightning would warn,
-    then fit from scratch or evaluate untrained weights)."""
-    found, folders = last_checkpoints(trainer)
     if found:
         return
     where = f"in {', '.join(str(folder) for folder in folders)}" if folders else \

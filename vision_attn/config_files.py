@@ -90,7 +90,9 @@ def check_config_file(flag: str, path: Path) -> dict[str, Any]:
                          f"{again.value!r:.60} is given twice in one mapping (first on line "
                          f"{first.start_mark.line + 1}); YAML keeps only the last, so the first would be silently "
                          "ignored: keep one")
-    if (tagged := next(refused_tags(root), None)) is not None:
+    # a tag PyYAML's safe loader has no constructor for: a Python object's, or an unknown one
+    tagged = next((node for node in yaml_nodes(root) if node.tag not in yaml.SafeLoader.yaml_constructors), None)
+    if tagged is not None:
         mark = tagged.start_mark
         raise ValueError(f"{path}: line {mark.line + 1}, column {mark.column + 1}: the YAML tag "
                          f"{tagged.tag.replace(YAML_TAG_PREFIX, '!!')} is refused: a config holds plain values "
@@ -203,11 +205,6 @@ def duplicate_key(root: Any) -> tuple[Any, Any] | None:
                         return seen[key.tag, key.value], key
                     seen[key.tag, key.value] = key
     return None
-
-
-def refused_tags(root: Any) -> Iterator[Any]:
-    """The nodes of a composed YAML document whose tag PyYAML's safe loader has no constructor for, in order."""
-    return (node for node in yaml_nodes(root) if node.tag not in yaml.SafeLoader.yaml_constructors)
 
 
 def read_config(path: Path) -> Any:

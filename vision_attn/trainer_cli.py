@@ -24,11 +24,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vision_attn.checkpoint import local_path
+from vision_attn.checkpoint import clear_initial_weights, local_path
 from vision_attn.ckpt_path import (
     NAMED_CHECKPOINTS,
     checkpoint_folder,
-    clear_model_initial_weights,
     model_class,
     model_kind,
     refuse_changed_options,
@@ -86,8 +85,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             return
         model = config.get("model")
         class_path = str(model.get("class_path", "")) if model is not None else ""
-        if model is not None:
-            clear_model_initial_weights(model, model_kind(class_path))
+        if model is not None and model.get("init_args") is not None:
+            clear_initial_weights(model_kind(class_path), model["init_args"])
         refuse_registry(str(ckpt_path))
         if ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
@@ -95,7 +94,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             if restored and class_path:
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
-                changes = as_dict((explicit[subcommand].get("model") or {}).get("init_args") or {})
+                changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                changes = changes.as_dict() if isinstance(changes, jsonargparse.Namespace) else dict(changes)
                 refuse_changed_options(restored, changes, given, ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
@@ -114,21 +114,17 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
 
-    def refuse_last_without_checkpoint(self) -> None:
+    def before_validate(self) -> None:
         """Refuse ``--ckpt_path last`` with no last checkpoint (``ckpt_path.require_last_checkpoint``)."""
         if self.config[self.subcommand].get("ckpt_path") == "last":
             require_last_checkpoint(self.trainer, self.subcommand)
-
-    def before_validate(self) -> None:
-        """Refuse ``--ckpt_path last`` with no last checkpoint."""
-        self.refuse_last_without_checkpoint()
 
     before_test = before_predict = before_validate
 
     def before_fit(self) -> None:
         """Refuse ``--ckpt_path last`` with nothing to resume, and a fresh fit (without ``--overwrite true``) whose
         checkpoint folder holds an earlier run's checkpoints, which it would silently replace."""
-        self.refuse_last_without_checkpoint()
+        self.before_validate()  # --ckpt_path last
         config = self.config[self.subcommand]
         if config.get("ckpt_path") or config.get("overwrite"):
             return
@@ -163,11 +159,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         if warning:
             rank_zero_warn(warning)
         return trainer
-
-
-def as_dict(options: Any) -> dict[str, Any]:
-    """A parsed config's mapping (a jsonargparse Namespace, nested) as plain dicts."""
-    return options.as_dict() if isinstance(options, jsonargparse.Namespace) else dict(options)
 
 
 def safe_plugins(plugins: list[Any]) -> list[Any]:
