@@ -53,9 +53,8 @@ def model_kind(class_path: str) -> str | None:
 
 
 def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[str, Any] | None:
-    """The model config (``class_path`` and ``init_args``, without the initial-weight options) of the checkpoint
-    at the local ``path``, refused naming ``source`` when of another family than ``class_path``; None: no
-    hyper-parameters."""
+    """The model config (without the initial-weight options) of the checkpoint at the local ``path`` (None: it has
+    no hyper-parameters), refused naming ``source`` when of another family than ``class_path``."""
     loaded = load_file(path)
     kind = loaded.get(KIND_KEY)
     if wanted := model_kind(class_path):

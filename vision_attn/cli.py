@@ -1,8 +1,6 @@
-"""The ``vision-attn`` command. It only wires: fit/validate/test/predict are LightningCLI (``trainer_cli.py``), and
-every other tool is a function of ``vision_attn.commands`` that parses its options and calls one library function.
-Nothing heavy is imported before a command needs it, so ``--help`` is instant and the inference tools never import
-Lightning.
-"""
+"""The ``vision-attn`` command, which only wires: fit/validate/test/predict are LightningCLI (``trainer_cli.py``), every
+other tool a function of ``vision_attn.commands``. Nothing heavy is imported before a command needs it, so ``--help``
+is instant and the inference tools never import Lightning."""
 
 from __future__ import annotations
 
