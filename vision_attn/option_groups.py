@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import fields as group_fields  # ``merged`` takes ``**fields``
 from typing import Any, TypeVar
 
 Group = TypeVar("Group", bound="OptionGroup")
@@ -40,19 +41,19 @@ class OptionGroup:
         elif isinstance(value, cls):
             group = value
         elif isinstance(value, Mapping):
-            known = {field.name for field in fields_of(cls)}
+            known = {field.name for field in group_fields(cls)}
             if unknown := sorted(set(value) - known):
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
-            texts = {field.name for field in fields_of(cls) if field.type in ("str", "str | None")}
+            texts = {field.name for field in group_fields(cls) if field.type in ("str", "str | None")}
             value = {key: os.fspath(item) if key in texts and isinstance(item, os.PathLike) else item
                      for key, item in value.items()}  # a path given from Python is the text a config would hold
             wrong = next((f"{cls.name}.{field.name} must be {SCALAR_TYPES[field.type][0]}, got "
-                          f"{type(value[field.name]).__name__}" for field in fields_of(cls)
+                          f"{type(value[field.name]).__name__}" for field in group_fields(cls)
                           if field.name in value and not scalar_fits(field.type, value[field.name])), None)
             if wrong:  # a checkpoint's hyper-parameters meet no parser: a type is checked here, naming the option
                 raise ValueError(wrong)
-            base = {} if default is None else {field.name: getattr(default, field.name) for field in fields_of(cls)}
+            base = {} if default is None else {field.name: getattr(default, field.name) for field in group_fields(cls)}
             group = cls(**{**base, **value})
         else:
             raise ValueError(f"{cls.name}: expected a mapping of options, got {type(value).__name__}")
@@ -64,7 +65,7 @@ class OptionGroup:
         """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group or
         keyword arguments."""
         group = cls.coerce(options)
-        return cls.coerce({**{field.name: getattr(group, field.name) for field in fields_of(cls)}, **fields}) \
+        return cls.coerce({**{field.name: getattr(group, field.name) for field in group_fields(cls)}, **fields}) \
             if fields else group
 
     def check(self) -> None:
@@ -91,11 +92,6 @@ def scalar_fits(annotation: Any, value: Any) -> bool:
         return True
     types = SCALAR_TYPES[annotation][1]
     return isinstance(value, types) and (bool in types or not isinstance(value, bool))
-
-
-def fields_of(group: type[OptionGroup]) -> tuple:
-    """The fields of a group class."""
-    return fields(group)  # type: ignore[arg-type]
 
 
 def require(condition: bool, group: str, message: str) -> None:
