@@ -20,8 +20,7 @@ OUTSIDE = (REPO / "benchmarks", REPO / "scripts")  # programs run from a checkou
 LAYERS = [
     {"vision_attn", "vision_attn.errors", "vision_attn.io", "vision_attn.cli_arguments", "vision_attn.option_groups",
      "vision_attn.hardware"},
-    {"vision_attn.checkpoint", "vision_attn.checkpoint_files", "vision_attn.checkpoint_checks", "vision_attn.data.*",
-     "vision_attn.datamodules.*",
+    {"vision_attn.checkpoint", "vision_attn.checkpoint_checks", "vision_attn.data.*", "vision_attn.datamodules.*",
      "vision_attn.captioning", "vision_attn.captioning.options", "vision_attn.captioning.encoder",
      "vision_attn.captioning.vit_trunk", "vision_attn.captioning.seams", "vision_attn.captioning.extensions.*",
      "vision_attn.captioning.fast_additive", "vision_attn.captioning.product_attention",

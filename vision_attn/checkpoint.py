@@ -1,15 +1,14 @@
-"""Loading weights and checkpoints without ever executing what is loaded.
-
-Every load in the project goes through here: ``torch.load(weights_only=True)`` for .pt/.pth/.ckpt files,
-safetensors for .safetensors. A file whose pickle asks for anything beyond tensors and plain types is
-refused with a one-line message.
-"""
+"""Loading weights and checkpoints without ever executing what is loaded: every load in the project goes through
+here, ``torch.load(weights_only=True)`` for .pt/.pth/.ckpt files, safetensors for .safetensors; a file whose pickle
+asks for anything beyond tensors and plain types is refused in one line. Also the model kinds, and the upgrades of
+checkpoints written by earlier versions."""
 
 from __future__ import annotations
 
 import copy
 import os
 import pickle
+import random
 import re
 import struct
 import urllib.parse
@@ -25,16 +24,14 @@ from torch import Tensor
 
 from vision_attn import __version__
 from vision_attn.captioning.upgrades import extension_weight_name, upgrade_extensions
-from vision_attn.checkpoint_checks import first_non_finite, metadata_problem, zip_damage
-from vision_attn.checkpoint_files import inspect_torch_file
+from vision_attn.checkpoint_checks import first_non_finite, inspect_torch_file, metadata_problem, weights_of, zip_damage
 from vision_attn.errors import CheckpointError
 from vision_attn.io import input_file
 
 
 def local_path(location: str | os.PathLike) -> Path:
-    """A checkpoint or weights location as a local file path. ``file://`` URIs become paths; every other scheme
-    (http, https, s3, hf, any fsspec protocol or chain such as ``simplecache::``) is refused, because a file
-    fetched from elsewhere is exactly what could carry code, and Lightning unpickles URLs in full."""
+    """A checkpoint or weights location as a local path: ``file://`` URIs become paths; every other scheme or fsspec
+    chain (``simplecache::``) is refused, because a file fetched from elsewhere is what could carry code."""
     text = str(location)
     if "://" in text or "::" in text:
         parsed = urllib.parse.urlparse(text)
@@ -47,36 +44,29 @@ def local_path(location: str | os.PathLike) -> Path:
 
 
 def load_file(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint or weights file into plain Python (dicts, lists, tensors), never running code, and only
-    when it is sound (``checkpoint_checks``): a zip archive whose members all pass their CRC checks, finite weights,
-    and vision-attn's own fields of the types it writes. Each refusal is one line naming the file."""
+    """A checkpoint or weights file as plain Python (dicts, lists, tensors), never running code, and only when it is
+    sound (``checkpoint_checks``); each refusal is one line naming the file."""
     path = input_file(local_path(path), "a checkpoint file", error=CheckpointError)
     loaded = _read(path, map_location)
-    non_finite = first_non_finite(loaded)
-    if non_finite is not None:
+    if (non_finite := first_non_finite(loaded)) is not None:
         raise CheckpointError(f"{path}: the weight {non_finite} holds NaN or infinite values; a fit that diverged "
                               "wrote it, or the file was altered")
-    problem = metadata_problem(loaded)
-    if problem:
+    if problem := metadata_problem(loaded):
         raise CheckpointError(f"{path}: not a vision-attn checkpoint as written, {problem}")
     return loaded
 
 
 def _read(path: Path, map_location: Any) -> dict[str, Any]:
-    """The contents of the checkpoint or weights file at the local ``path`` (``load_file``)."""
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file as load_safetensors
-
         try:
             return load_safetensors(str(path), device=map_location if isinstance(map_location, str) else "cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
-    problem = torch_file_problem(path)
-    if problem:
+    if problem := torch_file_problem(path):
         raise CheckpointError(f"{path}: {problem}")
-    damage = zip_damage(path)
-    if damage:
+    if damage := zip_damage(path):
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, truncated or damaged ({damage})")
     try:
         with warnings.catch_warnings():
@@ -91,8 +81,7 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
 
 
 def torch_file_problem(path: Path) -> str | None:
-    """What is wrong with a file ``torch.load`` is about to read, told by its first bytes (None: nothing seen):
-    ``torch.save`` writes a zip archive, its legacy format a pickle."""
+    """What its first bytes say is wrong with a file for ``torch.load`` (a zip archive, or a legacy pickle)."""
     with open(path, "rb") as file:
         magic = file.read(4)
     if not magic:
@@ -103,11 +92,9 @@ def torch_file_problem(path: Path) -> str | None:
 
 
 def unreadable_reason(error: BaseException, path: Path) -> str:
-    """Why ``torch.load(weights_only=True)`` failing with ``error`` could not read the file at ``path``, in our
-    words and from what we see of the file ourselves: the zip archive ``torch.save`` writes (``zipfile``), the
-    pickle in it or of the legacy format (its opcodes and the globals it names, ``pickletools``), and the error's
-    type: objects refused, or a damaged or truncated file. torch's own words, and its advice to load with
-    ``weights_only=False`` (which runs whatever code the file carries), are never passed on."""
+    """Why ``torch.load(weights_only=True)`` raised ``error`` on ``path``, in our words from what we see of the file
+    (``inspect_torch_file``) and the error's type: torch's advice to load with ``weights_only=False`` (which runs
+    whatever code the file carries) is never passed on."""
     damage, foreign = inspect_torch_file(path)
     if damage:
         return f"not a readable PyTorch checkpoint, truncated or damaged ({damage})"
@@ -122,16 +109,9 @@ def unreadable_reason(error: BaseException, path: Path) -> str:
 
 
 def extract_state_dict(loaded: Mapping[str, Any]) -> dict[str, Tensor]:
-    """The model weights inside a raw state dict, a Lightning checkpoint or a ``{"model": ...}`` wrapper.
-
-    Lightning prefixes keys with the attribute that holds the network (``model.``); that prefix is removed.
-    """
-    for key in ("state_dict", "model", "model_state_dict", "module"):
-        inner = loaded.get(key)
-        if isinstance(inner, Mapping):
-            loaded = inner
-            break
-    state = {k: v for k, v in loaded.items() if isinstance(v, Tensor)}
+    """The tensors of a raw state dict, a Lightning checkpoint or a wrapper (``weights_of``), without Lightning's
+    ``model.`` prefix."""
+    state = {k: v for k, v in weights_of(loaded).items() if isinstance(v, Tensor)}
     if not state:
         raise CheckpointError("no tensors found in the weights file")
     if all(k.startswith("model.") for k in state):
@@ -148,8 +128,7 @@ KIND_NAMES = {VIT: "ViT classifier", CAPTIONER: "Show-Attend-Tell captioner",
               ENCODER: "captioner-encoder pretraining", CONVNET: "CNN classifier (a ViT's teacher)"}
 
 def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = "", training: bool = False) -> None:
-    """Refuse a checkpoint written by the other model family (one that does not say passes). ``training``:
-    the refusal says the config trains ``wanted``, else that ``wanted`` is needed."""
+    """Refuse a checkpoint of another model family than ``wanted`` (one that does not say passes)."""
     if found is None or found == wanted:
         return
     prefix = f"{source}: " if str(source) else ""
@@ -223,8 +202,8 @@ INITIAL_WEIGHTS = {CAPTIONER: ("encoder.pretrained", "objective.auxiliary.heads_
 
 
 def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat 0.1 hyper-parameters in today's groups (``LEGACY_NAMES``); today's are returned as they are, less
-    Lightning's ``_class_path`` and ``_instantiator`` (the class may have moved)."""
+    """Flat 0.1 hyper-parameters in today's groups (``LEGACY_NAMES``); today's as they are, less Lightning's
+    ``_class_path`` and ``_instantiator`` (the class may have moved)."""
     hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
     if kind not in LEGACY_NAMES or isinstance(hparams.get(CURRENT_GROUPS[kind]), Mapping):
         return hparams
@@ -241,10 +220,8 @@ def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str,
 
 
 def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A captioner's weights under today's names: under ``model.`` (0.1's first checkpoints had the encoder and
-    decoder at the top), the auxiliary terms' heads under ``auxiliary.``, the extensions' weights under their
-    names, REINFORCE's baseline under ``reinforce.``, and a ViT trunk's blocks without the wrapper that took their
-    output's first element."""
+    """A captioner's weights under today's names (0.1's encoder and decoder at the top, the aids' heads, the
+    extensions', REINFORCE's baseline, a ViT trunk's blocks in a wrapper)."""
     renamed = {}
     for key, value in state.items():
         if key.startswith(("encoder.", "decoder.")):
@@ -266,9 +243,8 @@ def without_initial_weights(kind: str, hparams: Mapping[str, Any]) -> dict[str, 
 
 
 def clear_initial_weights(kind: str | None, options: Any) -> None:
-    """Clear, in place, the initial-weight options (``INITIAL_WEIGHTS`` of ``kind``) in ``options``: a model's
-    hyper-parameters or its config's init args (a mapping, or any object read by key with ``get``). None, or False
-    for a flag; a path through a list of extensions clears the option in each entry that has it."""
+    """Set the ``INITIAL_WEIGHTS`` of ``kind`` in ``options`` (anything read by key with ``get``) to None (False for
+    a flag), in place; a path through a list of extensions clears each entry's."""
     for target in INITIAL_WEIGHTS.get(kind or "", ()):
         *path, name = target.split(".")
         holders: list[Any] = [options]
@@ -281,9 +257,8 @@ def clear_initial_weights(kind: str | None, options: Any) -> None:
 
 
 def upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """Bring a checkpoint written by an earlier vision-attn to today's form, in place :
-    hyper-parameters in option groups (``LEGACY_NAMES``), and the weights under today's names. A checkpoint already in
-    today's form is left as it is."""
+    """A checkpoint of an earlier vision-attn in today's form, in place: hyper-parameters in option groups, weights
+    under today's names."""
     kind = checkpoint.get(KIND_KEY)
     state = checkpoint.get("state_dict")
     if kind == CAPTIONER and isinstance(state, dict):
@@ -313,12 +288,8 @@ class SavedModel(NamedTuple):
 
 def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
                           loaded: Mapping[str, Any] | None = None) -> SavedModel:
-    """The hyper-parameters (in today's groups) and the weights (without the LightningModule's ``model.`` prefix)
-    of a checkpoint written by ``vision-attn fit``, refusing one of the other model family by name.
-
-    ``loaded`` is the checkpoint already read with ``load_file``, to avoid reading it twice. The options that
-    say where a fit's first weights come from are cleared: the checkpoint's own weights replace them.
-    """
+    """The hyper-parameters (today's groups, initial-weight options cleared) and the weights (without ``model.``) of
+    a ``vision-attn fit`` checkpoint of ``kind``; ``loaded``: the file already read by ``load_file``."""
     loaded = upgrade(dict(load_file(path) if loaded is None else loaded))
     require_kind(loaded.get(KIND_KEY), kind, source=path)
     if not isinstance(loaded.get("state_dict"), Mapping) or not isinstance(loaded.get("hyper_parameters"), Mapping):
@@ -329,19 +300,16 @@ def read_model_checkpoint(path: str | os.PathLike, *, kind: str,
 
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, Tensor], *, source: str | os.PathLike) -> Any:
-    """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when the weights do not fit
-    (``state_dict_mismatch``)."""
-    problem = state_dict_mismatch(model.state_dict(), state)
-    if problem:
+    """``model`` with ``state`` loaded strictly, refused in one line naming ``source`` when they do not fit."""
+    if problem := state_dict_mismatch(model.state_dict(), state):
         raise CheckpointError(f"{source}: weights do not fit {type(model).__name__}: {problem}")
     model.load_state_dict(state)
     return model
 
 
 def state_dict_mismatch(expected: Mapping[str, Any], found: Mapping[str, Any]) -> str | None:
-    """Why the weights ``found`` do not fit a model whose ``state_dict()`` is ``expected``, as one clause (None
-    when they fit, key for key): the first of its keys whose value in ``found`` is no tensor or has another shape,
-    with both shapes, else how many keys are missing and unexpected, with the first of each."""
+    """Why the weights ``found`` do not fit a model whose ``state_dict()`` is ``expected``, as one clause: the first
+    key of another type or shape, else the counts of missing and unexpected keys (None when they fit)."""
     for key, tensor in expected.items():
         value = found.get(key)
         if key in found and not isinstance(value, Tensor):
@@ -358,8 +326,6 @@ def state_dict_mismatch(expected: Mapping[str, Any], found: Mapping[str, Any]) -
 
 def capture_rng_state() -> dict[str, Any]:
     """The global random streams (torch CPU, CUDA if present, Python), as weights-only-loadable types."""
-    import random
-
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -368,8 +334,6 @@ def capture_rng_state() -> dict[str, Any]:
 
 def restore_rng_state(state: Mapping[str, Any] | None) -> None:
     """Put back what ``capture_rng_state`` saved, so augmentation and dropout continue the same sequence."""
-    import random
-
     if not state:
         return
     torch.set_rng_state(state["torch"])

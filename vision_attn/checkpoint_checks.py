@@ -1,10 +1,14 @@
-"""What a checkpoint must be before any of it is used, seen by ``checkpoint.load_file``: the zip archive that
-``torch.save`` writes passes every member's CRC check (torch reads the bytes without checking them), its weights
-are finite, and the fields vision-attn writes about the checkpoint itself have the types it writes.
+"""What a checkpoint must be before any of it is used (``checkpoint.load_file``), and what is wrong with a file that
+``torch.load`` could not read, all seen without running anything in it: the zip archive that ``torch.save`` writes
+passes every member's CRC check (torch does not check them), lists its members and holds a ``data.pkl``; its pickle
+(or the legacy format's) is whole opcodes naming only torch's globals; its weights are finite, and the fields
+vision-attn writes about the checkpoint itself have the types it writes.
 """
 
 from __future__ import annotations
 
+import os
+import pickletools
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,12 +29,17 @@ HPARAM_TYPES: dict[str, tuple[type, ...]] = {"vocabulary": (list, tuple), "class
                                              "colour_names": (list, tuple)}
 # Where the weights sit in a file: a Lightning checkpoint's state_dict, or a wrapper, else the file's top level
 WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "module")
+LEGACY_PICKLES = 5  # torch's legacy format: magic number, protocol, system info, the object, its storages' keys
+# Opcodes that push a string (a global's module or name, for STACK_GLOBAL), and those that only store the top
+# of the stack in the memo (they push nothing)
+_STRING_OPCODES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
+                   "STRING"}
+_MEMO_STORES = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
 
 
 def zip_damage(path: Path) -> str | None:
-    """Which member of the zip archive at ``path`` fails its CRC check (None: each member's bytes match its CRC,
-    or the archive cannot be opened at all, which ``checkpoint_files.inspect_torch_file`` words once torch fails).
-    Each member is read in chunks (``ZipFile.testzip``): at most one chunk is in memory, whatever the file's size."""
+    """Which member of the zip archive at ``path`` fails its CRC check (None also when it is no archive, which
+    ``inspect_torch_file`` words once torch fails). ``ZipFile.testzip`` holds one chunk at a time in memory."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
@@ -43,17 +52,12 @@ def zip_damage(path: Path) -> str | None:
 
 def weights_of(loaded: Mapping[str, Any]) -> Mapping[str, Any]:
     """The weights inside a loaded checkpoint or weights file (``WEIGHT_KEYS``), else the file itself."""
-    for key in WEIGHT_KEYS:
-        inner = loaded.get(key)
-        if isinstance(inner, Mapping):
-            return inner
-    return loaded
+    return next((loaded[key] for key in WEIGHT_KEYS if isinstance(loaded.get(key), Mapping)), loaded)
 
 
 def first_non_finite(loaded: Mapping[str, Any]) -> str | None:
-    """The name of the first floating-point weight that holds NaN or an infinity (None: all finite). Only the
-    weights are looked at: a Lightning checkpoint's callback states hold infinities by design (a ModelCheckpoint's
-    ``kth_value`` starts at ±inf)."""
+    """The name of the first floating-point weight that holds NaN or an infinity. Only the weights are looked at:
+    a ModelCheckpoint's state holds ±inf by design."""
     for name, value in weights_of(loaded).items():
         if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()) and \
                 not bool(value.isfinite().all()):
@@ -62,8 +66,8 @@ def first_non_finite(loaded: Mapping[str, Any]) -> str | None:
 
 
 def metadata_problem(loaded: Mapping[str, Any]) -> str | None:
-    """What is wrong with the types of a checkpoint's own fields (``FIELD_TYPES``, and the hyper-parameters of
-    ``HPARAM_TYPES``), naming the first field of the wrong type; None when each has its type."""
+    """The first of a checkpoint's own fields (``FIELD_TYPES``, the hyper-parameters of ``HPARAM_TYPES``, the
+    weights and the random state) that has the wrong type, in words; None when each has its type."""
     for key, types in FIELD_TYPES.items():
         if key in loaded and (not isinstance(loaded[key], types) or isinstance(loaded[key], bool)):
             return _wrong_type(key, loaded[key], types)
@@ -96,3 +100,70 @@ def _name(value: Any) -> str:
 def _wrong_type(field: str, value: Any, types: tuple[type, ...]) -> str:
     wanted = TYPE_NAMES.get(types[0], types[0].__name__)
     return f"its field {field} must be {wanted}, found {_name(value)}"
+
+
+def inspect_torch_file(path: Path) -> tuple[str | None, str | None]:
+    """(what is damaged, the first global its pickle names that is not torch's), each None when none is seen: a
+    zip archive must list its members and hold a ``data.pkl``, whose pickle (or the legacy format's pickles) must be
+    whole opcodes up to its end."""
+    with open(path, "rb") as file:
+        if file.read(2) != b"PK":  # a pickle: torch's legacy format (pickles, then the tensors' bytes), or one
+            file.seek(0)
+            foreign = None
+            for _ in range(LEGACY_PICKLES):
+                damage, found = scan_pickle(file)
+                foreign = foreign or found
+                if damage or not file.read(1):
+                    return damage, foreign
+                file.seek(-1, os.SEEK_CUR)
+            return None, foreign
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.rpartition("/")[2] == "data.pkl"]
+            if not pickles:
+                return "a zip archive without the data.pkl of a PyTorch checkpoint", None
+            with archive.open(pickles[0]) as pickled:
+                return scan_pickle(pickled)
+    except (zipfile.BadZipFile, EOFError):
+        return "an incomplete zip archive: the list of its members at its end is missing", None
+
+
+def scan_pickle(stream: Any) -> tuple[str | None, str | None]:
+    """(what is damaged, the first global named outside torch) of the pickle read from the binary ``stream``, by
+    its opcodes (``pickletools.genops`` runs nothing). Torch's globals: ``torch`` and its modules,
+    ``collections.OrderedDict`` and ``torch.serialization.get_safe_globals()``."""
+    allowed = {item[1] if isinstance(item, tuple) else f"{getattr(item, '__module__', '')}."
+               f"{getattr(item, '__qualname__', '')}" for item in torch.serialization.get_safe_globals()}
+    allowed.add("collections.OrderedDict")
+    pushed: list[str | None] = []  # what each opcode pushed: a string, or None for anything else
+    memo: dict[int, str | None] = {}
+    foreign = None
+    start = stream.tell()
+    try:
+        for opcode, arg, _ in pickletools.genops(stream):
+            name = opcode.name
+            if name in ("GLOBAL", "INST"):
+                module, _, attribute = str(arg).partition(" ")
+            elif name == "STACK_GLOBAL":
+                module, attribute = (pushed[-2:] if len(pushed) >= 2 else [None, None])
+            elif name in _MEMO_STORES:
+                memo[len(memo) if name == "MEMOIZE" else int(arg)] = pushed[-1] if pushed else None
+                continue
+            else:
+                if name in _STRING_OPCODES:
+                    pushed.append(str(arg))
+                elif name in ("GET", "BINGET", "LONG_BINGET"):
+                    pushed.append(memo.get(int(arg)))
+                elif opcode.stack_after:
+                    pushed.append(None)
+                continue
+            qualified = f"{module}.{attribute}"
+            if foreign is None and module is not None and not (
+                    module == "torch" or str(module).startswith("torch.") or qualified in allowed):
+                foreign = qualified
+            pushed.append(None)
+    except ValueError:  # an unknown opcode, or the end of the stream before the pickle's STOP
+        offset = stream.tell() - start
+        return ("its pickle ends early" if not stream.read(1) else f"byte {offset - 1} of its pickle is no pickle "
+                "opcode"), foreign
+    return None, foreign

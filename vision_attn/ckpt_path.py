@@ -1,8 +1,7 @@
 """``--ckpt_path``: the checkpoint a ``fit``, ``validate``, ``test`` or ``predict`` restores, read by us before
-LightningCLI builds anything (weights-only, refused when another model family wrote it), and its hyper-parameters,
-upgraded to today's groups, as the model's config. The options that say where a fit's first weights come from
-(``checkpoint.INITIAL_WEIGHTS``) are cleared: the checkpoint holds those weights, so it runs anywhere with only the
-data. And where ``--ckpt_path last`` looks for its checkpoint, named when there is none; a model registry is refused.
+LightningCLI builds anything (weights-only, of the config's model family), its hyper-parameters in today's groups
+as the model's config, less the initial-weight options (``checkpoint.INITIAL_WEIGHTS``): the checkpoint holds those
+weights, so it runs anywhere with only the data. ``last`` with no checkpoint, and a model registry, are refused.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from vision_attn.checkpoint import (
     KIND_KEY,
-    clear_initial_weights,
     hyper_parameters,
     load_file,
     require_kind,
@@ -34,8 +32,7 @@ NAMED_CHECKPOINTS = ("last", "best", "hpc")  # --ckpt_path values Lightning reso
 
 
 def refuse_registry(ckpt_path: str) -> None:
-    """Refuse ``--ckpt_path registry`` (or ``registry:NAME``): Lightning would fetch it from a model registry, and a
-    fetched file is what could carry code (``checkpoint.local_path``)."""
+    """Refuse ``--ckpt_path registry[:NAME]``: a file Lightning fetches is what could carry code."""
     if ckpt_path.lower() == "registry" or ckpt_path.lower().startswith("registry:"):
         raise CheckpointError(f"--ckpt_path {ckpt_path}: checkpoints are not fetched from a model registry, because "
                               "loading one can run code it carries; download it, check it, and pass the local file")
@@ -55,23 +52,12 @@ def model_kind(class_path: str) -> str | None:
     return getattr(model_class(class_path), "kind", None)
 
 
-def clear_model_initial_weights(model: Any, kind: str | None) -> None:
-    """Clear, in a config's ``model`` (class path and init args), the options that say where a fit's first
-    weights come from (``checkpoint.clear_initial_weights``)."""
-    init_args = model.get("init_args") if hasattr(model, "get") else None
-    if init_args is not None:
-        clear_initial_weights(kind, init_args)
-
-
 def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[str, Any] | None:
-    """The model config (``class_path`` and ``init_args``) that the checkpoint at the local ``path`` was written
-    with: read weights-only, refused (naming ``source``, as the user gave it) when it is of another model family
-    than the config's ``class_path`` trains, its hyper-parameters in today's groups and without the initial-weight
-    options. None when it holds no hyper-parameters."""
+    """The model config (without the initial-weight options) of the checkpoint at the local ``path`` (None: it has
+    no hyper-parameters), refused naming ``source`` when of another family than ``class_path``."""
     loaded = load_file(path)
     kind = loaded.get(KIND_KEY)
-    wanted = model_kind(class_path)
-    if wanted:
+    if wanted := model_kind(class_path):
         require_kind(kind, wanted, source=source, training=True)
     hparams = hyper_parameters(loaded)
     if not hparams:
@@ -83,25 +69,12 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
 CHANGEABLE_GROUPS = ("decoding",)
 
 
-def model_options_given(args: list[str]) -> list[str]:
-    """The model options (``--model.init_args.GROUP...`` or ``--model.GROUP...``) named on the command line
-    ``args``, as given (without their value)."""
-    found = []
-    for arg in args:
-        name = arg.partition("=")[0]
-        if name.startswith("--model.") and name not in ("--model.class_path", "--model.init_args"):
-            found.append(name)
-    return found
-
-
 def changed_options(restored: dict[str, Any], given: dict[str, Any], task: type | None,
                     kind: str | None) -> Iterator[tuple[str, Any, Any]]:
-    """(option path, given value, the checkpoint's value) for each model option outside ``CHANGEABLE_GROUPS`` that
-    the user's config files and command line set (``given``: the model's init args parsed without defaults) to
-    another value than the checkpoint's ``restored`` init args hold. An option group is compared as the group
-    reads it (``OptionGroup.coerce``: its defaults and its extensions' options filled in), so that a config that
-    writes the same options another way, or leaves defaults out, is the same. The initial-weight options
-    (``checkpoint.INITIAL_WEIGHTS``) are never compared: a restored checkpoint never reads them."""
+    """(option path, given value, the checkpoint's) for each model option outside ``CHANGEABLE_GROUPS`` that
+    ``given`` (the init args parsed without defaults) sets otherwise than ``restored``. A group is compared as
+    ``OptionGroup.coerce`` reads it, so the same options written another way are the same; the initial-weight
+    options, which a restored checkpoint never reads, are not compared."""
     given = without_initial_weights(kind, given) if kind else dict(given)
     try:
         hints = typing.get_type_hints(task.__init__) if task is not None else {}
@@ -122,13 +95,11 @@ def changed_options(restored: dict[str, Any], given: dict[str, Any], task: type 
 
 
 def refuse_changed_options(restored: dict[str, Any], given: dict[str, Any], args: list[str], ckpt_path: str) -> None:
-    """Refuse, in one line naming it, the first model option outside ``CHANGEABLE_GROUPS`` that the command line
-    ``args`` sets to another value than the checkpoint's (``changed_options``): the checkpoint's options are the
-    model's. One that a config file sets otherwise is said in one logged line, and the checkpoint's value used:
-    the configs a run was fitted with, less its command-line overrides, still test it. One given the checkpoint's
-    own value passes."""
+    """Refuse the first model option (``changed_options``) that the command line ``args`` sets otherwise than the
+    checkpoint; those of config files are logged in one line and the checkpoint's used, so the configs a run was
+    fitted with still test it."""
     class_path = str(restored["class_path"])
-    on_command_line, in_configs = set(model_options_given(args)), []
+    on_command_line, in_configs = {arg.partition("=")[0] for arg in args}, []  # the names given, without values
     for path, asked, theirs in changed_options(restored["init_args"], given, model_class(class_path),
                                                model_kind(class_path)):
         if {f"--model.init_args.{path}", f"--model.{path}"} & on_command_line:
@@ -150,8 +121,7 @@ def shown(value: Any) -> str:
 
 
 def with_changes(restored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The model config ``restored`` from a checkpoint with the ``CHANGEABLE_GROUPS`` options that the user's
-    config files and command line set (``given``: the model's init args parsed without defaults) over its own."""
+    """The model config ``restored`` from a checkpoint with ``given``'s ``CHANGEABLE_GROUPS`` options over its own."""
     init_args = dict(restored["init_args"])
     for group in CHANGEABLE_GROUPS:
         changes = given.get(group)
@@ -161,9 +131,8 @@ def with_changes(restored: dict[str, Any], given: dict[str, Any]) -> dict[str, A
 
 
 def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
-    """Where a ModelCheckpoint will write, by the rule its documentation gives: its ``dirpath``, else the first
-    logger's ``log_dir/checkpoints`` (a versioned logger picks a new version), else
-    ``default_root_dir/checkpoints``. Lightning resolves it only when the fit starts; the CLI needs it before."""
+    """Where a ModelCheckpoint will write, by its documented rule (``dirpath``, the first logger's ``log_dir``, or
+    ``default_root_dir``, then ``checkpoints``): Lightning resolves it only when the fit starts."""
     if getattr(callback, "dirpath", None):
         return Path(callback.dirpath)
     if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None):
@@ -171,10 +140,10 @@ def checkpoint_folder(trainer: L.Trainer, callback: Any) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
-def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
-    """(the checkpoints ``--ckpt_path last`` resumes from, the folders looked in), as Lightning (2.6) finds them:
-    each ModelCheckpoint's ``last`` files (``last.ckpt``, ``last-v1.ckpt`` ...: its ``CHECKPOINT_NAME_LAST``
-    followed by anything, with its ``FILE_EXTENSION``) in its folder, and the files of the OnExceptionCheckpoints."""
+def require_last_checkpoint(trainer: L.Trainer, subcommand: str) -> None:
+    """Refuse ``--ckpt_path last`` without a last checkpoint, naming where it was looked for (Lightning would warn,
+    then fit from scratch or evaluate untrained weights). Lightning (2.6) resumes from each ModelCheckpoint's
+    ``last*`` files, and the OnExceptionCheckpoints' files."""
     found, folders = [], []
     for callback in trainer.callbacks:
         if isinstance(callback, OnExceptionCheckpoint):
@@ -184,13 +153,6 @@ def last_checkpoints(trainer: L.Trainer) -> tuple[list[Path], list[Path]]:
             folders.append(folder)
             found += [path for path in sorted(folder.iterdir()) if path.suffix == callback.FILE_EXTENSION
                       and path.stem.startswith(callback.CHECKPOINT_NAME_LAST)] if folder.is_dir() else []
-    return found, folders
-
-
-def require_last_checkpoint(trainer: L.Trainer, subcommand: str) -> None:
-    """Refuse ``--ckpt_path last`` when there is no last checkpoint, naming where it was looked for: Lightning
-    would only warn, then fit from scratch (or evaluate untrained weights)."""
-    found, folders = last_checkpoints(trainer)
     if found:
         return
     where = f"in {', '.join(str(folder) for folder in folders)}" if folders else \

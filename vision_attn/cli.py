@@ -1,8 +1,6 @@
-"""The ``vision-attn`` command. It only wires: fit/validate/test/predict are LightningCLI (``trainer_cli.py``), and
-every other tool is a function of ``vision_attn.commands`` that parses its options and calls one library function.
-Nothing heavy is imported before a command needs it, so ``--help`` is instant and the inference tools never import
-Lightning.
-"""
+"""The ``vision-attn`` command, which only wires: fit/validate/test/predict are LightningCLI (``trainer_cli.py``), every
+other tool a function of ``vision_attn.commands``. Nothing heavy is imported before a command needs it, so ``--help``
+is instant and the inference tools never import Lightning."""
 
 from __future__ import annotations
 
@@ -18,27 +16,21 @@ LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "valida
                       "predict": "predict the test split, as JSON in the run's folder (--ckpt_path C)"}
 
 
-def print_usage() -> None:
-    """Print ``vision-attn --help``: every command with its one-line summary."""
-    print("usage: vision-attn COMMAND [options]\n\ncommands:")
-    for name, text in {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in TOOLS.items()}}.items():
-        print(f"  {name:<15} {text}")
-    print("\n`vision-attn COMMAND --help` shows a command's options.")
-
-
 def main(args: Sequence[str] | None = None) -> None:
     """Console-script entry point; ``args`` replaces ``sys.argv[1:]`` when called from Python."""
     argv = list(sys.argv[1:] if args is None else args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not argv or argv[0] in ("-h", "--help"):
-        print_usage()
+    if not argv or argv[0] in ("-h", "--help"):  # every command with its one-line summary
+        print("usage: vision-attn COMMAND [options]\n\ncommands:")
+        for name, text in {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in TOOLS.items()}}.items():
+            print(f"  {name:<15} {text}")
+        print("\n`vision-attn COMMAND --help` shows a command's options.")
         return
     with exit_on_user_error():
         if argv[0] in TOOLS:
             TOOLS[argv[0]][0](argv[1:])
         else:
             from vision_attn.trainer_cli import run_lightning
-
             run_lightning(argv if args is not None else None)
 
 

@@ -22,8 +22,7 @@ def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def bounded_int(low: int, high: int, why: str) -> Callable[[str], int]:
-    """An argparse type for a size, count or beam: a whole number from ``low`` to ``high``; above ``high`` the
-    refusal says ``why`` it is bounded (an unbounded size is unbounded memory, time or disk)."""
+    """An argparse type: a whole number from ``low`` to ``high``; above ``high`` the refusal says ``why``."""
     def parse(text: str) -> int:
         if not text.strip().lstrip("-").isdigit() or int(text) < low:
             raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
@@ -61,7 +60,6 @@ BEAM_SIZE = bounded_int(1, 50, "captions stop improving long before; each beam c
 def device(text: str) -> str:
     """An argparse type: a torch device that this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
     import torch
-
     try:
         parsed = torch.device(text)
     except (RuntimeError, ValueError):
@@ -133,21 +131,19 @@ _NULLS = ("null", "Null", "NULL", "~")
 
 
 def nulls_to_groups(args: Sequence[str]) -> list[str]:
-    """``--model.init_args.<group>.<option> null`` (or ``=null``) as ``--model.init_args.<group> {"<option>":
-    null}``, and the same under ``data``: the jsonargparse this project pins hands a null given so to an option of
-    a group nested in a subclass's arguments as the string 'None'; given as a mapping it arrives as null, merged
-    over the group's other options. Every other argument passes as it is."""
+    """``--model.init_args.<group>.<option> null`` (or ``=null``, and under ``data``) as ``--model.init_args.<group>
+    {"<option>": null}``: the jsonargparse this project pins hands the first to a group nested in a subclass's
+    arguments as the string 'None', the second as null, merged over the group's other options."""
     rewritten: list[str] = []
     index = 0
     while index < len(args):
         key, equals, value = args[index].partition("=")
-        taken = 1 if equals else 2
         if not equals:
             value = args[index + 1] if index + 1 < len(args) else ""
         match = _GROUP_OPTION.fullmatch(key)
         if match and value in _NULLS:
             rewritten += [f"--{match.group(1)}", json.dumps({match.group(2): None})]
-            index += taken
+            index += 1 if equals else 2
         else:
             rewritten.append(args[index])
             index += 1

@@ -1,12 +1,10 @@
 """What LightningCLI (jsonargparse) refuses in ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``,
 as one line naming the option or the config file, with the closest valid option where there is one.
 
-jsonargparse's ``ArgumentError`` names no option, so the parser raises instead of printing its usage
-(``exit_on_error=False``) and the options the user gave are checked here, in order, against what the parsers
-accept (``get_defaults``) and what the configured classes' signatures say: an option no parser has (with the
-closest valid name, by difflib); a ``class_path`` that cannot be imported or is of another kind; a value the option
-refuses (checked by a parser of that one option); a required argument of the class not given. The first found is
-the message; where none is, jsonargparse's own, in one line. Config files are read first (``config_files``).
+jsonargparse's ``ArgumentError`` names no option, so the parser raises (``exit_on_error=False``) and the options
+given are checked here, in order, against the parsers' options and the classes' signatures: an unknown option, a
+``class_path`` that cannot be imported or is of another kind, a refused value, a required argument not given. Where
+none is found, jsonargparse's own message, in one line.
 """
 
 from __future__ import annotations
@@ -24,6 +22,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import jsonargparse
+import yaml
+
 from vision_attn.config_files import CONFIG_FLAGS, SECTION_FLAGS, check_config_files, is_a_file, read_config
 
 ABBREVIATIONS = {"lr": "learning_rate"}  # what a user may spell out when guessing a name
@@ -34,10 +35,8 @@ MAX_DETAIL = 400  # characters of jsonargparse's own words kept in a message
 
 
 class OneLineErrors:
-    """Mixed into LightningCLI (``trainer_cli.VisionAttnCLI``): the config files checked first, a command that
-    does not exist refused, and what jsonargparse refuses raised as one line instead of printed with the usage
-    block. It uses LightningCLI's public ``init_parser`` and ``parse_arguments`` hooks and its ``subcommands``,
-    ``trainer_class``, ``model_class`` and ``datamodule_class``."""
+    """Mixed into LightningCLI (``trainer_cli.VisionAttnCLI``) through its public hooks: the config files checked
+    first, an unknown command refused, and what jsonargparse refuses raised as one line, not printed with usage."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         argv = kwargs.get("args")
@@ -54,8 +53,7 @@ class OneLineErrors:
             raise ValueError(f"{in_one_line(error)}; {help_hint(self.command)}") from None
 
     def init_parser(self, **kwargs: Any) -> Any:
-        """LightningCLI's parser, raising what it refuses instead of printing the usage; each parser made (the
-        main one and one per command) is kept, to know the options."""
+        """LightningCLI's parser, raising what it refuses; each one made (one per command too) is kept."""
         kwargs.setdefault("exit_on_error", False)
         parser = super().init_parser(**kwargs)
         self.option_parsers.append(parser)
@@ -67,11 +65,8 @@ class OneLineErrors:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
             argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
-            options = Options(
-                parsers=[(each, parser_options(each)) for each in self.option_parsers],
-                trainer_class=self.trainer_class,
-                bases={"model": self.model_class, "data": self.datamodule_class},
-                commands=tuple(self.subcommands()))
+            options = Options([(each, parser_options(each)) for each in self.option_parsers], self.trainer_class,
+                              {"model": self.model_class, "data": self.datamodule_class}, tuple(self.subcommands()))
             raise ValueError(refusal(argv, options, self.command) or
                              f"{in_one_line(error)}; {help_hint(self.command)}") from None
 
@@ -104,9 +99,8 @@ def refuse_unknown_command(argv: Sequence[str], commands: Sequence[str]) -> None
 
 
 class Options(NamedTuple):
-    """What a command accepts: its parsers (each with its dotted options), the Trainer class (whose arguments
-    are ``trainer.*``, and whose method of the command takes the command's own options), the class each of
-    ``SUBCLASS_ROOTS`` must be (or subclass), and the command names."""
+    """What a command accepts: its parsers with their dotted options, the Trainer class (``trainer.*``, and the
+    command's own options), the base class of each of ``SUBCLASS_ROOTS``, and the command names."""
 
     parsers: list[tuple[Any, list[str]]]
     trainer_class: Any
@@ -119,10 +113,7 @@ class Options(NamedTuple):
         return sorted({key for _, keys in self.parsers for key in keys} - NOT_OPTIONS)
 
     def validates(self, key: str, value: Any) -> bool:
-        """Whether a parser that has the option ``key`` accepts ``value`` for it (``ArgumentParser.validate`` on
-        that one option)."""
-        import jsonargparse
-
+        """Whether the parsers that have the option ``key`` accept ``value`` for it."""
         for parser, keys in self.parsers:
             if key in keys:
                 namespace = jsonargparse.Namespace()
@@ -135,9 +126,8 @@ class Options(NamedTuple):
 
 
 class Given(NamedTuple):
-    """An option the user gave: its dotted key (``init_args`` where it belongs), the value as given, the config
-    file that set it (None: the command line), how the user wrote its name (``--flag``, or the dotted key in the
-    file), and whether the value is a command-line string (else what YAML made of it)."""
+    """An option given: its dotted key (with ``init_args``), its value, the config file that set it (None: the
+    command line), its name as written, and whether the value is a command-line string (else YAML's)."""
 
     key: str
     value: Any
@@ -155,8 +145,7 @@ def full_key(key: str) -> str:
 
 
 def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Given]:
-    """The options of ``argv``, in the order jsonargparse reads them: a config file's where it is named, and the
-    options of a mapping given on the command line (``--model.init_args.decoder '{...}'``) one by one."""
+    """The options of ``argv`` in jsonargparse's order, a config file's and a mapping's value's one by one."""
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -182,9 +171,8 @@ def given_options(argv: Sequence[str], commands: Sequence[str]) -> Iterator[Give
 
 def mapping_options(node: Any, prefix: str, shown: str, source: Path | None,
                     commands: Sequence[str]) -> Iterator[Given]:
-    """The options a mapping ``node`` (a config file's, or one given on the command line as ``shown``) sets under
-    ``prefix``, as dotted keys: a mapping is followed down to its values (a ``class_path`` before its
-    ``init_args``); a command's block in a config file holds options too; ``name+`` appends to the list ``name``."""
+    """The options a mapping ``node`` (a config file's, or one given as ``shown``) sets under ``prefix``, down to
+    its values (a ``class_path`` first); a command's block holds options too; ``name+`` appends to ``name``."""
     if not isinstance(node, dict):
         if prefix:
             yield Given(full_key(prefix), node, source, shown or prefix)
@@ -203,8 +191,6 @@ def mapping_options(node: Any, prefix: str, shown: str, source: Path | None,
 
 def yaml_value(text: str) -> Any:
     """What jsonargparse reads a command-line value as: YAML (the text itself where it is not YAML)."""
-    import yaml
-
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
@@ -212,7 +198,7 @@ def yaml_value(text: str) -> Any:
 
 
 def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
-    """The first problem with the options of ``argv`` (None where none is found here), in one line."""
+    """The first problem with the options of ``argv``, in one line (None where none is found here)."""
     classes: dict[str, tuple[str, Any]] = {}  # root -> (class_path as given, the class or None)
     given_arguments: dict[str, set[str]] = {}  # root -> the init_args given
     for given in given_options(argv, options.commands):
@@ -270,14 +256,13 @@ def required_arguments(cls: Any) -> list[str]:
 
 
 def accepts_key(key: str, keys: Iterable[str]) -> bool:
-    """Whether ``key`` is one of ``keys``, a group of them (``trainer``), or inside one whose value has options
-    of its own (``trainer.logger.init_args.save_dir``)."""
+    """Whether ``key`` is one of ``keys``, a group of them, or inside one (``trainer.logger.init_args.x``)."""
     return any(key == option or option.startswith(f"{key}.") or key.startswith(f"{option}.") for option in keys)
 
 
 def class_named(class_path: str, base: Any) -> tuple[Any, str | None]:
-    """(the class ``class_path`` names, None) or (None, why it cannot be used where a ``base`` is wanted). A name
-    without a module is looked for among the subclasses of ``base`` already imported."""
+    """(the class ``class_path`` names, None) or (None, why it is no ``base``); a bare name is looked for among
+    the subclasses of ``base`` imported."""
     module_name, _, name = class_path.rpartition(".")
     if not module_name:
         found = [cls for cls in subclasses(base) if cls.__name__ == name] if isinstance(base, type) else []
@@ -301,8 +286,6 @@ def subclasses(base: type) -> Iterator[type]:
 @functools.cache
 def class_options(cls: type) -> list[str]:
     """The dotted option names of ``cls``'s ``__init__`` (its init_args), as jsonargparse reads them."""
-    import jsonargparse
-
     try:
         parser = jsonargparse.ArgumentParser(exit_on_error=False)
         parser.add_class_arguments(cls, fail_untyped=False)
@@ -312,9 +295,8 @@ def class_options(cls: type) -> list[str]:
 
 
 def option_type(cls: Any, dotted: str, *, method: bool = False) -> Any:
-    """The annotated type of ``cls``'s option ``dotted``: an ``__init__`` argument (of the first class in its MRO
-    that names it, as a subclass passes the rest on in ``**kwargs``; an argument of ``cls`` itself with
-    ``method``), then the fields of the option groups (dataclasses) under it. None where it cannot be told."""
+    """The annotated type of ``cls``'s option ``dotted`` (None where it cannot be told): the ``__init__`` argument
+    of the first class in its MRO that names it (of ``cls`` itself with ``method``), then option group fields."""
     first, *rest = dotted.split(".")
     try:
         owners = [cls] if method or not isinstance(cls, type) else [klass.__init__ for klass in cls.__mro__]
@@ -336,16 +318,13 @@ def members(hint: Any) -> tuple[Any, ...]:
 
 
 def plain(hint: Any) -> bool:
-    """Whether ``hint`` allows only plain values (``PLAIN_TYPES``, choices, and None), whose check is certain."""
+    """Whether ``hint`` allows only ``PLAIN_TYPES``, choices and None, whose check is certain."""
     return hint is not None and all(typing.get_origin(member) is Literal or member in PLAIN_TYPES
                                     for member in members(hint))
 
 
 def accepts(hint: Any, value: Any, from_command_line: bool) -> bool:
-    """Whether jsonargparse accepts ``value`` for an option of type ``hint``, on a parser of that one option
-    (a command-line string is parsed as the command line is, a config file's value as a config's is)."""
-    import jsonargparse
-
+    """Whether jsonargparse accepts ``value`` (from the command line, or a config's) for an option of type ``hint``."""
     parser = jsonargparse.ArgumentParser(exit_on_error=False)
     try:
         parser.add_argument("--value", type=hint)
@@ -373,10 +352,9 @@ def _spelled_out(key: str) -> str:
 
 
 def closest(bad: str, keys: Sequence[str]) -> str | None:
-    """The option of ``keys`` closest to ``bad``: the one option of the same section with the same last name
-    (``model.lr`` is ``model.init_args.optimiser.lr``), else by difflib the closest last name within the same group
-    (``trainer.max_epocks``), else the closest whole name in another group (``trainr.max_epochs``); abbreviations
-    (``lr``) also match spelled out (``learning_rate``)."""
+    """The option of ``keys`` closest to ``bad``: the only one of its section with its last name (``model.lr``),
+    else by difflib the closest last name in its group, else the closest whole name; ``ABBREVIATIONS`` spelled out
+    match too."""
     group, _, leaf = bad.rpartition(".")
     same_leaf = [key for key in keys if key.partition(".")[0] == bad.partition(".")[0]
                  and key.rpartition(".")[2] in (leaf, _spelled_out(leaf))]
@@ -391,7 +369,6 @@ def closest(bad: str, keys: Sequence[str]) -> str | None:
             by_name.setdefault(name, key)
             by_name.setdefault(_spelled_out(name), key)
         for wanted in names:
-            found = difflib.get_close_matches(wanted, list(by_name), n=1, cutoff=0.8)
-            if found:
+            if found := difflib.get_close_matches(wanted, list(by_name), n=1, cutoff=0.8):
                 return by_name[found[0]]
     return None

@@ -1,9 +1,6 @@
-"""The config files of ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``: found on the command line
-(``--config``/``-c``, a ``--trainer``/``--model``/``--data`` value that is a file, any option's value that is a
-``.yaml``/``.yml`` file, and such a file named inside a config), and checked before LightningCLI reads them. One that
-does not exist, is not UTF-8 text, is too large (in bytes, or once its YAML aliases are expanded), nests too deeply,
-is not YAML, is empty, is not a mapping or is tagged with a Python object is refused in one line naming it. A value
-given on the command line is YAML to jsonargparse too: its aliases and nesting are bounded the same way.
+"""The config files of ``fit``, ``validate``, ``test``, ``predict`` and ``cache-features``, found on the command line
+and inside configs, checked before LightningCLI reads them: each problem is one line naming the file. A value given
+on the command line is YAML to jsonargparse too: its aliases and nesting are bounded the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 CONFIG_FLAGS = ("--config", "-c")
 SECTION_FLAGS = ("--trainer", "--model", "--data")  # these take a config file of their section too
@@ -21,9 +20,8 @@ YAML_TAG_PREFIX = "tag:yaml.org,2002:"  # how PyYAML names the ``!!`` tags
 
 
 def config_files(args: Sequence[str]) -> list[tuple[str, Path]]:
-    """The config files named in ``args``, in order, with the flag that named each: every ``--config``/``-c``
-    value, a ``--trainer``/``--model``/``--data`` value that is an existing file, and any option's value that is an
-    existing ``.yaml``/``.yml`` file (jsonargparse reads such a file as the option's value)."""
+    """(flag, file) for each config file of ``args``, in order: the ``CONFIG_FLAGS``' values, and the values of
+    ``SECTION_FLAGS`` or any option that are existing files (``.yaml``/``.yml`` for the others)."""
     found = []
     for index, arg in enumerate(args):
         flag, equals, value = arg.partition("=")
@@ -45,10 +43,8 @@ def is_a_file(value: str) -> bool:
 
 
 def check_config_files(args: Sequence[str]) -> None:
-    """Refuse, in one line naming it, a config file of ``args`` that does not exist or is not readable, not UTF-8
-    text, larger than ``MAX_CONFIG_BYTES`` (in bytes, or once its aliases are expanded), nested deeper than
-    ``MAX_CONFIG_DEPTH``, not YAML, empty, not a mapping, or tagged with a Python object; the same for each YAML
-    file a config names as a value, and the bounds for every value given on the command line."""
+    """Refuse, in one line naming it, a config file of ``args`` or a YAML file one names (``check_config_file``),
+    and a command-line value past the bounds (``check_yaml_values``)."""
     seen: set[Path] = set()
     files = config_files(args)
     while files:
@@ -60,9 +56,9 @@ def check_config_files(args: Sequence[str]) -> None:
 
 
 def check_config_file(flag: str, path: Path) -> dict[str, Any]:
-    """``check_config_files`` for one file, named by ``flag``; its content."""
-    import yaml
-
+    """The content of the config file ``path`` named by ``flag``, refused in one line when it does not exist, is
+    not readable UTF-8 text, is too large or deep (``yaml_size_problem``), not YAML, has a key twice, a Python
+    object's tag, is empty or is no mapping."""
     if not path.is_file():
         where = "no such file" if not path.exists() else "not a file"
         raise ValueError(f"{path}: {where}; {flag} takes a YAML config file")
@@ -86,17 +82,16 @@ def check_config_file(flag: str, path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid YAML, {where}{error.problem}") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
-    problem = yaml_size_problem(root)
-    if problem:
+    if problem := yaml_size_problem(root):
         raise ValueError(f"{path}: {problem}")
-    twice = duplicate_key(root)
-    if twice is not None:
+    if (twice := duplicate_key(root)) is not None:
         first, again = twice
         raise ValueError(f"{path}: line {again.start_mark.line + 1}, column {again.start_mark.column + 1}: the key "
                          f"{again.value!r:.60} is given twice in one mapping (first on line "
                          f"{first.start_mark.line + 1}); YAML keeps only the last, so the first would be silently "
                          "ignored: keep one")
-    tagged = next(refused_tags(root), None)
+    # a tag PyYAML's safe loader has no constructor for: a Python object's, or an unknown one
+    tagged = next((node for node in yaml_nodes(root) if node.tag not in yaml.SafeLoader.yaml_constructors), None)
     if tagged is not None:
         mark = tagged.start_mark
         raise ValueError(f"{path}: line {mark.line + 1}, column {mark.column + 1}: the YAML tag "
@@ -112,8 +107,7 @@ def check_config_file(flag: str, path: Path) -> dict[str, Any]:
 
 
 def named_yaml_files(config: Any, path: Path) -> list[Path]:
-    """The ``.yaml``/``.yml`` files that the strings of a loaded ``config`` name, from the working directory or the
-    config's folder, where they are files."""
+    """The existing ``.yaml``/``.yml`` files the strings of ``config`` name (from here, else from its folder)."""
     found, stack = [], [config]
     while stack:
         node = stack.pop()
@@ -127,10 +121,7 @@ def named_yaml_files(config: Any, path: Path) -> list[Path]:
 
 
 def check_yaml_values(args: Sequence[str]) -> None:
-    """Refuse a command-line value that jsonargparse would read as YAML expanding past ``MAX_CONFIG_BYTES`` through
-    its aliases, or nested deeper than ``MAX_CONFIG_DEPTH``, in one line naming the option."""
-    import yaml
-
+    """Refuse, naming the option, a command-line value whose YAML is too large or deep (``yaml_size_problem``)."""
     for index, arg in enumerate(args):
         flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
         if not equals:
@@ -144,14 +135,12 @@ def check_yaml_values(args: Sequence[str]) -> None:
                              "levels)") from None
         except yaml.YAMLError:
             continue  # not YAML: jsonargparse takes it as a string
-        problem = yaml_size_problem(node)
-        if problem:
+        if problem := yaml_size_problem(node):
             raise ValueError(f"{flag}: the value {problem}")
 
 
 def yaml_nodes(root: Any) -> Iterator[Any]:
-    """Each node of a composed YAML document once (an alias is the node it names), in document order, without
-    recursion."""
+    """Each node of a composed YAML document once (an alias is the node it names), in order, without recursion."""
     seen, stack = set(), [root]
     while stack:
         node = stack.pop()
@@ -163,19 +152,14 @@ def yaml_nodes(root: Any) -> Iterator[Any]:
 
 
 def _children(node: Any) -> list[Any]:
-    import yaml
-
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     return [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else []
 
 
 def expanded(root: Any, limit: int) -> tuple[int, int] | None:
-    """(size, depth) of a composed YAML document once its aliases are expanded, as a consumer of the loaded
-    values walks it: one per node plus the characters of each scalar (counting stops past ``limit``), and how
-    deeply it nests. None where an alias is inside the node it names (a document that never ends)."""
-    import yaml
-
+    """(size, depth) of a composed YAML document with its aliases expanded: one per node plus each scalar's
+    characters (counted up to past ``limit``). None where an alias is inside the node it names."""
     found: dict[int, tuple[int, int]] = {}
     open_nodes: set[int] = set()
     stack = [(root, False)]
@@ -196,12 +180,10 @@ def expanded(root: Any, limit: int) -> tuple[int, int] | None:
 
 
 def yaml_size_problem(root: Any) -> str | None:
-    """What makes a composed YAML document too large to read, or None: an alias inside the node it names, nesting
-    deeper than ``MAX_CONFIG_DEPTH``, or aliases that expand it past ``MAX_CONFIG_BYTES`` (``expanded``)."""
+    """What makes a composed YAML document too large to read (``expanded``), or None."""
     if root is None:
         return None
-    found = expanded(root, MAX_CONFIG_BYTES)
-    if found is None:
+    if (found := expanded(root, MAX_CONFIG_BYTES)) is None:
         return "holds a YAML alias inside the node it names (it would never end)"
     size, depth = found
     if depth > MAX_CONFIG_DEPTH:
@@ -213,10 +195,7 @@ def yaml_size_problem(root: Any) -> str | None:
 
 
 def duplicate_key(root: Any) -> tuple[Any, Any] | None:
-    """The first key of a composed YAML document given twice in one mapping, as (its first node, its second), or
-    None: PyYAML keeps the last silently."""
-    import yaml
-
+    """(first, second) node of the first key given twice in one mapping (PyYAML keeps the last silently)."""
     for node in yaml_nodes(root):
         if isinstance(node, yaml.MappingNode):
             seen: dict[tuple[str, str], Any] = {}
@@ -228,18 +207,8 @@ def duplicate_key(root: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def refused_tags(root: Any) -> Iterator[Any]:
-    """The nodes of a composed YAML document (``yaml.compose``) whose tag PyYAML's safe loader has no constructor
-    for (a Python object's, or an unknown one), in document order, each once."""
-    import yaml
-
-    return (node for node in yaml_nodes(root) if node.tag not in yaml.SafeLoader.yaml_constructors)
-
-
 def read_config(path: Path) -> Any:
     """The content of a config file ``check_config_files`` accepted (None where it cannot be read now)."""
-    import yaml
-
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

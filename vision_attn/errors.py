@@ -1,7 +1,5 @@
-"""User-facing errors, and turning them into one line and a non-zero exit instead of a traceback.
-
-Every error a user can fix has its class here, so each layer raises it without importing another layer.
-"""
+"""User-facing errors, and turning them into one line and a non-zero exit instead of a traceback. Every error a user
+can fix has its class here, so each layer raises it without importing another layer."""
 
 from __future__ import annotations
 
@@ -42,10 +40,8 @@ WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # how a DataLo
 
 
 def user_message(error: BaseException) -> str:
-    """The one line to show: the error itself, or ours when a library wrapped it (jsonargparse reports a
-    DataModule's own error inside a "Does not validate against any of the Union subtypes" dump), followed through
-    ``__cause__`` and unsuppressed ``__context__``. An error re-raised by a DataLoader worker (its message holds the
-    worker's traceback) is its last line, less the type."""
+    """The one line to show: the error, or ours that a library wrapped (jsonargparse's Union dump), followed through
+    ``__cause__`` and unsuppressed ``__context__``; of a DataLoader worker's, its traceback's last line."""
     seen, cause = set(), error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
@@ -61,9 +57,8 @@ def user_message(error: BaseException) -> str:
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Turn the errors a user can fix (bad file, bad value, missing data, a diverged loss) into one line,
-    ``error: ...``, and exit 2; Ctrl-C into one line saying what was kept, and exit 130. Set
-    VISION_ATTN_TRACEBACK=1 to see the traceback instead."""
+    """The errors a user can fix as one line, ``error: ...``, and exit 2; Ctrl-C as one line saying what was kept,
+    and exit 130. VISION_ATTN_TRACEBACK=1 shows the traceback instead."""
     try:
         yield
     except (KeyboardInterrupt, Interrupted, *USER_ERRORS) as error:

@@ -1,7 +1,5 @@
-"""What the machine's CPU computes natively, as the training and the benchmarks need to know it: its feature flags
-(less the kernels torch and oneDNN were told not to use) and whether it has bf16 arithmetic. No Lightning, no torch:
-``/proc/cpuinfo`` and the environment only.
-"""
+"""What the machine's CPU computes natively (its feature flags, bf16 arithmetic), from ``/proc/cpuinfo`` and the
+environment only: no Lightning, no torch."""
 
 from __future__ import annotations
 
@@ -12,10 +10,8 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CP
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file), less those whose
-    kernels torch and oneDNN were told not to use: ``ATEN_CPU_CAPABILITY`` below AVX-512 or ``ONEDNN_MAX_CPU_ISA``
-    below AVX512_CORE drop the AVX-512 and AMX flags, an ``ONEDNN_MAX_CPU_ISA`` of AVX-512 without BF16, FP16 or
-    AMX drops the bf16 and AMX ones (``scripts/slower_cpu.sh`` runs an AVX-512 machine as one without)."""
+    """The CPU's feature flags in /proc/cpuinfo (empty without it), less those whose kernels torch and oneDNN were
+    told not to use (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``: ``scripts/slower_cpu.sh``)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -39,9 +35,8 @@ def has_native_bf16(flags: set[str]) -> bool:
 
 
 def bf16_warning(precision: str, on_cpu: bool, flags: set[str]) -> str | None:
-    """What to tell a user who trains in bf16 on a CPU without bf16 arithmetic (None when it does not apply, or
-    when the flags are unknown). There every bf16 convolution and matmul is emulated, many times slower than fp32
-    (docs/experiment-log.md has the figures)."""
+    """The warning for training in bf16 on a CPU without bf16 arithmetic, where it is emulated (None when it does
+    not apply, or the flags are unknown)."""
     if not on_cpu or "bf16" not in str(precision) or not flags or has_native_bf16(flags):
         return None
     return (f"precision {precision} on a CPU without bf16 arithmetic (none of {', '.join(NATIVE_BF16_FLAGS)} in "

@@ -1,11 +1,6 @@
-"""Typed option groups: what every task and DataModule is configured with comes in small documented dataclasses.
-
-A group is a frozen dataclass whose fields each carry a one-line doc, the string under the field, which
-``vision-attn fit --help`` and ``docs/configuration.md`` show. ``check`` refuses a wrong value in one line naming
-the option; ``coerce`` takes the group, a plain dict (a config's mapping, ``optimiser: {lr: 0.002}``, or a
-checkpoint's hyper-parameters) or None, and returns it checked. This module holds the groups several tasks share;
-the others live next to their models (``captioning/options.py``, ``vit/classifier_options.py``) and DataModules
-(``datamodules/data_options.py``).
+"""Typed option groups: every task and DataModule is configured with small frozen dataclasses, each field documented
+by the string under it (shown by ``vision-attn fit --help`` and ``docs/configuration.md``). Here: the base class and
+the groups several tasks share; the others live next to their models and DataModules.
 """
 
 from __future__ import annotations
@@ -13,7 +8,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import fields as group_fields  # ``merged`` takes ``**fields``
 from typing import Any, TypeVar
 
 Group = TypeVar("Group", bound="OptionGroup")
@@ -32,34 +28,32 @@ def plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class OptionGroup:
-    """What every option group has: ``coerce``, ``check``, and ``name`` (its argument's name, for messages).
-    Subclasses are ``@dataclass(frozen=True)``."""
+    """What every option group (a ``@dataclass(frozen=True)``) has: ``coerce``, ``check``, and ``name``."""
 
     name = "options"  # the argument that holds the group, as a message names it
 
     @classmethod
     def coerce(cls: type[Group], value: Group | Mapping[str, Any] | None, default: Group | None = None) -> Group:
-        """The group from itself, a plain dict (its options set over ``default``; unknown keys refused) or None
-        (``default``, else the group's own), checked."""
+        """The group, checked, from itself, a plain dict (a config's mapping or a checkpoint's hyper-parameters, set
+        over ``default``; unknown keys and wrong scalar types refused) or None (``default``, else the group's own)."""
         if value is None:
             group = default if default is not None else cls()
         elif isinstance(value, cls):
             group = value
         elif isinstance(value, Mapping):
-            known = {field.name for field in fields_of(cls)}
-            unknown = sorted(set(value) - known)
-            if unknown:
+            known = {field.name for field in group_fields(cls)}
+            if unknown := sorted(set(value) - known):
                 raise ValueError(f"{cls.name}: unknown option{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)}; it takes {', '.join(sorted(known))}")
-            texts = {field.name for field in fields_of(cls) if field.type in ("str", "str | None")}
+            texts = {field.name for field in group_fields(cls) if field.type in ("str", "str | None")}
             value = {key: os.fspath(item) if key in texts and isinstance(item, os.PathLike) else item
                      for key, item in value.items()}  # a path given from Python is the text a config would hold
             wrong = next((f"{cls.name}.{field.name} must be {SCALAR_TYPES[field.type][0]}, got "
-                          f"{type(value[field.name]).__name__}" for field in fields_of(cls)
+                          f"{type(value[field.name]).__name__}" for field in group_fields(cls)
                           if field.name in value and not scalar_fits(field.type, value[field.name])), None)
             if wrong:  # a checkpoint's hyper-parameters meet no parser: a type is checked here, naming the option
                 raise ValueError(wrong)
-            base = {} if default is None else {field.name: getattr(default, field.name) for field in fields_of(cls)}
+            base = {} if default is None else {field.name: getattr(default, field.name) for field in group_fields(cls)}
             group = cls(**{**base, **value})
         else:
             raise ValueError(f"{cls.name}: expected a mapping of options, got {type(value).__name__}")
@@ -69,16 +63,16 @@ class OptionGroup:
     @classmethod
     def merged(cls: type[Group], options: Group | Mapping[str, Any] | None = None, **fields: Any) -> Group:
         """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group or
-        the same options as keyword arguments (``AttentionDecoder(..., embed_dim=256)``)."""
+        keyword arguments."""
         group = cls.coerce(options)
-        return cls.coerce({**{field.name: getattr(group, field.name) for field in fields_of(cls)}, **fields}) \
+        return cls.coerce({**{field.name: getattr(group, field.name) for field in group_fields(cls)}, **fields}) \
             if fields else group
 
     def check(self) -> None:
         """Refuse, in one line naming the option, a value that is out of range or does not fit the others."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The group as a plain dict (nested groups as dicts, tuples as lists), as a checkpoint stores it."""
+        """The group as a checkpoint stores it (``plain``)."""
         return plain(self)
 
 
@@ -92,17 +86,12 @@ SCALAR_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
 
 
 def scalar_fits(annotation: Any, value: Any) -> bool:
-    """Whether ``value`` has a type of the scalar field ``annotation`` (``SCALAR_TYPES``; True for any other
-    annotation, whose group checks it): a bool is no number, a number no bool."""
+    """Whether ``value`` has a type of the scalar field ``annotation`` (``SCALAR_TYPES``; a bool is no number);
+    True for any other annotation, whose group checks it."""
     if annotation not in SCALAR_TYPES:
         return True
     types = SCALAR_TYPES[annotation][1]
     return isinstance(value, types) and (bool in types or not isinstance(value, bool))
-
-
-def fields_of(group: type[OptionGroup]) -> tuple:
-    """The fields of a group class."""
-    return fields(group)  # type: ignore[arg-type]
 
 
 def require(condition: bool, group: str, message: str) -> None:
@@ -140,8 +129,8 @@ class ImageFormat(OptionGroup):
     """per-channel standard deviation the pixels are normalised with (null: the model's default)"""
 
     def check(self) -> None:
-        """Refuse a size below 1 or above 4096, channels other than 1 or 3, or a mean or std without one finite
-        value per channel (std above 0)."""
+        """Refuse a size outside 1..4096, channels other than 1 or 3, a mean or std without a finite value per
+        channel, or a std not above 0."""
         require(isinstance(self.size, int) and self.size >= 1, self.name, f"size must be at least 1, got {self.size}")
         at_most(self.name, "size", self.size, 4096, "a larger input only costs memory")
         require(self.channels in (1, 3), self.name, f"channels must be 1 or 3, got {self.channels}")
@@ -224,16 +213,15 @@ class Loader(OptionGroup):
     """an unreadable image is left out with a warning and counted (skip), or stops the run (error)"""
 
     def check(self) -> None:
-        """Refuse a batch size below 1, a negative worker count, either above its bound (8192, 256), or an
-        on_bad_image other than skip or error."""
+        """Refuse a batch size below 1, a negative worker count, either above its bound, or an unknown
+        on_bad_image."""
         require(isinstance(self.batch_size, int) and self.batch_size >= 1, self.name,
                 f"batch_size must be at least 1, got {self.batch_size}")
         require(self.eval_batch_size is None or self.eval_batch_size >= 1, self.name,
                 f"eval_batch_size must be at least 1, got {self.eval_batch_size}")
         require(isinstance(self.num_workers, int) and self.num_workers >= 0, self.name,
                 f"num_workers must be 0 or more, got {self.num_workers}")
-        for key, high, why in (("batch_size", 8192, "past the largest batches that train well, it only costs "
-                                                    "memory"),
+        for key, high, why in (("batch_size", 8192, "past the largest batches that train well, it only costs memory"),
                                ("eval_batch_size", 8192, "a larger batch only costs memory"),
                                ("num_workers", 256, "more workers than cores only cost memory")):
             at_most(self.name, key, getattr(self, key), high, why)

@@ -1,10 +1,6 @@
-"""What the command line adds to every Trainer it builds (``trainer_cli.VisionAttnCLI.instantiate_trainer``):
-checkpoints written atomically and read weights-only, whatever CheckpointIO the config names
-(``SafeCheckpointIO``), a progress bar redrawn at most a few times a second (``PacedProgressBar``), a ``last``
-checkpoint that holds the weights the fit ended with (``FinalWeightsInLast``), and the Trainer class itself
-(``BatchCountTrainer``: a whole-number batch limit is a count of batches). Each is built on Lightning's public
-classes and hooks only.
-"""
+"""What the command line adds to every Trainer it builds (``trainer_cli.VisionAttnCLI.instantiate_trainer``), on
+Lightning's public classes and hooks only: checkpoints written atomically and read weights-only, a paced progress
+bar, a ``last`` checkpoint of the final weights, and a Trainer whose whole-number batch limits count batches."""
 
 from __future__ import annotations
 
@@ -23,12 +19,9 @@ from vision_attn.io import replace_atomically
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Checkpoints read only through ``checkpoint.load_file`` (weights-only, local, sound), and written to a
-    temporary file beside the target, then renamed: a crash (even SIGKILL) mid-write leaves the previous checkpoint
-    whole. Remote paths (``s3://`` ...) keep Lightning's own writer; they are never read.
-
-    ``writer``: a CheckpointIO the config names (``trainer.plugins``), which writes and removes the checkpoints in
-    its place; reading stays ours, so that no plugin opens a path to a checkpoint that carries code."""
+    """Checkpoints read only by ``checkpoint.load_file`` (weights-only, local, sound), and written to a temporary
+    file then renamed, so a crash mid-write leaves the previous one whole (remote paths: Lightning's writer).
+    ``writer``: a CheckpointIO of ``trainer.plugins`` that writes and removes in its place; reading stays ours."""
 
     def __init__(self, writer: CheckpointIO | None = None) -> None:
         super().__init__()
@@ -37,8 +30,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
             writer.checkpoint_io = SafeCheckpointIO()  # with no writer of its own: the strategy gives none to ours
 
     def save_checkpoint(self, checkpoint: dict, path: str | Path, storage_options: object | None = None) -> None:
-        """Write ``checkpoint`` with the ``writer``, else to a local ``path`` atomically (a remote one with
-        Lightning's writer)."""
+        """Write ``checkpoint`` with the ``writer``, else to a local ``path`` atomically."""
         if self.writer is not None:
             return self.writer.save_checkpoint(checkpoint, path, storage_options)
         if "://" in str(path):
@@ -47,7 +39,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return None
 
     def remove_checkpoint(self, path: str | Path) -> None:
-        """Remove a checkpoint with the ``writer`` (which may keep its files elsewhere), else Lightning's way."""
+        """Remove a checkpoint with the ``writer``, else Lightning's way."""
         (self.writer or super()).remove_checkpoint(path)
 
     def teardown(self) -> None:
@@ -61,13 +53,9 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
 
 class PacedProgressBar(TQDMProgressBar):
-    """Lightning's tqdm bars, redrawn at most every ``interval`` seconds (and at each bar's last batch) instead of
-    at every batch: redrawing a bar and its metrics at each of a fast model's steps takes a share of a
-    time-budgeted fit's steps on a CPU. The CLI uses it in place of Lightning's default bar; a progress bar set in
-    the config is kept as it is.
-
-    The pacing is done in the public batch-end hooks: a batch that comes less than ``interval`` after the last
-    redraw is not passed on to ``TQDMProgressBar``'s hook, which sets the bar to the batch's count when it is."""
+    """Lightning's tqdm bars, redrawn at most every ``interval`` seconds and at each bar's last batch: redrawing at
+    each of a fast model's steps takes a share of a time-budgeted fit's steps on a CPU. A batch-end hook passes
+    only the batches ``due`` on to ``TQDMProgressBar``'s, which sets the bar to the batch's count."""
 
     def __init__(self, interval: float = 0.2) -> None:
         super().__init__()
@@ -75,8 +63,8 @@ class PacedProgressBar(TQDMProgressBar):
         self.drawn_at = float("-inf")
 
     def due(self, batch_idx: int, bar: Any) -> bool:
-        """Whether the batch ``batch_idx`` of ``bar`` is to be drawn: the bar's last batch, or ``interval`` seconds
-        after the last batch drawn. A batch that is drawn restarts the interval."""
+        """Whether batch ``batch_idx`` of ``bar`` is drawn (and restarts the interval): the last, or one ``interval``
+        after the last drawn."""
         now = time.monotonic()
         last = bar.total is not None and batch_idx + 1 >= bar.total
         if last or now - self.drawn_at >= self.interval:
@@ -110,11 +98,9 @@ class PacedProgressBar(TQDMProgressBar):
 
 
 class FinalWeightsInLast(L.Callback):
-    """``last.ckpt`` holds the weights the fit ended with. Lightning (2.6) writes a ModelCheckpoint's ``last``
-    only at a validation where its monitored top-k checkpoint is written too, so a fit that ``max_time`` stops
-    after a validation that did not improve on the best kept an earlier step as "last". At the end of fitting,
-    when no checkpoint was written at the final step, each ModelCheckpoint with ``save_last: true`` writes its
-    ``last`` again (a ``save_last: link`` is a link to a top-k file, left as it is)."""
+    """``last.ckpt`` holds the weights the fit ended with: Lightning (2.6) writes it only with a top-k checkpoint,
+    so a fit that ``max_time`` stops after a validation that did not improve kept an earlier step. Each
+    ``save_last: true`` ModelCheckpoint writes it again when no checkpoint was written at the final step."""
 
     def __init__(self) -> None:
         self.saved_at_step = -1
@@ -135,11 +121,8 @@ class FinalWeightsInLast(L.Callback):
 class BatchCountTrainer(L.Trainer):
     """Lightning's Trainer, where a whole-number batch limit counts batches (1 is one batch, not all of them).
 
-    Lightning types ``limit_{train,val,test,predict}_batches`` ``float | int``, so jsonargparse (which LightningCLI
-    builds the Trainer's options with, from this signature and, through ``**kwargs``, from Lightning's) reads ``1``
-    as ``1.0``, which Lightning takes as all the batches, and the run's ``config.yaml`` records ``1.0``. Typed
-    ``int | float`` here, ``1`` is one batch in the run and in its ``config.yaml``; ``1.0`` or ``0.5`` is a fraction.
-    """
+    Lightning types the ``limit_*_batches`` ``float | int``, so jsonargparse reads ``1`` as ``1.0``, all the
+    batches; typed ``int | float`` here, ``1`` is one batch in the run and its ``config.yaml``."""
 
     def __init__(self, *, limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
                  limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,

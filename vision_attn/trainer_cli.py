@@ -1,14 +1,10 @@
 """``vision-attn fit | validate | test | predict`` and ``cache-features``: LightningCLI with the DataModule → model
-links, the option groups' docs in ``--help``, ``--ckpt_path`` checked and read by us (``ckpt_path.py``), the
-Trainer's additions (``trainer_callbacks.py``) and its refusals in one line (``config_errors.py``).
+links, the option groups' docs in ``--help``, ``--ckpt_path`` read by us (``ckpt_path.py``), the Trainer's additions
+(``trainer_callbacks.py``) and its refusals in one line (``config_errors.py``), through LightningCLI's public hooks.
 
-Only LightningCLI's public hooks are overridden: ``add_arguments_to_parser``, ``parse_arguments``,
-``before_instantiate_classes``, ``instantiate_trainer`` and the ``before_<subcommand>`` hooks. Lightning (2.6)
-also reads ``--ckpt_path``'s hyper-parameters into the model's config itself, between ``parse_arguments`` and
-``before_instantiate_classes``, with no public switch to stop it: it would take them as the checkpoint holds
-them, not upgraded, and with the options of the files a fit started from. So ``parse_arguments`` reads them
-itself, then holds the path back from the config until ``before_instantiate_classes`` puts it back, and Lightning
-finds no checkpoint to read there.
+Lightning (2.6) reads ``--ckpt_path``'s hyper-parameters into the model's config itself, not upgraded, between
+``parse_arguments`` and ``before_instantiate_classes``, with no public switch to stop it; so ``parse_arguments``
+reads them and holds the path back from the config until ``before_instantiate_classes``.
 """
 
 from __future__ import annotations
@@ -28,11 +24,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vision_attn.checkpoint import local_path
+from vision_attn.checkpoint import clear_initial_weights, local_path
 from vision_attn.ckpt_path import (
     NAMED_CHECKPOINTS,
     checkpoint_folder,
-    clear_model_initial_weights,
     model_class,
     model_kind,
     refuse_changed_options,
@@ -49,14 +44,8 @@ from vision_attn.trainer_callbacks import BatchCountTrainer, FinalWeightsInLast,
 
 # DataModule attribute -> model argument. A link is skipped when the DataModule lacks the attribute, but
 # a model that lacks the argument gets an error: every model must accept every target its data can send.
-LINKED_FROM_DATA = {
-    "image_format": "image",
-    "num_classes": "num_classes",
-    "class_names": "class_names",
-    "colour_names": "colour_names",
-    "vocab_tokens": "vocabulary",
-    "object_names": "objects",
-}
+LINKED_FROM_DATA = {"image_format": "image", "num_classes": "num_classes", "class_names": "class_names",
+                    "colour_names": "colour_names", "vocab_tokens": "vocabulary", "object_names": "objects"}
 
 
 class VisionAttnCLI(OneLineErrors, LightningCLI):
@@ -66,7 +55,6 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
     held_ckpt_path: str | None = None  # --ckpt_path, out of the config between parse_arguments and instantiation
 
     def __init__(self, *args: Any, trainer_class: type[L.Trainer] = BatchCountTrainer, **kwargs: Any) -> None:
-        """LightningCLI's arguments; its Trainer a ``BatchCountTrainer`` unless ``trainer_class`` names another."""
         super().__init__(*args, trainer_class=trainer_class, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -78,12 +66,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                                  "replacing them (without it, such a fit is refused)")
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse, then read ``--ckpt_path``: ``predict`` needs one, and a task that writes predictions; a file must
-        be a weights-only checkpoint of the model family the config trains (else the config's data meets another
-        model), and its hyper-parameters, in today's groups, become the model's config (``ckpt_path.py``). The
-        initial-weight options are cleared for every ``--ckpt_path``, ``last`` and the other names Lightning
-        resolves later too. The path is then held back from the config (``held_ckpt_path``) until
-        ``before_instantiate_classes``, so that Lightning does not read the hyper-parameters again."""
+        """Parse, then read ``--ckpt_path`` (``predict`` needs one): a file's hyper-parameters become the model's
+        config (``ckpt_path.py``); the initial-weight options are cleared for the names Lightning resolves too. The
+        path is held back (``held_ckpt_path``) so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
         given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         subcommand = self.config.get("subcommand")
@@ -97,8 +82,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             return
         model = config.get("model")
         class_path = str(model.get("class_path", "")) if model is not None else ""
-        if model is not None:
-            clear_model_initial_weights(model, model_kind(class_path))
+        if model is not None and model.get("init_args") is not None:
+            clear_initial_weights(model_kind(class_path), model["init_args"])
         refuse_registry(str(ckpt_path))
         if ckpt_path not in NAMED_CHECKPOINTS:
             local = str(local_path(ckpt_path))  # a remote path is refused here, before Lightning would fetch it
@@ -106,7 +91,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             if restored and class_path:
                 explicit = parser.parse_object(args, defaults=False) if isinstance(args, dict) else \
                     parser.parse_args(args, defaults=False)
-                changes = as_dict((explicit[subcommand].get("model") or {}).get("init_args") or {})
+                changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
+                changes = changes.as_dict() if isinstance(changes, jsonargparse.Namespace) else dict(changes)
                 refuse_changed_options(restored, changes, given, ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
@@ -115,8 +101,8 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         self.config[subcommand]["ckpt_path"] = None
 
     def before_instantiate_classes(self) -> None:
-        """Put ``--ckpt_path`` back into the config (``parse_arguments`` held it back), and check the model's and
-        the DataModule's option groups, so that a wrong option is one line before the DataModule does any work."""
+        """Put ``--ckpt_path`` back into the config, and check the model's and DataModule's option groups, so that
+        a wrong option is one line before the DataModule does any work."""
         if self.held_ckpt_path is not None:
             self.config[self.subcommand]["ckpt_path"] = self.held_ckpt_path
             self.held_ckpt_path = None
@@ -125,22 +111,17 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
             if isinstance(config.get(key), jsonargparse.Namespace):
                 check_option_groups(config[key])
 
-    def refuse_last_without_checkpoint(self) -> None:
+    def before_validate(self) -> None:
         """Refuse ``--ckpt_path last`` with no last checkpoint (``ckpt_path.require_last_checkpoint``)."""
         if self.config[self.subcommand].get("ckpt_path") == "last":
             require_last_checkpoint(self.trainer, self.subcommand)
 
-    def before_validate(self) -> None:
-        """Refuse ``--ckpt_path last`` with no last checkpoint."""
-        self.refuse_last_without_checkpoint()
-
     before_test = before_predict = before_validate
 
     def before_fit(self) -> None:
-        """Refuse ``--ckpt_path last`` with nothing to resume, and a fresh fit whose checkpoint folder holds an
-        earlier run's checkpoints: replacing them silently loses that run. Resuming (``--ckpt_path``) and
-        ``--overwrite true`` go ahead."""
-        self.refuse_last_without_checkpoint()
+        """Refuse ``--ckpt_path last`` with nothing to resume, and a fresh fit (without ``--overwrite true``) whose
+        checkpoint folder holds an earlier run's checkpoints, which it would silently replace."""
+        self.before_validate()  # --ckpt_path last
         config = self.config[self.subcommand]
         if config.get("ckpt_path") or config.get("overwrite"):
             return
@@ -153,10 +134,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                                       "--overwrite true")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The configured Trainer, whose checkpoints are read safely by ``SafeCheckpointIO`` (``safe_plugins``),
-        with a ``PacedProgressBar`` where the config sets no bar of its own, ``FinalWeightsInLast`` where a
-        ModelCheckpoint saves its last, no LearningRateMonitor without a logger, and a warning for bf16 on a CPU
-        without bf16 arithmetic."""
+        """The configured Trainer with ``safe_plugins``, a ``PacedProgressBar`` unless the config sets a bar,
+        ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no LearningRateMonitor without a logger, and
+        a warning for bf16 on a CPU without bf16 arithmetic."""
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
@@ -178,14 +158,9 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         return trainer
 
 
-def as_dict(options: Any) -> dict[str, Any]:
-    """A parsed config's mapping (a jsonargparse Namespace, nested) as plain dicts."""
-    return options.as_dict() if isinstance(options, jsonargparse.Namespace) else dict(options)
-
-
 def safe_plugins(plugins: list[Any]) -> list[Any]:
-    """The config's ``trainer.plugins`` with every checkpoint read by ``SafeCheckpointIO``: added when they name no
-    CheckpointIO (it then writes atomically too), and wrapped around one they name, which still writes."""
+    """``trainer.plugins`` with every checkpoint read by ``SafeCheckpointIO``: added (writing too) when they name no
+    CheckpointIO, else wrapped around the one they name, which still writes."""
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         return [*plugins, SafeCheckpointIO()]
     return [plugin if isinstance(plugin, SafeCheckpointIO) or not isinstance(plugin, CheckpointIO) else
@@ -193,8 +168,7 @@ def safe_plugins(plugins: list[Any]) -> list[Any]:
 
 
 def check_option_groups(section: jsonargparse.Namespace) -> None:
-    """Coerce each option group a config gives a class (``class_path`` and ``init_args``), which refuses a wrong
-    option in one line, as the class would when it is built."""
+    """Coerce each option group a config gives a class (``class_path``, ``init_args``): a wrong option is one line."""
     cls = model_class(str(section.get("class_path") or ""))
     init_args = section.get("init_args")
     if cls is None or not isinstance(init_args, jsonargparse.Namespace):
@@ -210,8 +184,7 @@ def check_option_groups(section: jsonargparse.Namespace) -> None:
 
 
 def require_predictions(config: Any, ckpt_path: str | None) -> None:
-    """Refuse ``predict`` without ``--ckpt_path`` (it would predict with untrained weights) or for a task that
-    writes no predictions (``tasks/predictions.py``)."""
+    """Refuse ``predict`` without ``--ckpt_path`` (untrained weights), or of a task that writes no predictions."""
     model = config.get("model")
     class_path = str(model.get("class_path", "")) if model is not None else ""
     task = model_class(class_path)
@@ -224,23 +197,16 @@ def require_predictions(config: Any, ckpt_path: str | None) -> None:
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
-    """LightningCLI on ``args`` (``sys.argv[1:]`` when None): the model and data are picked by ``class_path``.
-    Lightning's refusal of a setting (``MisconfigurationException``) becomes a one-line user error."""
+    """LightningCLI on ``args`` (``sys.argv[1:]`` when None), the model and data picked by ``class_path``; Lightning's
+    refusal of a setting (``MisconfigurationException``) is a one-line user error."""
     arguments = _arguments(args)
     # A dataclass field's doc is the string under it (the option groups). Reading those strings means parsing the
     # sources of every class the parser takes, Trainer's among them, so it is done only for the help that shows them.
     jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(
         sys.argv[1:] if arguments is None else arguments))
     try:
-        VisionAttnCLI(
-            L.LightningModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            args=arguments,
-            auto_configure_optimizers=False,
-        )
+        VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                      save_config_kwargs={"overwrite": True}, args=arguments, auto_configure_optimizers=False)
     except MisconfigurationException as error:
         raise ValueError(f"Lightning refused a setting: {error}") from None
     end_process_group()
@@ -253,9 +219,9 @@ def asks_for_help(args: Sequence[str]) -> bool:
                or (arg.startswith("--print_config") and "comments" in arg) for arg in args)
 
 
+# ``args`` with ``nulls_to_groups`` applied; from the command line, ``sys.argv`` is rewritten in place and None is
+# returned (LightningCLI warns of arguments given both ways)
 def _arguments(args: Sequence[str] | None) -> list[str] | None:
-    """``args`` with ``nulls_to_groups`` applied; None (``sys.argv``, rewritten in place: LightningCLI warns of
-    arguments given both ways) when they come from the command line."""
     if args is not None:
         return nulls_to_groups(args)
     sys.argv[1:] = nulls_to_groups(sys.argv[1:])
@@ -263,19 +229,15 @@ def _arguments(args: Sequence[str] | None) -> list[str] | None:
 
 
 def end_process_group() -> None:
-    """End the torch.distributed process group a finished DDP run leaves behind, on this rank. Lightning ends only
-    an NCCL group (at exit); a Gloo group left to the interpreter's shutdown can abort the process after a run
-    that succeeded ("terminate called without an active exception", exit status -6: seen once in a two-process
-    CPU ``predict`` beside the other tests). PyTorch asks each process to call ``destroy_process_group`` when it
-    is done with it; an NCCL group ended here is not ended again at exit."""
+    """End the torch.distributed process group a finished DDP run leaves on this rank, as PyTorch asks: Lightning
+    ends only an NCCL group, and a Gloo group left to the interpreter's shutdown can abort a run that succeeded."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
 def cache_features(args: Sequence[str]) -> None:
-    """``vision-attn cache-features --config C [overrides]``: fill the feature cache of every split ahead of
-    ``fit``, as ``fit`` would (the DataModule's ``feature_cache``, the model's frozen encoder part), printing the
-    disk size first and a progress bar per split. One process; ``fit`` under DDP fills in parallel instead."""
+    """``vision-attn cache-features --config C [overrides]``: fill every split's feature cache ahead of ``fit``, as
+    ``fit`` would (in one process), printing the disk size first and a progress bar per split."""
     cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                         subclass_mode_data=True, args=list(args), run=False, auto_configure_optimizers=False,
                         save_config_callback=None)
