@@ -197,15 +197,14 @@ def _distractors(rng: np.random.Generator, size: int, level: float, fragments: n
     return np.asarray(image).copy()
 
 
-def draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
-    """One ``background`` (B, C, size, size) uint8 per item of ``items`` (B, C, 28, 28), fragments cut from them."""
+def _draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
+    # One ``background`` (B, C, size, size) uint8 per item of ``items`` (B, C, 28, 28), fragments cut from them
     pool = items.amax(dim=1).cpu().numpy()
     drawn = np.stack([background.draw(rng, size, channels=items.shape[1], fragments=pool)[0] for _ in items])
     return torch.from_numpy(drawn).permute(0, 3, 1, 2)
 
 
-def uncovered(canvases: torch.Tensor) -> torch.Tensor:
-    """The pixels of ``canvases`` (B, C, S, S) that no item covers: zero in every channel, (B, 1, S, S) bool."""
+def _uncovered(canvases: torch.Tensor) -> torch.Tensor:  # zero in every channel: (B, 1, S, S) bool
     return (canvases == 0).all(dim=1, keepdim=True)
 
 
@@ -214,7 +213,7 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     """Training canvases (B, C, S, S) uint8 with every uncovered pixel filled: with grey noise up to a level drawn
     per image up to ``noise`` (0..255), else with ``background`` (drawn per image, or from ``pool``), all from
     torch's generator (a numpy one seeded from it for backgrounds)."""
-    around = uncovered(canvases)
+    around = _uncovered(canvases)
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
         grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
@@ -222,7 +221,7 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     if background.kind == "black":
         return canvases
     rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-    drawn = draw_backgrounds(background, rng, items, canvases.shape[-1]) if pool is None \
+    drawn = _draw_backgrounds(background, rng, items, canvases.shape[-1]) if pool is None \
         else pool.draw(rng, items, canvases.shape[-1])
     return torch.where(around, drawn.to(canvases.device), canvases)
 
@@ -247,12 +246,12 @@ class BackgroundPool:
         """Backgrounds (B, C, size, size) uint8 for a batch of ``items`` (B, C, 28, 28)."""
         count = len(items)
         if self.pool is None or self.pool.shape[1:] != (items.shape[1], size, size):
-            fill = [draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
+            fill = [_draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
             self.pool = torch.cat(fill)[: self.capacity]
         else:
             fresh = min(-(-count // self.reuse), self.capacity)
             slots = torch.from_numpy(rng.choice(self.capacity, size=fresh, replace=False))
-            self.pool[slots] = draw_backgrounds(self.background, rng, items[:fresh], size)
+            self.pool[slots] = _draw_backgrounds(self.background, rng, items[:fresh], size)
         drawn = self.pool[torch.from_numpy(rng.integers(self.capacity, size=count))]
         symmetries = rng.integers(8, size=count)
         for symmetry in np.unique(symmetries):
@@ -287,7 +286,7 @@ class TestCanvasFill:
         if self.noise:
             drawn = torch.randint(0, self.noise + 1, canvases.shape, generator=self.generator, dtype=torch.uint8)
         elif self.background.kind != "black":
-            drawn = draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
+            drawn = _draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
         else:
             return canvases, torch.zeros_like(canvases)
-        return torch.where(uncovered(canvases), drawn, canvases), drawn
+        return torch.where(_uncovered(canvases), drawn, canvases), drawn

@@ -1,9 +1,5 @@
-"""CIFAR-10 (Krizhevsky 2009): 60k 32×32 colour images of 10 classes.
-
-Reads either release under ``root``: the binary one (``cifar-10-batches-bin``) or the python one
-(``cifar-10-batches-py``, through an unpickler that accepts only numpy arrays and plain types, so a
-tampered file cannot run code). Without either, torchvision's downloader fetches the python release.
-"""
+"""CIFAR-10 (Krizhevsky 2009): 60k 32×32 colour images of 10 classes, from its binary or python release (read by
+an unpickler that accepts only arrays and plain types, so a tampered file cannot run code), or downloaded."""
 
 from __future__ import annotations
 
@@ -61,7 +57,6 @@ def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tup
     binary, python = root / "cifar-10-batches-bin", root / "cifar-10-batches-py"
     if not any(d.is_dir() for d in (binary, python)) and download:
         from torchvision.datasets import CIFAR10
-
         try:
             CIFAR10(str(root), train=True, download=True)
         except Exception as error:  # noqa: BLE001 - any network failure means "not there"

@@ -1,9 +1,5 @@
-"""Image classification data without Lightning: in-memory and file datasets, the batch augmentations and the
-eval/train transforms, the hold-out split and ``root/<split>/<class>/`` scanning.
-
-Datasets yield ``(uint8 image (C, H, W), label)``; normalisation and the cheap augmentations (random crop
-with padding, horizontal flip, Random Erasing) run on whole batches, on the device, in the DataModules'
-``on_after_batch_transfer`` (``vision_attn.datamodules``).
+"""Image classification data without Lightning: datasets of ``(uint8 image (C, H, W), label)``, the augmentations
+that run on whole batches on the device, the transforms, the hold-out split and ``root/<split>/<class>/`` scanning.
 """
 
 from __future__ import annotations
@@ -60,15 +56,13 @@ def random_hflip(images: Tensor) -> Tensor:
 
 
 def random_erase(images: Tensor, probability: float, generator: torch.Generator | None = None) -> Tensor:
-    """Random Erasing (Zhong et al. 2017): with ``probability``, blank one rectangle per image (B, C, H, W), of a
-    uniform share ``ERASE_AREA`` of the image and an aspect ratio drawn log-uniformly from e^-``ERASE_LOG_ASPECT``
-    to e^``ERASE_LOG_ASPECT`` (the paper's setting), clipped to the image, filled with zeros (Fashion-MNIST's black)."""
+    """Random Erasing (Zhong et al. 2017): with ``probability``, zero one rectangle per image (B, C, H, W), of a
+    uniform share ``ERASE_AREA`` of it and a log-uniform aspect within e^±``ERASE_LOG_ASPECT`` (the paper's)."""
     batch, _, height, width = images.shape
     device = images.device
 
     def uniform(low: float, high: float) -> Tensor:
         return low + (high - low) * torch.rand(batch, device=device, generator=generator)
-
     target = uniform(*ERASE_AREA) * height * width
     aspect = torch.exp(uniform(-ERASE_LOG_ASPECT, ERASE_LOG_ASPECT))
     box_h = (target * aspect).sqrt().round().clamp(1, height)
@@ -90,8 +84,8 @@ def eval_transform(image_size: int) -> v2.Compose:
 
 
 class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``: in training a random-resized
-    crop, else the centre square (``eval_transform``)."""
+    """(image file, label) pairs decoded to uint8 (C, H, W) squares: a random-resized crop in training, else the
+    centre square."""
 
     def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
                  on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
@@ -121,9 +115,8 @@ def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor,
 
 
 class PlacedItems(Dataset):
-    """A split's items for prediction, each followed by its place in the split, ``(index, name)``: the name is its
-    file (an ``ImageFileDataset``'s, also through a ``Subset``), else ``<split>/<index>``. An unreadable image
-    stays None (the collate drops it), so every prediction keeps its own image's place."""
+    """A split's items for prediction, each followed by ``(index, name)``, its place in the split (an unreadable
+    image stays None, so every prediction keeps its own image's place)."""
 
     def __init__(self, dataset: Dataset, split: str) -> None:
         self.dataset, self.split = dataset, split

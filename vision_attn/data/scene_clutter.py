@@ -24,9 +24,9 @@ class Captioner(Protocol):
         """Caption ``form`` of the objects in ``order``."""
 
 
-class Layers:
-    """Items painted in order on a ``size``×``size`` canvas, each later one on top (and, with ``outline``, ringed):
-    who owns each pixel and how many of each item's are hidden. Arrays are padded by a pixel, so rings need no clip."""
+class _Layers:
+    # Items painted in order, each later one on top (with ``outline``, ringed): who owns each pixel, and how many of
+    # each item's are hidden. Arrays are padded by a pixel, so rings need no clipping.
 
     def __init__(self, size: int, *, outline: bool) -> None:
         self.owner = np.full((size + 2, size + 2), FREE, dtype=np.int16)
@@ -35,7 +35,7 @@ class Layers:
         self.hidden: list[int] = []
 
     def footprint(self, alpha: np.ndarray, top: int, left: int) -> tuple[tuple[slice, slice], np.ndarray, np.ndarray]:
-        """Where an item of ``alpha`` (s, s) at (top, left) lands: the padded window, its pixels and outline there."""
+        # Where an item of ``alpha`` (s, s) at (top, left) lands: the padded window, its pixels and outline there
         side = alpha.shape[0]
         window = (slice(top, top + side + 2), slice(left, left + side + 2))
         own = np.pad(alpha, 1)
@@ -48,13 +48,13 @@ class Layers:
         return window, own, grown & ~own & (self.owner[window] >= 0)
 
     def lost(self, alpha: np.ndarray, top: int, left: int) -> np.ndarray:
-        """How many pixels each earlier item would lose to an item of ``alpha`` at (top, left)."""
+        # How many pixels each earlier item would lose to an item of ``alpha`` at (top, left)
         window, own, ring = self.footprint(alpha, top, left)
         under = self.owner[window][own | ring]
         return np.bincount(under[under >= 0], minlength=len(self.areas))
 
     def add(self, alpha: np.ndarray, top: int, left: int) -> tuple[np.ndarray, np.ndarray]:
-        """Paint the next item; returns its pixels and outline as (size, size) bool masks."""
+        # Paint the next item; returns its pixels and outline as (size, size) bool masks
         window, own, ring = self.footprint(alpha, top, left)
         lost = self.lost(alpha, top, left)
         self.hidden = [hidden + int(count) for hidden, count in zip(self.hidden, lost, strict=True)]
@@ -69,7 +69,6 @@ class Layers:
         return drawn[1:-1, 1:-1], outline[1:-1, 1:-1]
 
     def visible(self, item: int) -> np.ndarray:
-        """Item ``item``'s visible pixels, (size, size) bool."""
         return self.owner[1:-1, 1:-1] == item
 
 
@@ -86,7 +85,7 @@ def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple
             image[top : top + side, left : left + side][alpha] = item[alpha]
             owner[top : top + side, left : left + side][alpha] = k
         return image, [owner == k for k in range(len(items))]
-    layers = Layers(background.shape[0], outline=outline)
+    layers = _Layers(background.shape[0], outline=outline)
     for item, (top, left) in zip(items, corners, strict=True):
         side = item.shape[0]
         drawn, ring = layers.add(item.any(axis=2), top, left)
@@ -112,7 +111,7 @@ def place_free(rng: np.random.Generator, items: list[np.ndarray], tight: list[tu
     apart on some axis, and boxes apart (``overlap`` 0) or each item hiding at most ``overlap`` of every earlier one."""
     alphas = [item.any(axis=2) for item in items]
     for _ in range(PLACEMENT_RESTARTS):
-        layers = Layers(canvas_size, outline=overlap > 0)
+        layers = _Layers(canvas_size, outline=overlap > 0)
         corners: list[tuple[int, int]] = []
         for alpha, (top, left, bottom, right) in zip(alphas, tight, strict=True):
             side = alpha.shape[0]
@@ -160,8 +159,7 @@ def free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tuple
                      f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
 
 
-def listing(captioner: Captioner, order: list[int]) -> str:
-    """"a A, a B and a C": the objects of ``order`` named in a list."""
+def _listing(captioner: Captioner, order: list[int]) -> str:  # "a A, a B and a C"
     named = [f"a {captioner.names[slot]}" for slot in order]
     return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
 
@@ -172,15 +170,14 @@ def more_caption(captioner: Captioner, form: int, order: list[int], flags: tuple
     if len(order) == 1:
         return ONE_ITEM_FORMS[form].format(captioner.names[order[0]])
     if form == 1:
-        return f"there is {listing(captioner, order)}"
+        return f"there is {_listing(captioner, order)}"
     if form == 3:
-        return f"a {captioner.names[order[0]]} next to {listing(captioner, order[1:])}"
-    return f"{captioner.caption(form, order[:3], flags)}, with {listing(captioner, order[3:])}"
+        return f"a {captioner.names[order[0]]} next to {_listing(captioner, order[1:])}"
+    return f"{captioner.caption(form, order[:3], flags)}, with {_listing(captioner, order[3:])}"
 
 
 def mask_rle(mask: np.ndarray) -> dict:
     """A (H, W) bool mask as COCO's compressed RLE: {"size": [H, W], "counts": str}."""
     from pycocotools import mask as coco_mask
-
     encoded = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
     return {"size": [int(v) for v in encoded["size"]], "counts": encoded["counts"].decode("ascii")}

@@ -180,7 +180,6 @@ def _hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: 
     saturation = np.where(white, saturation * reach[0], 1 - (1 - saturation) * reach[0])
     value = 1 - (1 - value) * reach[1]
     from matplotlib.colors import hsv_to_rgb  # here: drawing scenes without hue_jitter does not import matplotlib
-
     return np.rint(255 * hsv_to_rgb(np.stack([hue % 360.0 / 360.0, saturation, value], axis=1))).astype(np.uint16)
 
 

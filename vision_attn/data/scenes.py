@@ -87,7 +87,7 @@ class _Captioner:
         self.stated: list[tuple[int, str, int]] = []
 
     def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-        """Caption ``form`` (0..4) naming the objects in ``order``; relation phrase k takes ``flags[k]``."""
+        # Caption ``form`` (0..4) naming the objects in ``order``; relation phrase k takes ``flags[k]``
         if len(order) not in CAPTION_FORMS:  # one, four or five objects
             return more_caption(self, form, order, flags)
         template, pairs = CAPTION_FORMS[len(order)][form]
@@ -98,7 +98,7 @@ class _Captioner:
         return template.format(*(self.names[slot] for slot in order), **phrases)
 
     def captions(self, orders: list[list[int]], flags: list[tuple[bool, bool]]) -> list[tuple[str, list]]:
-        """The five (caption, its (subject id, phrase, object id)): caption k names the objects in ``orders[k]``."""
+        # The five (caption, its (subject id, phrase, object id)): caption k names the objects in ``orders[k]``
         orders = [[slot for slot in order if slot < len(self.names)] for order in orders]
         if len(self.names) == 2:
             orders[1] = orders[0][::-1]  # caption 1 restates caption 0 the other way round
@@ -259,7 +259,6 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
                 fashion_mnist_root: str | Path = "data/fashion_mnist", overwrite: bool = False,
                 ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
-
     ``counts`` maps splits to scene counts (default 20000/1000/1000); ``style`` (a ``SceneStyle`` or a mapping of
     its fields) draws every split, ``styles`` overrides it per split. ``root`` must be new or empty unless
     ``overwrite`` (which replaces only the dataset's files); the splits are staged and moved into place at the end,
