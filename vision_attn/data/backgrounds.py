@@ -154,10 +154,6 @@ def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path
     return np.rint(texture * rng.uniform(0, level)).astype(np.uint8)
 
 
-def _colour(rng: np.random.Generator, level: float) -> tuple[int, int, int]:
-    return tuple(int(v) for v in np.rint(rng.integers(0, 256, size=3) * rng.uniform(0, level)))  # type: ignore
-
-
 def _fragment(rng: np.random.Generator, fragments: np.ndarray) -> np.ndarray:
     # A piece of a random item that is no garment: a crop cut in four tiles, shuffled and turned
     item = fragments[int(rng.integers(len(fragments)))]
@@ -175,7 +171,8 @@ def _distractors(rng: np.random.Generator, size: int, level: float, fragments: n
     draw = ImageDraw.Draw(image)
     kinds = 4 if fragments is not None and len(fragments) else 3
     for _ in range(int(rng.integers(DISTRACTORS[0], DISTRACTORS[1] + 1))):
-        kind, colour = int(rng.integers(kinds)), _colour(rng, level)
+        kind = int(rng.integers(kinds))
+        colour = tuple(int(v) for v in np.rint(rng.integers(0, 256, size=3) * rng.uniform(0, level)))  # up to level
         width = int(rng.integers(1, 4))
         if kind == 0:  # a stroke through 2 to 4 points
             points = [tuple(int(v) for v in rng.integers(0, size, size=2)) for _ in range(int(rng.integers(2, 5)))]

@@ -79,9 +79,8 @@ def read_coco_captions(captions_file: Path, image_dir: Path) -> list[CaptionedIm
     records, wordless = [], []
     for image_id in coco.imgs:  # the file's order
         captions = [annotation["caption"] for annotation in coco.imgToAnns.get(image_id, [])]
-        if not all(map(has_words, captions)):  # empty or punctuation-only captions teach nothing
-            wordless += [(image_id, caption) for caption in captions if not has_words(caption)]
-            captions = [caption for caption in captions if has_words(caption)]
+        wordless += [(image_id, caption) for caption in captions if not has_words(caption)]  # they teach nothing
+        captions = [caption for caption in captions if has_words(caption)]
         if not captions:
             continue
         path = resolve_inside(image_dir, coco.imgs[image_id].get("file_name"), source=captions_file)

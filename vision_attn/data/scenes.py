@@ -176,13 +176,12 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     source_split, source_slice = SOURCES[split]
     image_dir = root / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
-    if style.background != "black":
-        (root / "backgrounds" / split).mkdir(parents=True, exist_ok=True)
     info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
             "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
     if style != SceneStyle():  # the default style is left out, so default scenes keep their bytes
         info["style"] = style.recorded()
     if style.background != "black":  # its scenes' backgrounds are written alone too (backgrounds/<split>/)
+        (root / "backgrounds" / split).mkdir(parents=True, exist_ok=True)
         info["backgrounds"] = True
     image_entries, captions, instances, attributes, relations = [], [], [], [], []
     for index in range(count):
