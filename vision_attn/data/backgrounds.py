@@ -18,8 +18,7 @@ from PIL import Image, ImageDraw
 
 DRAWN = ("black", "noise", "texture", "distractors")  # what ``mixed`` draws from, in the order of its weights
 BACKGROUNDS = (*DRAWN, "mixed")
-# The photographs each texture source offers: (package, folder inside it, files). All ship in the packages' wheels
-# (scikit-image's are the images ``skimage.data`` reads without downloading them), so nothing is fetched.
+# The photographs each texture source offers, (package, folder, files): all in the packages' wheels, never fetched
 TEXTURE_SOURCES = {
     "skimage": ("skimage", "data", ("astronaut.png", "brick.png", "camera.png", "cell.png", "chelsea.png",
                                     "clock_motion.png", "coffee.png", "coins.png", "grass.png", "gravel.png",

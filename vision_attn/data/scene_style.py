@@ -35,8 +35,7 @@ MAX_SCALE_JITTER = 0.5
 MAX_OBJECTS_PER_SCENE = 5  # more items crowd a 96-pixel canvas, and their captions outgrow a sentence
 MIN_ITEM_SIDE, MAX_SCALE = 10, 2.0  # a smaller garment is a few pixels of noise; a larger one fills the canvas
 MAX_OVERLAP = 0.5  # an item hidden more than half is hardly one a caption can name
-# The fields a style had before backgrounds, object counts, scale ranges and overlap: a split's info records
-# the others only when they are not at their defaults, so earlier styles keep their bytes.
+# The fields a style had first: a split's info records the others only off their defaults (earlier bytes kept)
 FIRST_FIELDS = ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette")
 
 

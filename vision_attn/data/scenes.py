@@ -30,13 +30,11 @@ RELATIONS = ("to the left of", "to the right of", "above", "below")
 DEFAULT_COUNTS = {"train": 20000, "val": 1000, "test": 1000}
 MAX_OBJECTS = 3
 CAPTIONS_PER_IMAGE = 5
-# Where each split draws its items: (Fashion-MNIST split, slice of it). Val and test share the official
-# test set, in two fixed disjoint halves.
+# Where each split draws its items: (Fashion-MNIST split, slice); val and test take two halves of the test set
 SOURCES = {"train": ("train", slice(0, 60000)), "val": ("test", slice(0, 5000)), "test": ("test", slice(5000, 10000))}
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each split's layout is independent
 PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is far smaller than raw and as fast
-# The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
-# times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 5 items.
+# The most a split, a canvas and a grid may be: five training sets; 28-pixel items as specks; 64 cells for 5 items
 MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
 # Caption forms 0..4 of two and of three objects: a template of their names in the caption's order ({0}, {1},
 # {2}) and of relation phrases {r0}, {r1}, with the (subject, object) places in that order each phrase relates.
