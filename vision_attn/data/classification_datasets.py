@@ -63,6 +63,7 @@ def random_erase(images: Tensor, probability: float, generator: torch.Generator 
 
     def uniform(low: float, high: float) -> Tensor:
         return low + (high - low) * torch.rand(batch, device=device, generator=generator)
+
     target = uniform(*ERASE_AREA) * height * width
     aspect = torch.exp(uniform(-ERASE_LOG_ASPECT, ERASE_LOG_ASPECT))
     box_h = (target * aspect).sqrt().round().clamp(1, height)
@@ -94,8 +95,7 @@ class ImageFileDataset(torch.utils.data.Dataset):
         self.max_side = 2 * image_size
         self.transform = v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True) if train \
             else eval_transform(image_size)
-        self.on_bad_image = on_bad_image
-        self.bad_images = bad_images
+        self.on_bad_image, self.bad_images = on_bad_image, bad_images
 
     def __len__(self) -> int:
         return len(self.samples)
