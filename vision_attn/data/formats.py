@@ -18,8 +18,7 @@ from vision_attn.io import input_file
 
 MAX_JSON_BYTES = 1 << 30  # 1 GiB: MS COCO's largest annotation file (instances_train2017.json) is 448 MB
 MAX_JSON_DEPTH = 64  # every format we read nests at most 7 levels (a results record's beams' head_alphas)
-MAX_JSON_CONTAINERS = 1 << 25  # arrays and objects in one file: a few per COCO annotation; each costs far more
-# memory decoded than its two bytes of text, so a file of empty ones is bounded by this, not by its size
+MAX_JSON_CONTAINERS = 1 << 25  # arrays and objects in a file: decoded, each costs far more than its two bytes
 MAX_ID = 2**63 - 1  # ids are 64-bit integers (pycocotools and numpy hold them so)
 MAX_SIDE = 2**31 - 1  # an image's width or height: PNG's own limit
 MAX_CAPTION_WORDS = 200  # decoding.max_length's bound: no decoder here writes a longer caption
