@@ -54,8 +54,7 @@ _known_texture_files = functools.lru_cache(maxsize=8)(texture_files)  # per draw
 
 @functools.lru_cache(maxsize=32)
 def read_texture(path: Path) -> tuple[np.ndarray, ...]:
-    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process, and its halvings down to a side of 16
-    (a small crop's resize then reads a level near its size)."""
+    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process, and its halvings to a side of 16."""
     with Image.open(path) as image:
         level = image.convert("RGB")
     levels = [np.asarray(level)]
@@ -103,8 +102,7 @@ class Background:
 
     def draw(self, rng: np.random.Generator, size: int, *, channels: int = 3,
              fragments: np.ndarray | None = None) -> tuple[np.ndarray, str]:
-        """One background uint8 (size, size, ``channels``) and its kind; distractors cut fragments of ``fragments``
-        (M, 28, 28) grey items."""
+        """One background uint8 (size, size, ``channels``) and its kind; distractors cut ``fragments`` (M, 28, 28)."""
         kind = self.kind
         if kind == "mixed":
             weights = np.ones(len(DRAWN)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
@@ -258,8 +256,7 @@ class BackgroundPool:
 
 
 class TestCanvasFill:
-    """What the test canvases' items lie on, the same for the same ``seed``: black, uniform grey noise up to
-    ``noise`` (0..255), or one ``background`` per canvas."""
+    """What the test canvases' items lie on, the same for the same ``seed``: black, grey noise, or ``background``."""
 
     def __init__(self, seed: int, *, noise: int = 0, background: Background | None = None) -> None:
         self.check(noise, background)

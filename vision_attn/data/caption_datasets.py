@@ -63,8 +63,7 @@ class CaptionBatch(NamedTuple):
 
 
 class EvalCaptionBatch(NamedTuple):
-    """A validation/test batch, one entry per image: images (B, 3, H, W) (or cached ``features``), ids, raw
-    references, objects (None without an instances file) and files."""
+    """A validation/test batch: images (B, 3, H, W) (or cached ``features``), ids, references, objects and files."""
 
     images: Tensor
     image_ids: list[int | str]

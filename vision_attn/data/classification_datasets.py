@@ -85,8 +85,7 @@ def eval_transform(image_size: int) -> v2.Compose:
 
 
 class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares: a random-resized crop in training, else the
-    centre square."""
+    """(image file, label) pairs as uint8 (C, H, W) squares: a random-resized crop in training, else the centre."""
 
     def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
                  on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:

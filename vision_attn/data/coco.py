@@ -59,8 +59,7 @@ def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
 
 
 def load_coco(path: Path, what: Literal["captions", "instances"]) -> COCO:
-    """A pycocotools index of a COCO captions or instances file, built from its content as ``read_json`` read and
-    ``vision_attn.data.formats`` checked it; its progress prints silenced."""
+    """A pycocotools index of a COCO captions or instances file, built from its checked content, silently."""
     if not path.exists():
         raise DatasetNotFoundError(f"{path}: {what} file not found")
     data = read_json(path, f"a COCO {what} JSON")

@@ -213,8 +213,7 @@ class FrozenPart(NamedTuple):
 def split_caches(part: FrozenPart, paths: Mapping[str, Sequence[Path]], root: str | os.PathLike, *,
                  image_size: int, mean: Sequence[float], std: Sequence[float],
                  shard_size: int = 256) -> dict[str, FeatureCache]:
-    """The feature cache of each split's images (``paths``, by role) under ``part``, keyed by everything its
-    features depend on."""
+    """Each split's feature cache (``paths`` by role) under ``part``, keyed by everything its features depend on."""
     module = part.module.eval()  # frozen: in eval mode (BatchNorm keeps its statistics)
     device = next(module.parameters()).device
     with torch.no_grad():

@@ -207,8 +207,7 @@ def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
 
 
 def check_attributes(data: Any, path: Path, annotation_ids: set[int]) -> dict[str, Any]:
-    """A Fashion scenes attributes file's content, checked (``docs/formats/scenes.md``): each instance's id one of
-    ``annotation_ids`` (the instances file's)."""
+    """A scenes attributes file's content, checked: each instance's id one of annotation_ids (the instances')."""
     refuse = _Refusal(path, "scenes attributes")
     instances = refuse.entries(data, "instances")
     refuse.ids(instances, "instances")

@@ -31,8 +31,7 @@ OnBadImage = Literal["skip", "error"]
 
 
 class BadImageCounter:
-    """Counts images skipped as unreadable, across DataLoader workers: each adds to its own slot of a shared-memory
-    tensor (no lost updates, no locks)."""
+    """Counts images skipped as unreadable, each DataLoader worker in its own slot of a shared-memory tensor."""
 
     SLOTS = 257  # the main process + up to 256 workers
 

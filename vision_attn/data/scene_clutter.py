@@ -74,8 +74,7 @@ class _Layers:
 
 def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple[int, int]], *,
             outline: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Tinted ``items`` (s, s, 3) painted in order over ``background`` (S, S, 3) at ``corners`` (top, left): the
-    image, and each item's visible pixels (S, S) bool."""
+    """Tinted ``items`` painted in order over ``background`` at ``corners``: the image, and each item's mask."""
     image = background.copy()
     if not outline:  # no rings: each item's pixels over the earlier ones, and who owns each pixel
         owner = np.full(background.shape[:2], FREE, dtype=np.int8)

@@ -256,10 +256,10 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
                 fashion_mnist_root: str | Path = "data/fashion_mnist", overwrite: bool = False,
                 ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
-    ``counts`` maps splits to scene counts (default 20000/1000/1000); ``style`` (a ``SceneStyle`` or a mapping of
-    its fields) draws every split, ``styles`` overrides it per split. ``root`` must be new or empty unless
-    ``overwrite`` (which replaces only the dataset's files); the splits are staged and moved into place at the end,
-    so a failure leaves the old dataset, or nothing."""
+
+    ``style`` (a ``SceneStyle`` or a mapping of its fields) draws every split, ``styles`` overrides it per split.
+    ``root`` must be new or empty unless ``overwrite`` (which replaces only the dataset's files); the splits are
+    staged and moved into place at the end, so a failure leaves the old dataset, or nothing."""
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
     unknown = set(styles or {}) - set(counts)
