@@ -1,11 +1,7 @@
-"""What lies under the items: the background families of the Fashion scenes and of the ViT's Fashion-MNIST canvas.
-
-A model that only ever saw items on black learns "an object is whatever is not black". A ``Background`` draws
-something else under them, from a random generator, one image at a time (``docs/formats/scenes.md``, "Backgrounds"):
-``black`` (zeros, drawing nothing from the generator), ``noise`` (grey or coloured, with a grain of 1 to
-``MAX_GRAIN`` pixels), ``texture`` (a crop of a photograph shipped inside an installed package, never fetched),
-``distractors`` (strokes, arcs, blobs and shuffled fragments of items: never a whole garment), or ``mixed`` (one of
-the four per image, with ``weights``). Each is drawn at a level from 0 to ``level`` (a share of white).
+"""What lies under the items of the Fashion scenes and of the ViT's Fashion-MNIST canvas, so that a model does not
+learn "an object is whatever is not black" (``docs/formats/scenes.md``, "Backgrounds"): ``black``, ``noise``,
+``texture`` (a crop of a photograph shipped in an installed package), ``distractors`` (strokes, arcs, blobs and
+shuffled fragments of items), or ``mixed`` (one of the four per image), each at a level from 0 to ``level``.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ from PIL import Image, ImageDraw
 
 DRAWN = ("black", "noise", "texture", "distractors")  # what ``mixed`` draws from, in the order of its weights
 BACKGROUNDS = (*DRAWN, "mixed")
-# The photographs each texture source offers: (package, folder inside it, files). All ship in the packages' wheels
-# (scikit-image's are the images ``skimage.data`` reads without downloading them), so nothing is fetched.
+# The photographs each texture source offers, (package, folder, files): all in the packages' wheels, never fetched
 TEXTURE_SOURCES = {
     "skimage": ("skimage", "data", ("astronaut.png", "brick.png", "camera.png", "cell.png", "chelsea.png",
                                     "clock_motion.png", "coffee.png", "coins.png", "grass.png", "gravel.png",
@@ -38,8 +33,7 @@ FRAGMENT_SIDES = (8, 16)  # the side of an item's crop that a fragment is cut fr
 
 
 def texture_files(source: str) -> list[Path]:
-    """The photographs of texture source ``source``, in the installed package's folder; refuses, in one line, an
-    unknown source, a package that is not installed or a file it lacks."""
+    """The photographs of texture source ``source``; refuses an unknown source or a missing package or file."""
     if source not in TEXTURE_SOURCES:
         raise ValueError(f"texture_source must be one of {list(TEXTURE_SOURCES)}, got {source!r}")
     package, folder, names = TEXTURE_SOURCES[source]
@@ -60,8 +54,7 @@ _known_texture_files = functools.lru_cache(maxsize=8)(texture_files)  # per draw
 
 @functools.lru_cache(maxsize=32)
 def read_texture(path: Path) -> tuple[np.ndarray, ...]:
-    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process, with its halvings (box filter) down
-    to a side of 16: a small crop's resize then reads a level near its size, at a fraction of the cost."""
+    """A texture photograph as RGB uint8 (H, W, 3), decoded once per process, and its halvings to a side of 16."""
     with Image.open(path) as image:
         level = image.convert("RGB")
     levels = [np.asarray(level)]
@@ -73,9 +66,8 @@ def read_texture(path: Path) -> tuple[np.ndarray, ...]:
 
 @dataclass(frozen=True)
 class Background:
-    """A background family (the module's docstring): ``kind``, the brightest ``level`` (0..1 of white) it draws
-    at, the ``texture_source`` of ``texture``, and the ``weights`` of ``mixed`` (black, noise, texture,
-    distractors; None: equal)."""
+    """A background family: ``kind``, its brightest ``level`` (0..1 of white), the ``texture_source`` of
+    ``texture``, and the ``weights`` of ``mixed`` (black, noise, texture, distractors; None: equal)."""
 
     kind: str = "black"
     level: float = 0.5
@@ -83,9 +75,7 @@ class Background:
     weights: tuple[float, ...] | None = None
 
     def check(self, owner: str = "background") -> None:
-        """Refuse, in one line naming ``owner``'s option, an unknown kind or source, a level outside 0..1, weights
-        that are not four non-negative numbers with a positive sum or that a kind other than ``mixed`` is given,
-        or a texture source whose package or files are missing."""
+        """Refuse, in one line naming ``owner``'s option, a field out of range or a texture source's missing files."""
         if self.kind not in BACKGROUNDS:
             raise ValueError(f"{owner} must be one of {list(BACKGROUNDS)}, got {self.kind!r}")
         if not (isinstance(self.level, int | float) and 0 <= self.level <= 1):
@@ -112,9 +102,7 @@ class Background:
 
     def draw(self, rng: np.random.Generator, size: int, *, channels: int = 3,
              fragments: np.ndarray | None = None) -> tuple[np.ndarray, str]:
-        """One size×size background, uint8 (size, size, ``channels``) (3: RGB, 1: grey), and the kind it is.
-        ``fragments`` (M, 28, 28) uint8 are the grey items a distractors background cuts its fragments from
-        (none: no fragments)."""
+        """One background uint8 (size, size, ``channels``) and its kind; distractors cut ``fragments`` (M, 28, 28)."""
         kind = self.kind
         if kind == "mixed":
             weights = np.ones(len(DRAWN)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
@@ -133,7 +121,6 @@ class Background:
 
 
 def _noise(rng: np.random.Generator, size: int, level: float) -> np.ndarray:
-    """Grey or coloured noise with a random grain, at a random level up to ``level``."""
     grain = int(rng.integers(1, MAX_GRAIN + 1))
     coloured = bool(rng.random() < 0.5)
     small = math.ceil(size / grain)
@@ -146,7 +133,6 @@ def _noise(rng: np.random.Generator, size: int, level: float) -> np.ndarray:
 
 
 def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path]) -> np.ndarray:
-    """A random crop of a random photograph of ``files``, resized, mirrored and dimmed."""
     levels = read_texture(files[int(rng.integers(len(files)))])
     height, width = levels[0].shape[:2]
     side = int(rng.integers(max(8, min(height, width) // 8), min(height, width) + 1))
@@ -165,13 +151,8 @@ def _texture(rng: np.random.Generator, size: int, level: float, files: list[Path
     return np.rint(texture * rng.uniform(0, level)).astype(np.uint8)
 
 
-def _colour(rng: np.random.Generator, level: float) -> tuple[int, int, int]:
-    """A random RGB colour at a random level up to ``level``."""
-    return tuple(int(v) for v in np.rint(rng.integers(0, 256, size=3) * rng.uniform(0, level)))  # type: ignore
-
-
 def _fragment(rng: np.random.Generator, fragments: np.ndarray) -> np.ndarray:
-    """A piece of a random item that is no garment: a crop cut in four tiles, shuffled and turned (grey, uint8)."""
+    # A piece of a random item that is no garment: a crop cut in four tiles, shuffled and turned
     item = fragments[int(rng.integers(len(fragments)))]
     half = int(rng.integers(FRAGMENT_SIDES[0] // 2, FRAGMENT_SIDES[1] // 2 + 1))
     top, left = (int(v) for v in rng.integers(0, item.shape[0] - 2 * half + 1, size=2))
@@ -183,12 +164,12 @@ def _fragment(rng: np.random.Generator, fragments: np.ndarray) -> np.ndarray:
 
 
 def _distractors(rng: np.random.Generator, size: int, level: float, fragments: np.ndarray | None) -> np.ndarray:
-    """Random strokes, arcs, blobs and item fragments on black."""
     image = Image.new("RGB", (size, size))
     draw = ImageDraw.Draw(image)
     kinds = 4 if fragments is not None and len(fragments) else 3
     for _ in range(int(rng.integers(DISTRACTORS[0], DISTRACTORS[1] + 1))):
-        kind, colour = int(rng.integers(kinds)), _colour(rng, level)
+        kind = int(rng.integers(kinds))
+        colour = tuple(int(v) for v in np.rint(rng.integers(0, 256, size=3) * rng.uniform(0, level)))  # up to level
         width = int(rng.integers(1, 4))
         if kind == 0:  # a stroke through 2 to 4 points
             points = [tuple(int(v) for v in rng.integers(0, size, size=2)) for _ in range(int(rng.integers(2, 5)))]
@@ -210,27 +191,23 @@ def _distractors(rng: np.random.Generator, size: int, level: float, fragments: n
     return np.asarray(image).copy()
 
 
-def draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
-    """One ``background`` per item of ``items`` (B, C, 28, 28) uint8, (B, C, size, size) uint8, its fragments cut
-    from those items."""
+def _draw_backgrounds(background: Background, rng: np.random.Generator, items: torch.Tensor, size: int) -> torch.Tensor:
+    # One ``background`` (B, C, size, size) uint8 per item of ``items`` (B, C, 28, 28), fragments cut from them
     pool = items.amax(dim=1).cpu().numpy()
     drawn = np.stack([background.draw(rng, size, channels=items.shape[1], fragments=pool)[0] for _ in items])
     return torch.from_numpy(drawn).permute(0, 3, 1, 2)
 
 
-def uncovered(canvases: torch.Tensor) -> torch.Tensor:
-    """The pixels of ``canvases`` (B, C, S, S) that no item covers: zero in every channel, (B, 1, S, S) bool."""
+def _uncovered(canvases: torch.Tensor) -> torch.Tensor:  # zero in every channel: (B, 1, S, S) bool
     return (canvases == 0).all(dim=1, keepdim=True)
 
 
 def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background,
                   pool: BackgroundPool | None = None) -> torch.Tensor:
-    """Training canvases (B, C, S, S) uint8 with every pixel but their items' (those zero in every channel) filled:
-    with grey noise up to a level drawn per image from 0 to ``noise`` (0..255; torch's generator), else with
-    ``background``, one drawn per image (from a numpy generator seeded from torch's, so ``seed_everything`` fixes
-    it too), whose fragments are cut from the batch's ``items`` (B, C, 28, 28), or taken from ``pool`` (of the
-    same background) where one is given. A black background and no noise leave them as they are."""
-    around = uncovered(canvases)
+    """Training canvases (B, C, S, S) uint8 with every uncovered pixel filled: with grey noise up to a level drawn
+    per image up to ``noise`` (0..255), else with ``background`` (drawn per image, or from ``pool``), all from
+    torch's generator (a numpy one seeded from it for backgrounds)."""
+    around = _uncovered(canvases)
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
         grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
@@ -238,7 +215,7 @@ def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, ba
     if background.kind == "black":
         return canvases
     rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-    drawn = draw_backgrounds(background, rng, items, canvases.shape[-1]) if pool is None \
+    drawn = _draw_backgrounds(background, rng, items, canvases.shape[-1]) if pool is None \
         else pool.draw(rng, items, canvases.shape[-1])
     return torch.where(around, drawn.to(canvases.device), canvases)
 
@@ -250,11 +227,9 @@ def check_reuse(reuse: object) -> None:
 
 
 class BackgroundPool:
-    """Training backgrounds drawn a few at a time and reused (``reuse`` > 1), as a background is Python and PIL work:
-    each batch draws ⌈B / ``reuse``⌉ new backgrounds of ``background`` (fragments cut from the batch's items) into a
-    pool of ``capacity`` (filled at its first batch), replacing random ones, and gives each of its B images a random
-    background of the pool under one of the square's eight symmetries, each as likely. Everything is drawn from
-    the batch's numpy generator ``rng``."""
+    """Training backgrounds reused, as drawing one is Python work: each batch draws ⌈B / ``reuse``⌉ new ones into a
+    pool of ``capacity``, replacing random ones, and gives each image a random one under one of the square's eight
+    symmetries."""
 
     def __init__(self, background: Background, *, reuse: int, capacity: int = 4096) -> None:
         check_reuse(reuse)
@@ -265,12 +240,12 @@ class BackgroundPool:
         """Backgrounds (B, C, size, size) uint8 for a batch of ``items`` (B, C, 28, 28)."""
         count = len(items)
         if self.pool is None or self.pool.shape[1:] != (items.shape[1], size, size):
-            fill = [draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
+            fill = [_draw_backgrounds(self.background, rng, items, size) for _ in range(-(-self.capacity // count))]
             self.pool = torch.cat(fill)[: self.capacity]
         else:
             fresh = min(-(-count // self.reuse), self.capacity)
             slots = torch.from_numpy(rng.choice(self.capacity, size=fresh, replace=False))
-            self.pool[slots] = draw_backgrounds(self.background, rng, items[:fresh], size)
+            self.pool[slots] = _draw_backgrounds(self.background, rng, items[:fresh], size)
         drawn = self.pool[torch.from_numpy(rng.integers(self.capacity, size=count))]
         symmetries = rng.integers(8, size=count)
         for symmetry in np.unique(symmetries):
@@ -281,9 +256,7 @@ class BackgroundPool:
 
 
 class TestCanvasFill:
-    """What the test canvases' items lie on, drawn the same for the same ``seed``: black, uniform grey noise up to
-    ``noise`` (0..255: the first canvas check's condition, on every pixel), or one ``background`` per canvas
-    (fragments cut from the batch's items)."""
+    """What the test canvases' items lie on, the same for the same ``seed``: black, grey noise, or ``background``."""
 
     def __init__(self, seed: int, *, noise: int = 0, background: Background | None = None) -> None:
         self.check(noise, background)
@@ -293,8 +266,7 @@ class TestCanvasFill:
 
     @staticmethod
     def check(noise: int, background: Background | None) -> None:
-        """Refuse, in one line, a noise level outside 0..255, noise with a background, or a background out of
-        range (``Background.check``)."""
+        """Refuse, in one line, a noise level outside 0..255, noise with a background, or a bad background."""
         if noise and background is not None and background.kind != "black":
             raise ValueError("background noise is grey noise on black: give it or a background, not both")
         if not 0 <= noise <= 255:
@@ -303,12 +275,11 @@ class TestCanvasFill:
             background.check("background")
 
     def fill(self, canvases: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``canvases`` (B, C, S, S) uint8 of ``items`` (B, C, 28, 28) with every pixel but their items' filled,
-        and the backgrounds alone."""
+        """``canvases`` (B, C, S, S) of ``items`` (B, C, 28, 28) with every uncovered pixel filled, and the fill."""
         if self.noise:
             drawn = torch.randint(0, self.noise + 1, canvases.shape, generator=self.generator, dtype=torch.uint8)
         elif self.background.kind != "black":
-            drawn = draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
+            drawn = _draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
         else:
             return canvases, torch.zeros_like(canvases)
-        return torch.where(uncovered(canvases), drawn, canvases), drawn
+        return torch.where(_uncovered(canvases), drawn, canvases), drawn

@@ -1,9 +1,6 @@
-"""The captioning datasets and their batches, over the captioned images ``coco.py`` reads.
-
-Training yields one (image, caption) item per caption, so an epoch sees every caption once (or one image with
-all its captions); validation and test yield one item per image with all its reference captions and, where an
-instances file gives them, its objects. With a feature cache an item holds the frozen encoder part's cached
-output instead of the image's pixels, and its batch says so (``features``).
+"""The captioning datasets and their batches, over the captioned images ``coco.py`` reads: one training item per
+caption (or per image with all its captions), one evaluation item per image with its references and objects. With
+a feature cache an item holds the frozen encoder part's cached output instead of pixels (``features``).
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class CaptionItem(NamedTuple):
-    """A training item: the image uint8 (3, S, S), its caption ids (T,) and length; or, grouped, all its
-    captions (n, T) and their lengths (n,). ``objects`` are the image's object targets (K, 6) when the dataset
-    has them (``ObjectTargets``)."""
+    """A training item: the image uint8 (3, S, S), its caption ids (T,) and length (grouped: (n, T) and (n,)), and
+    its object targets (K, 6) where the dataset has them."""
 
     image: Tensor
     captions: Tensor
@@ -37,8 +33,7 @@ class CaptionItem(NamedTuple):
 
 
 class EvalCaptionItem(NamedTuple):
-    """An evaluation item: the image uint8 (3, S, S), its id, its reference captions, its objects or None, and
-    its file (the results' ``file_name``)."""
+    """An evaluation item: the image uint8 (3, S, S), its id, references, objects or None, and file."""
 
     image: Tensor
     image_id: int | str
@@ -48,9 +43,8 @@ class EvalCaptionItem(NamedTuple):
 
 
 class CaptionBatch(NamedTuple):
-    """A training batch: images (B, 3, H, W) (or, with ``features``, what the frozen encoder part made of them,
-    read from a feature cache), captions (N, T) = <start> w1..wn <end> <pad>.., lengths (N,) counting <start> and
-    <end>. Caption n belongs to image ``caption_images[n]``; None means caption n to image n (N = B)."""
+    """A training batch: images (B, 3, H, W) (or cached ``features``), captions (N, T) = <start> w1..wn <end>
+    <pad>.., lengths (N,) counting <start> and <end>; caption n is of image ``caption_images[n]`` (None: image n)."""
 
     images: Tensor
     captions: Tensor
@@ -69,8 +63,7 @@ class CaptionBatch(NamedTuple):
 
 
 class EvalCaptionBatch(NamedTuple):
-    """A validation/test batch, one entry per image: images (B, 3, H, W) (or, with ``features``, cached encoder
-    features), ids, raw reference captions, each image's objects (None without an instances file), and its file."""
+    """A validation/test batch: images (B, 3, H, W) (or cached ``features``), ids, references, objects and files."""
 
     images: Tensor
     image_ids: list[int | str]
@@ -80,8 +73,7 @@ class EvalCaptionBatch(NamedTuple):
     features: bool = False
 
 
-class _CaptionImages(Dataset):
-    """What both caption datasets read an image with: its file decoded, or its cached features."""
+class _CaptionImages(Dataset):  # what both caption datasets read an image with: its file, or its cached features
 
     features: FeatureCache | None = None  # set by the DataModule when a frozen encoder's output is cached
 
@@ -89,16 +81,14 @@ class _CaptionImages(Dataset):
         self.image_size, self.on_bad_image, self.bad_images = image_size, on_bad_image, bad_images
 
     def _image(self, image_index: int, path: Path) -> Tensor | None:
-        """The image, uint8 (3, S, S); or, with a feature cache, its cached features (fp16)."""
         if self.features is not None:
             return self.features[image_index]
         return load_or_skip(lambda: load_caption_image(path, self.image_size), self.on_bad_image, self.bad_images)
 
 
 class CaptionTrainDataset(_CaptionImages):
-    """One item per caption: (image uint8 (3, S, S), caption ids padded to the longest caption, length); with
-    ``group_captions`` one item per image instead: (image, all its captions (n, T), their lengths (n,)), so the
-    encoder sees each image once per epoch while the decoder still sees every caption."""
+    """One item per caption, or with ``group_captions`` one per image with all its captions (the encoder then sees
+    each image once per epoch while the decoder still sees every caption)."""
 
     def __init__(self, records: list[CaptionedImage], vocab: Vocabulary, *, max_caption_length: int,
                  image_size: int, group_captions: bool = False, on_bad_image: OnBadImage = "skip",
@@ -152,8 +142,7 @@ class CaptionEvalDataset(_CaptionImages):
 
 
 def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
-    """Stack training items, trimming the caption padding to the batch's longest caption; skipped (None)
-    items are left out, and a batch with nothing readable is None."""
+    """Stack training items, padding trimmed to the longest caption; skipped (None) items are left out."""
     items = [item for item in items if item is not None]
     if not items:
         return None
@@ -165,11 +154,10 @@ def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
     captions = join(captions)[:, : int(lengths.max())].long()  # (N, T)
     caption_images = torch.repeat_interleave(torch.arange(len(images)), counts) if grouped else None  # (N,)
     return CaptionBatch(torch.stack(images), captions, lengths, caption_images,
-                        None if objects[0] is None else pad_objects(objects), features=is_features(images[0]))
+                        None if objects[0] is None else pad_objects(objects), features=_is_features(images[0]))
 
 
-def is_features(item: Tensor) -> bool:
-    """Whether a dataset item is cached encoder features (fp16) rather than an image's pixels (uint8)."""
+def _is_features(item: Tensor) -> bool:  # cached encoder features (fp16), not an image's pixels (uint8)
     return item.dtype != torch.uint8
 
 
@@ -182,10 +170,10 @@ def pad_objects(objects: Sequence[Tensor]) -> Tensor:
 
 
 def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch | None:
-    """Stack evaluation items; ids, references and objects stay Python lists. Skipped (None) items are left out."""
+    """Stack evaluation items (ids, references and objects as lists); skipped (None) items are left out."""
     items = [item for item in items if item is not None]
     if not items:
         return None
     images, image_ids, references, objects, file_names = zip(*items, strict=True)
     return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names,
-                            features=is_features(images[0]))
+                            features=_is_features(images[0]))

@@ -1,9 +1,5 @@
-"""CIFAR-10 (Krizhevsky 2009): 60k 32×32 colour images of 10 classes.
-
-Reads either release under ``root``: the binary one (``cifar-10-batches-bin``) or the python one
-(``cifar-10-batches-py``, through an unpickler that accepts only numpy arrays and plain types, so a
-tampered file cannot run code). Without either, torchvision's downloader fetches the python release.
-"""
+"""CIFAR-10 (Krizhevsky 2009): 60k 32×32 colour images of 10 classes, from its binary or python release (read by
+an unpickler that accepts only arrays and plain types, so a tampered file cannot run code), or downloaded."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ from torch import Tensor
 from vision_attn.errors import DatasetNotFoundError
 
 CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
-TEST_BATCHES = ["test_batch"]
 MEAN, STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 RECORD_BYTES = 1 + 3 * 32 * 32
 
@@ -57,11 +51,10 @@ def _read_python_batch(path: Path) -> tuple[Tensor, Tensor]:
 def load_cifar10(root: str | Path, split: str, *, download: bool = False) -> tuple[Tensor, Tensor]:
     """(images uint8 (N, 3, 32, 32), labels (N,)) of the ``train`` or ``test`` split."""
     root = Path(root)
-    names = TRAIN_BATCHES if split == "train" else TEST_BATCHES
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     binary, python = root / "cifar-10-batches-bin", root / "cifar-10-batches-py"
     if not any(d.is_dir() for d in (binary, python)) and download:
         from torchvision.datasets import CIFAR10
-
         try:
             CIFAR10(str(root), train=True, download=True)
         except Exception as error:  # noqa: BLE001 - any network failure means "not there"

@@ -1,9 +1,5 @@
-"""Image classification data without Lightning: in-memory and file datasets, the batch augmentations and the
-eval/train transforms, the hold-out split and ``root/<split>/<class>/`` scanning.
-
-Datasets yield ``(uint8 image (C, H, W), label)``; normalisation and the cheap augmentations (random crop
-with padding, horizontal flip, Random Erasing) run on whole batches, on the device, in the DataModules'
-``on_after_batch_transfer`` (``vision_attn.datamodules``).
+"""Image classification data without Lightning: datasets of ``(uint8 image (C, H, W), label)``, the augmentations
+that run on whole batches on the device, the transforms, the hold-out split and ``root/<split>/<class>/`` scanning.
 """
 
 from __future__ import annotations
@@ -60,9 +56,8 @@ def random_hflip(images: Tensor) -> Tensor:
 
 
 def random_erase(images: Tensor, probability: float, generator: torch.Generator | None = None) -> Tensor:
-    """Random Erasing (Zhong et al. 2017): with ``probability``, blank one rectangle per image (B, C, H, W), of a
-    uniform share ``ERASE_AREA`` of the image and an aspect ratio drawn log-uniformly from e^-``ERASE_LOG_ASPECT``
-    to e^``ERASE_LOG_ASPECT`` (the paper's setting), clipped to the image, filled with zeros (Fashion-MNIST's black)."""
+    """Random Erasing (Zhong et al. 2017): with ``probability``, zero one rectangle per image (B, C, H, W), of a
+    uniform share ``ERASE_AREA`` of it and a log-uniform aspect within e^±``ERASE_LOG_ASPECT`` (the paper's)."""
     batch, _, height, width = images.shape
     device = images.device
 
@@ -90,8 +85,7 @@ def eval_transform(image_size: int) -> v2.Compose:
 
 
 class ImageFileDataset(torch.utils.data.Dataset):
-    """(image file, label) pairs decoded to uint8 (C, H, W) squares of ``image_size``: in training a random-resized
-    crop, else the centre square (``eval_transform``)."""
+    """(image file, label) pairs as uint8 (C, H, W) squares: a random-resized crop in training, else the centre."""
 
     def __init__(self, samples: list[tuple[Path, int]], *, image_size: int, in_chans: int, train: bool,
                  on_bad_image: OnBadImage = "skip", bad_images: BadImageCounter | None = None) -> None:
@@ -100,8 +94,7 @@ class ImageFileDataset(torch.utils.data.Dataset):
         self.max_side = 2 * image_size
         self.transform = v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True) if train \
             else eval_transform(image_size)
-        self.on_bad_image = on_bad_image
-        self.bad_images = bad_images
+        self.on_bad_image, self.bad_images = on_bad_image, bad_images
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -121,9 +114,8 @@ def collate_readable(items: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor,
 
 
 class PlacedItems(Dataset):
-    """A split's items for prediction, each followed by its place in the split, ``(index, name)``: the name is its
-    file (an ``ImageFileDataset``'s, also through a ``Subset``), else ``<split>/<index>``. An unreadable image
-    stays None (the collate drops it), so every prediction keeps its own image's place."""
+    """A split's items for prediction, each followed by ``(index, name)``, its place in the split (an unreadable
+    image stays None, so every prediction keeps its own image's place)."""
 
     def __init__(self, dataset: Dataset, split: str) -> None:
         self.dataset, self.split = dataset, split

@@ -1,8 +1,6 @@
-"""Captioning data without Lightning: COCO-format caption and instances files (MS COCO itself, or the
-generated Fashion scenes) and the Karpathy splits (``dataset_coco.json``) read into captioned images with their
-objects; images decoded to RGB whatever their mode and resized to ``image_size`` squares. The datasets and batches
-built on them are in ``caption_datasets.py``; ``vision_attn.datamodules.CocoCaptionsDataModule`` puts them behind
-Lightning.
+"""COCO-format caption and instances files (MS COCO, or the Fashion scenes) and the Karpathy splits
+(``dataset_coco.json``) read into captioned images with their objects; the datasets on them are in
+``caption_datasets.py``.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "
 
 
 class SceneObject(NamedTuple):
-    """An object of an image: its class name, its box [x, y, w, h] in the image file's pixels, and its colour
-    where an attributes file gives one."""
+    """An object of an image: its class name, its box [x, y, w, h] in pixels, and its colour (attributes file)."""
 
     name: str
     box: list[float]
@@ -62,9 +59,7 @@ def resolve_inside(root: Path, relative: str, *, source: Path) -> Path:
 
 
 def load_coco(path: Path, what: Literal["captions", "instances"]) -> COCO:
-    """A pycocotools index of a COCO captions or instances file, read by ``read_json`` and checked by its
-    validator (``vision_attn.data.formats``) before pycocotools sees it: the index is built from the checked
-    content, not from a second read of the file. Its progress prints are silenced."""
+    """A pycocotools index of a COCO captions or instances file, built from its checked content, silently."""
     if not path.exists():
         raise DatasetNotFoundError(f"{path}: {what} file not found")
     data = read_json(path, f"a COCO {what} JSON")
@@ -83,9 +78,8 @@ def read_coco_captions(captions_file: Path, image_dir: Path) -> list[CaptionedIm
     records, wordless = [], []
     for image_id in coco.imgs:  # the file's order
         captions = [annotation["caption"] for annotation in coco.imgToAnns.get(image_id, [])]
-        if not all(map(has_words, captions)):  # empty or punctuation-only captions teach nothing
-            wordless += [(image_id, caption) for caption in captions if not has_words(caption)]
-            captions = [caption for caption in captions if has_words(caption)]
+        wordless += [(image_id, caption) for caption in captions if not has_words(caption)]  # they teach nothing
+        captions = [caption for caption in captions if has_words(caption)]
         if not captions:
             continue
         path = resolve_inside(image_dir, coco.imgs[image_id].get("file_name"), source=captions_file)
@@ -140,17 +134,14 @@ def read_karpathy(karpathy_file: Path, image_root: Path) -> dict[str, list[Capti
 
 
 def read_colours(path: Path, coco: COCO) -> tuple[dict[int, str | None], list[str]]:
-    """Per instance id its colour, and the colour names (the file's ``colours``, else those its instances have), of
-    the Fashion scenes' ``attributes_<split>.json`` that goes with the instances ``coco``, read by ``read_json`` and
-    checked (``check_attributes``: every entry's id an annotation of the instances file)."""
+    """Per instance id its colour, and the colour names, of the scenes' ``attributes_<split>.json`` of ``coco``."""
     data = check_attributes(read_json(path, "a scenes attributes JSON"), path, set(coco.anns))
     colour_of = {entry["id"]: entry.get("colour") for entry in data["instances"]}
     return colour_of, list(data.get("colours") or sorted({c for c in colour_of.values() if c is not None}))
 
 
 class Instances(NamedTuple):
-    """What a COCO instances file says: per image id its objects, and its (width, height) in pixels where the
-    file gives them (None otherwise)."""
+    """What a COCO instances file says: per image id its objects, and its (width, height) or None."""
 
     objects: dict[int | str, list[SceneObject]]
     sizes: dict[int | str, tuple[int, int] | None]
@@ -158,8 +149,7 @@ class Instances(NamedTuple):
 
 
 def read_instances(path: Path, attributes: Path | None = None) -> Instances:
-    """The ``Instances`` of a COCO instances file, with the objects' colours when ``attributes`` (the Fashion
-    scenes' ``attributes_<split>.json``: ``{"instances": [{"id", "colour"}]}``) is given."""
+    """The ``Instances`` of a COCO instances file, with colours from ``attributes`` (the scenes') when given."""
     coco = load_coco(path, "instances")
     names = {category["id"]: category["name"] for category in coco.cats.values()}
     colours = read_colours(attributes, coco)[0] if attributes is not None else {}
@@ -172,9 +162,8 @@ def read_instances(path: Path, attributes: Path | None = None) -> Instances:
 
 
 def category_mask(coco: COCO, image_id: int | str, category: str, *, source: str | os.PathLike = "") -> Tensor | None:
-    """The pixels (H, W) of the image's instances of ``category`` that have a segmentation (polygons or RLE),
-    united, from pycocotools' ``annToMask``; None when none has one. A segmentation pycocotools cannot read is
-    refused in one line naming ``source`` and the annotation."""
+    """The union (H, W) of the segmentations of the image's instances of ``category`` (None: none has one); one
+    pycocotools cannot read is refused in one line naming ``source``."""
     wanted = {key for key, entry in coco.cats.items() if entry["name"] == category}
     mask = None
     for annotation in coco.imgToAnns.get(image_id, []):
@@ -195,10 +184,9 @@ def read_objects(path: Path, attributes: Path | None = None) -> dict[int | str, 
 
 
 class ObjectTargets(NamedTuple):
-    """What a training split's instances say of each image's objects, for an object loss on the annotation vectors:
-    the category names (``classes``, in category id order), the colour names of its attributes file (``colours``;
-    empty without one) and, per image id, a float tensor (K, 6) of rows [class index, colour index (−1: none),
-    x0, y0, x1, y1], the box as fractions of the image's width and height."""
+    """A training split's objects for an object loss: the category names in id order, the attributes file's colour
+    names (or none), and per image id rows (K, 6) of [class, colour (−1: none), x0, y0, x1, y1], the box in
+    fractions of the image's sides."""
 
     classes: list[str]
     colours: list[str]
@@ -206,8 +194,7 @@ class ObjectTargets(NamedTuple):
 
 
 def read_object_targets(path: Path, attributes: Path | None = None) -> ObjectTargets:
-    """The ``ObjectTargets`` of a COCO instances file, with colours when ``attributes`` (the Fashion scenes'
-    ``attributes_<split>.json``: ``{"colours": [...], "instances": [{"id", "colour"}]}``) is given."""
+    """The ``ObjectTargets`` of a COCO instances file, with colours from ``attributes`` (the scenes') when given."""
     coco = load_coco(path, "instances")
     category_ids = sorted(coco.cats)
     if not category_ids:
@@ -238,5 +225,3 @@ def load_caption_image(path: Path, image_size: int) -> Tensor:
     if image.size != (image_size, image_size):
         image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
     return to_tensor(image)
-
-

@@ -1,8 +1,5 @@
-"""Fashion-MNIST (Xiao et al. 2017): 70k 28×28 grey images of 10 garment classes.
-
-The four ``*-idx?-ubyte.gz`` files are looked for in Debian's ``dataset-fashion-mnist`` location, then in
-the configured root, then fetched with torchvision's downloader; when all three fail, the error names them.
-"""
+"""Fashion-MNIST (Xiao et al. 2017): 70k 28×28 grey images of 10 garment classes, read from Debian's
+``dataset-fashion-mnist`` location, the configured root, or torchvision's download."""
 
 from __future__ import annotations
 
@@ -83,7 +80,6 @@ def find_fashion_mnist(root: str | Path, *, download: bool = True) -> Path:
     if download:
         try:
             from torchvision.datasets import FashionMNIST
-
             FashionMNIST(str(root), train=True, download=True)
             FashionMNIST(str(root), train=False, download=True)
             if _has_files(candidates[2]):
@@ -107,12 +103,9 @@ def load_fashion_mnist(directory: Path, split: str) -> tuple[Tensor, Tensor]:
 
 def export_samples(root: str | Path, out: str | Path, *, count: int, split: str = "test", seed: int = 0,
                    canvas_size: int = 28, overwrite: bool = False) -> list[Path]:
-    """Write ``count`` random images of a split as PNGs named ``<index>_<true class>.png`` into ``out``, a folder
-    the command owns (``io.OwnedFolder``: a folder holding other files is refused unless ``overwrite``, which keeps
-    them). With ``canvas_size`` above 28 each garment is pasted at a random place on a black canvas of that side,
-    and the name ends with the garment's place, ``_at<left>-<top>``: a test of whether attention finds it."""
+    """Write ``count`` random images of a split as ``<index>_<true class>.png`` into ``out`` (an ``io.OwnedFolder``);
+    above 28, ``canvas_size`` pastes each at a random place on black, named ``..._at<left>-<top>.png``."""
     from PIL import Image
-
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     if canvas_size < 28:

@@ -1,18 +1,10 @@
 """A disk cache of what a frozen encoder makes of each image, so that later epochs read it instead of decoding the
 image and running the encoder again (``docs/guides/coco.md``, "The feature cache"): the paper keeps its encoder
-fixed (Xu et al. 2015 §4.3), so its output for an image never changes, yet costs far more than the decoder.
-
-Under ``root/<key digest>/``: ``key.json``, everything the features depend on (the frozen modules' tensors, image
-size, normalisation, grid pooling, the images with their sizes and modification times, the stored shape and
-dtype), whose digest names the folder, so a stale cache is never read; a ``key.json`` that is not the one its
-folder's name stands for (edited, damaged or deleted) makes the folder's shards stale: missing, and deleted by the
-fill, which says so. Then ``shard_NNNNN.npy`` (fp16, ``shard_size`` images each, memory-mapped when read) and
-``shard_NNNNN.valid.npy`` (which of them could be read), each written to a temporary name and renamed into place,
-the flags first: a shard exists only whole, so a killed fill resumes at the first missing one. Under DDP rank r
-fills the shards i with i % world_size == r. A shard's files with another header, shape or
-dtype than a fill writes (damaged, truncated, or promising more than they hold) are missing, filled again, never
-allocated. A shard holding non-finite values (a fill stores none) is refused when first read, in one line naming
-the file, to delete and refill.
+fixed (Xu et al. 2015 §4.3). Under ``root/<key digest>/``: ``key.json`` (everything the features depend on; one
+that does not match its folder's name makes the shards stale) and fp16 ``shard_NNNNN.npy`` with its
+``shard_NNNNN.valid.npy`` flags, each written whole under a temporary name (flags first), so a killed fill resumes
+at the first missing shard. Under DDP rank r fills the shards i with i % world_size == r. A shard with another
+header, shape or dtype is missing; one holding non-finite values is refused when first read.
 """
 
 from __future__ import annotations
@@ -36,8 +28,8 @@ DTYPE = np.float16
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 
 
-def tensors_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
-    """SHA-256 of named tensors (names, shapes, dtypes and bytes): the identity of a set of weights."""
+def _tensors_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
+    # SHA-256 of named tensors (names, shapes, dtypes and bytes)
     digest = hashlib.sha256()
     for name, tensor in tensors:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
@@ -45,8 +37,8 @@ def tensors_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
     return digest.hexdigest()
 
 
-def images_digest(paths: Sequence[Path]) -> str:
-    """SHA-256 of the image files' paths, sizes and modification times, in order."""
+def _images_digest(paths: Sequence[Path]) -> str:
+    # SHA-256 of the image files' paths, sizes and modification times, in order
     digest = hashlib.sha256()
     for path in paths:
         try:
@@ -72,7 +64,7 @@ class FeatureCache:
 
     @property
     def num_shards(self) -> int:
-        """How many shards the ``count`` images take, ``shard_size`` each (the last one maybe fewer)."""
+        """How many shards the ``count`` images take."""
         return -(-self.count // self.shard_size)
 
     def shard_rows(self, shard: int) -> range:
@@ -84,7 +76,7 @@ class FeatureCache:
 
     @property
     def bytes_per_image(self) -> int:
-        """What one image takes on disk: its fp16 features and its one-byte valid flag."""
+        """What one image takes on disk: its features and its valid flag."""
         return int(np.prod(self.shape)) * np.dtype(DTYPE).itemsize + 1
 
     @property
@@ -116,8 +108,7 @@ class FeatureCache:
                 and flags.dtype == np.bool_)
 
     def missing(self, rank: int = 0, world_size: int = 1) -> list[int]:
-        """The shards rank ``rank`` of ``world_size`` has to fill (those not yet in place: all of them when the
-        folder's ``key.json`` does not match)."""
+        """The shards rank ``rank`` of ``world_size`` has to fill (all of them when ``key.json`` does not match)."""
         shards = range(rank, self.num_shards, world_size)
         if not self.key_matches:
             return list(shards)
@@ -129,8 +120,7 @@ class FeatureCache:
         return not self.missing()
 
     def prepare(self) -> None:
-        """Create the folder and its ``key.json``; the shards of a folder whose key.json does not match (edited,
-        damaged or deleted) are stale: deleted first, with a logged line saying so."""
+        """Create the folder and its ``key.json``, deleting (and saying so) the shards of one that does not match."""
         self.folder.mkdir(parents=True, exist_ok=True)
         key_file = self.folder / "key.json"
         if self.key_matches:
@@ -148,9 +138,8 @@ class FeatureCache:
 
     def fill(self, load: Callable[[int], Tensor | None], encode: Callable[[Tensor], Tensor], *, batch_size: int,
              rank: int = 0, world_size: int = 1, progress: Callable[[int], None] | None = None) -> int:
-        """Fill this rank's missing shards: ``load(i)`` gives image i ready for ``encode`` (None if unreadable),
-        ``encode`` a batch of them -> features (B, *shape). ``progress(n)`` is told of every n images done.
-        Returns the number of images encoded."""
+        """Fill this rank's missing shards: ``load(i)`` gives image i (None if unreadable), ``encode`` a batch of them
+        -> features (B, *shape), ``progress(n)`` is told of n more done. Returns the number of images encoded."""
         self.prepare()
         done = 0
         for shard in self.missing(rank, world_size):
@@ -215,8 +204,7 @@ def _write_atomically(path: Path, write: Callable[[Any], Any]) -> None:
 
 
 class FrozenPart(NamedTuple):
-    """What a model lends the feature cache: the part of its encoder whose output never changes in training (frozen,
-    run in eval mode without gradient), and what names it besides its weights (its backbone, how many stages)."""
+    """What a model lends the feature cache: its encoder's frozen part, and what names it besides its weights."""
 
     module: nn.Module
     description: dict[str, Any]
@@ -225,17 +213,15 @@ class FrozenPart(NamedTuple):
 def split_caches(part: FrozenPart, paths: Mapping[str, Sequence[Path]], root: str | os.PathLike, *,
                  image_size: int, mean: Sequence[float], std: Sequence[float],
                  shard_size: int = 256) -> dict[str, FeatureCache]:
-    """The feature cache of each split's images (``paths``, by role) under ``part``: keyed by its weights and
-    description, the image size, normalisation and resizing, and the image files themselves. The part's output
-    shape and weights digest are computed once for all the splits."""
+    """Each split's feature cache (``paths`` by role) under ``part``, keyed by everything its features depend on."""
     module = part.module.eval()  # frozen: in eval mode (BatchNorm keeps its statistics)
     device = next(module.parameters()).device
     with torch.no_grad():
         shape = tuple(module(torch.zeros(1, 3, image_size, image_size, device=device)).shape[1:])
-    key = {**part.description, "weights": tensors_digest(sorted(module.state_dict().items())),
+    key = {**part.description, "weights": _tensors_digest(sorted(module.state_dict().items())),
            "image_size": image_size, "resize": "squashed to the square, bicubic", "mean": list(mean),
            "std": list(std), "pooled_to": list(shape[-2:])}
-    return {role: FeatureCache(root, {**key, "images": images_digest(split)}, len(split), shape,
+    return {role: FeatureCache(root, {**key, "images": _images_digest(split)}, len(split), shape,
                                shard_size=shard_size) for role, split in paths.items()}
 
 
@@ -243,11 +229,9 @@ def fill_caches(part: FrozenPart, caches: Mapping[str, FeatureCache], *,
                 load: Callable[[str, int], Tensor | None], normalize: Callable[[Tensor], Tensor], batch_size: int,
                 rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
                 barrier: Callable[[], None] | None = None, progress: bool = True) -> None:
-    """Fill this rank's share of each cache in ``caches`` on ``device``: ``load(role, index)`` reads an image
-    (uint8, or None when unreadable and skipped), ``normalize`` scales a batch of them. Every cache is complete
-    on return (``barrier`` waits for the other ranks' shards)."""
+    """Fill this rank's share of each of ``caches`` on ``device`` (``load(role, index)`` reads an image or None);
+    every cache is complete on return (``barrier`` waits for the other ranks)."""
     from tqdm.auto import tqdm
-
     module = part.module  # frozen: it stays in eval mode (BatchNorm keeps its statistics)
     home = next(module.parameters()).device
     module.to(device).eval()

@@ -1,8 +1,6 @@
-"""Every JSON file the tools read, read one way (``read_json``: its size and nesting bounded before decoding, as
-Python's decoder would raise RecursionError on 100,000 ``[``), and a validator for each of the formats documented
-in ``docs/formats/``: COCO captions, COCO instances, and the Fashion scenes' attributes (the results format's own
-checks are ``vision_attn.results``). Every refusal is a one-line ValueError (a missing file: FileNotFoundError)
-naming the file; a validator's also names the list, the entry's index and id, and the field.
+"""Every JSON file the tools read, read one way (``read_json``: size and nesting bounded before decoding), and a
+validator for COCO captions, COCO instances and the scenes' attributes (``docs/formats/``). Every refusal is one
+line naming the file and, from a validator, the list, the entry's index and id, and the field.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from vision_attn.io import input_file
 
 MAX_JSON_BYTES = 1 << 30  # 1 GiB: MS COCO's largest annotation file (instances_train2017.json) is 448 MB
 MAX_JSON_DEPTH = 64  # every format we read nests at most 7 levels (a results record's beams' head_alphas)
-MAX_JSON_CONTAINERS = 1 << 25  # arrays and objects in one file: a few per COCO annotation; each costs far more
-# memory decoded than its two bytes of text, so a file of empty ones is bounded by this, not by its size
+MAX_JSON_CONTAINERS = 1 << 25  # arrays and objects in a file: decoded, each costs far more than its two bytes
 MAX_ID = 2**63 - 1  # ids are 64-bit integers (pycocotools and numpy hold them so)
 MAX_SIDE = 2**31 - 1  # an image's width or height: PNG's own limit
 MAX_CAPTION_WORDS = 200  # decoding.max_length's bound: no decoder here writes a longer caption
@@ -33,17 +30,15 @@ _CHUNK = 1 << 22
 
 
 def nesting_depth(data: bytes) -> int:
-    """How deeply the arrays and objects of a JSON text nest (0 for a bare number or string), counted without
-    recursion: the brackets outside string literals, as running sums in chunks (memory bounded by the chunk)."""
+    """How deeply the arrays and objects of a JSON text nest (0 for a bare number or string), without recursion."""
     return _nesting(_brackets(data))
 
 
-def _brackets(data: bytes) -> bytes:
-    """The brackets of a JSON text outside its string literals, in order."""
+def _brackets(data: bytes) -> bytes:  # the brackets outside string literals, in order
     return _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
 
 
-def _nesting(brackets: bytes) -> int:
+def _nesting(brackets: bytes) -> int:  # running sums in chunks: memory bounded by the chunk
     depth = deepest = 0
     for start in range(0, len(brackets), _CHUNK):
         codes = np.frombuffer(brackets, dtype=np.uint8, count=min(_CHUNK, len(brackets) - start), offset=start)
@@ -54,11 +49,8 @@ def _nesting(brackets: bytes) -> int:
 
 
 def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """The decoded content of the JSON file ``path``; ``what`` names what it should be in the errors ("a COCO
-    captions JSON"). Refused in one line naming the file: a missing file, a folder, a pipe or a device
-    (``input_file``), a file over ``max_bytes``, text that is not UTF-8, nesting deeper than ``MAX_JSON_DEPTH``, and
-    anything Python's decoder refuses. ``NaN`` and ``Infinity`` are read as Python's ``json`` reads them; the
-    validators refuse them where a finite number is needed."""
+    """The decoded content of the JSON file ``path``, ``what`` naming what it should be ("a COCO captions JSON");
+    a file that is not one, too large, not UTF-8, nested too deeply or not JSON is refused in one line."""
     path = input_file(path, what)
     size = path.stat().st_size
     if size > max_bytes:
@@ -93,10 +85,7 @@ def _is_id(value: Any) -> bool:
 
 
 def caption_problem(caption: str, *, words: bool = True) -> str | None:
-    """What makes a caption longer than a decoder writes (``MAX_CAPTION_CHARS`` characters, and with ``words``
-    ``MAX_CAPTION_WORDS`` words), or None; the characters are counted first, so a huge one is refused at once. A
-    reference caption is bounded in characters only: a longer one in training data is cut to the vocabulary's
-    max_caption_length, and said so."""
+    """What makes a caption longer than a decoder writes (in characters, and with ``words`` in words), or None."""
     if len(caption) > MAX_CAPTION_CHARS:
         return (f"caption has {len(caption)} characters, more than the {MAX_CAPTION_CHARS} a caption may have (no "
                 f"decoder writes over {MAX_CAPTION_WORDS} words)")
@@ -115,24 +104,21 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _where(key: str, index: int, entry: Any) -> str:
-    """``images[3] (id 7)``: an entry of a list, by index and, where it has one, id."""
+def _where(key: str, index: int, entry: Any) -> str:  # "images[3] (id 7)"
     ident = entry.get("id") if isinstance(entry, dict) else None
     return f"{key}[{index}]" + (f" (id {_short(ident)})" if ident is not None else "")
 
 
 class _Refusal:
-    """Builds the one-line error of a file that is not the format it should be."""
+    # Builds the one-line error of a file that is not the format it should be.
 
     def __init__(self, path: Path, what: str) -> None:
         self.path, self.what = path, what
 
     def __call__(self, message: str) -> ValueError:
-        """The error, ``<file>: not a <what> file: <message>``."""
         return ValueError(f"{self.path}: not a {self.what} file: {message}")
 
-    def entries(self, data: Any, key: str) -> list[dict[str, Any]]:
-        """``data[key]``: a list of objects."""
+    def entries(self, data: Any, key: str) -> list[dict[str, Any]]:  # ``data[key]``: a list of objects
         if not isinstance(data, dict):
             raise self(f"expected a JSON object with {key!r}, got a {type(data).__name__}")
         entries = data.get(key)
@@ -143,8 +129,7 @@ class _Refusal:
                 raise self(f"{key}[{index}] is a {type(entry).__name__}, not an object")
         return entries
 
-    def ids(self, entries: list[dict[str, Any]], key: str) -> dict[int, int]:
-        """Each entry's whole-number ``id`` -> its index, refusing a missing, non-integer or repeated id."""
+    def ids(self, entries: list[dict[str, Any]], key: str) -> dict[int, int]:  # each entry's unique id -> its index
         seen: dict[int, int] = {}
         for index, entry in enumerate(entries):
             ident = entry.get("id")
@@ -159,8 +144,7 @@ class _Refusal:
 
 
 def _check_images(refuse: _Refusal, data: Any, *, file_names: bool) -> dict[int, int]:
-    """The ``images`` list of a COCO file: whole-number unique ids, a ``file_name`` string (required with
-    ``file_names``, else where present), positive whole ``width`` and ``height`` where present."""
+    # The images' ids, checked with their file names (required with ``file_names``), widths and heights
     images = refuse.entries(data, "images")
     ids = refuse.ids(images, "images")
     for index, image in enumerate(images):
@@ -176,10 +160,8 @@ def _check_images(refuse: _Refusal, data: Any, *, file_names: bool) -> dict[int,
 
 
 def check_coco_captions(data: Any, path: Path) -> dict[str, Any]:
-    """A COCO captions file's content, checked (``docs/formats/scenes.md``): ``images`` (see ``_check_images``;
-    ``file_name`` required) and ``annotations``, each with a whole-number ``id``, an ``image_id`` of
-    ``images`` and a ``caption`` string. Returned as it is, without ``categories`` (pycocotools' index would
-    want each caption to have a category)."""
+    """A COCO captions file's content, checked (``docs/formats/scenes.md``), without ``categories`` (pycocotools'
+    index would want each caption to have one)."""
     refuse = _Refusal(path, "COCO captions")
     images = _check_images(refuse, data, file_names=True)
     for index, annotation in enumerate(refuse.entries(data, "annotations")):
@@ -198,10 +180,7 @@ def check_coco_captions(data: Any, path: Path) -> dict[str, Any]:
 
 
 def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
-    """A COCO instances file's content, checked (``docs/formats/scenes.md``): ``images`` (see
-    ``_check_images``), ``categories`` with unique whole-number ids and non-empty names, and ``annotations``
-    with unique whole-number ids, an ``image_id`` of ``images``, a ``category_id`` of ``categories`` and a
-    ``bbox`` of four finite numbers [x, y, w, h] with w, h >= 0. Returned as it is."""
+    """A COCO instances file's content, checked (``docs/formats/scenes.md``)."""
     refuse = _Refusal(path, "COCO instances")
     images = _check_images(refuse, data, file_names=False)
     categories = refuse.entries(data, "categories")
@@ -228,10 +207,7 @@ def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
 
 
 def check_attributes(data: Any, path: Path, annotation_ids: set[int]) -> dict[str, Any]:
-    """A Fashion scenes attributes file's content, checked (``docs/formats/scenes.md``): ``instances``, each
-    with a whole-number ``id`` (one of ``annotation_ids``, the instances file's) and a ``colour``
-    string or null; ``colours``, where present, a list of strings holding every instance's colour. Returned
-    as it is."""
+    """A scenes attributes file's content, checked: each instance's id one of annotation_ids (the instances')."""
     refuse = _Refusal(path, "scenes attributes")
     instances = refuse.entries(data, "instances")
     refuse.ids(instances, "instances")

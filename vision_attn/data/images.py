@@ -1,7 +1,5 @@
-"""Reading image files of any mode into uint8 tensors, and the per-channel normalisation of both models.
-
-Nothing here needs torchvision: the inference commands decode images without paying for its import.
-"""
+"""Reading image files of any mode into uint8 tensors, and the per-channel normalisation of both models (without
+torchvision, so that the inference commands do not pay for its import)."""
 
 from __future__ import annotations
 
@@ -25,19 +23,15 @@ Loaded = TypeVar("Loaded")
 Item = TypeVar("Item")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-# The largest image decoded: 120 megapixels, above a 100 MP camera's 11648×8736. A file that claims more is
-# refused from its header, before any pixel is decoded (a 385 KB PNG can claim 19900×19900 = 1.2 GB of RGB).
+# The largest image decoded, above a 100 MP camera's: one that claims more is refused from its header.
 MAX_PIXELS = 120_000_000
-# Pillow's own guard stays as a backstop behind ours: it warns above MAX_IMAGE_PIXELS and refuses above twice
-# that, here 4 × MAX_PIXELS, before we can read the size ourselves.
-Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS
+Image.MAX_IMAGE_PIXELS = 2 * MAX_PIXELS  # Pillow's own guard, behind ours: it refuses above twice that
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 OnBadImage = Literal["skip", "error"]
 
 
 class BadImageCounter:
-    """Counts images skipped as unreadable, across DataLoader worker processes: each adds to its own slot of a
-    shared-memory tensor (no lost updates, no locks), and the main process reads the total."""
+    """Counts images skipped as unreadable, each DataLoader worker in its own slot of a shared-memory tensor."""
 
     SLOTS = 257  # the main process + up to 256 workers
 
@@ -55,7 +49,7 @@ class BadImageCounter:
         return int(self.counts.sum())
 
     def skipped_note(self) -> str:
-        """" (N unreadable images skipped)" when any were, else "": for the end of a command's summary line."""
+        """" (N unreadable images skipped)" when any were, else "": the end of a command's summary line."""
         total = self.total()
         return f" ({total} unreadable images skipped)" if total else ""
 
@@ -67,8 +61,7 @@ class BadImageCounter:
 
 
 def load_or_skip(load: Callable[[], Loaded], policy: OnBadImage, counter: BadImageCounter | None) -> Loaded | None:
-    """``load()``, or None with a logged warning (and a count) when the image is unreadable and the policy
-    is "skip"; with "error" the BadImageError goes up. Either way its message names the file."""
+    """``load()``, or, for an unreadable image under the "skip" policy, None with a logged warning and a count."""
     try:
         return load()
     except BadImageError as error:
@@ -83,8 +76,7 @@ def load_or_skip(load: Callable[[], Loaded], policy: OnBadImage, counter: BadIma
 def readable_batches(items: Sequence[Item], load: Callable[[Item], Tensor], *, batch_size: int,
                      on_bad_image: OnBadImage = "error",
                      bad_images: BadImageCounter | None = None) -> Iterator[tuple[list[Item], Tensor]]:
-    """``items`` in chunks of ``batch_size``: (the items that loaded, their tensors stacked), for inference. An
-    unreadable item raises, or under "skip" is left out of its chunk; a chunk with nothing readable is not yielded."""
+    """``items`` in chunks of ``batch_size``: (the items that loaded, their tensors stacked), for inference."""
     for start in range(0, len(items), batch_size):
         loaded = [(item, load_or_skip(lambda item=item: load(item), on_bad_image, bad_images))
                   for item in items[start : start + batch_size]]
@@ -94,8 +86,7 @@ def readable_batches(items: Sequence[Item], load: Callable[[Item], Tensor], *, b
 
 
 def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | None = None) -> Image.Image:
-    """Decode ``path`` upright (EXIF orientation applied) in ``mode`` ("RGB" or "L"); ``max_side`` lets JPEG
-    decoding skip detail that resizing would throw away, so huge photos do not cost their full size in memory."""
+    """Decode ``path`` upright (EXIF) in ``mode`` ("RGB" or "L"); ``max_side`` lets a JPEG decode at a lower scale."""
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the decoder forever
         what = "a folder" if os.path.isdir(path) else "a pipe or a device?"
         raise BadImageError(f"{path}: not a regular file ({what}), so not an image")
@@ -129,7 +120,7 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
 
 
 def to_tensor(image: Image.Image) -> Tensor:
-    """PIL image -> uint8 tensor (C, H, W), a view of (H, W, C) as torchvision's ``pil_to_tensor`` returns."""
+    """PIL image -> uint8 tensor (C, H, W), as torchvision's ``pil_to_tensor``."""
     array = np.array(image, copy=True)
     return torch.from_numpy(array.reshape(image.height, image.width, -1)).permute(2, 0, 1)
 

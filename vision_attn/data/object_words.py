@@ -1,7 +1,5 @@
-"""Which caption words name which object category (``docs/formats/object-words.md``): the table the object metrics
-read (pointing, α mass in the object, object recall, CHAIR). ``coco`` is MS COCO's 80 instance categories with
-their synonyms and plurals (``coco_object_words.json``, written for this project); ``scenes`` is the Fashion scenes'
-ten class words, each its own category; a user's table is a JSON file of the same format."""
+"""Which caption words name which object category (``docs/formats/object-words.md``), for the object metrics:
+``coco`` (MS COCO's 80 categories with synonyms and plurals), ``scenes`` (the scenes' class words), or a JSON file."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ class ObjectWords:
         self.longest = max((len(words) for words in self.phrases), default=0)
 
     def mentions(self, tokens: Sequence[str]) -> list[tuple[int, str]]:
-        """(position, category) of each object the tokens name, left to right; the position is the phrase's last
-        word ("hot dog": the word "dog"), whose attention the metrics read. The longest phrase wins: "teddy
-        bear" is a teddy bear, not a bear."""
+        """(position of the phrase's last word, category) of each object the tokens name, the longest phrase first
+        ("teddy bear" is a teddy bear, not a bear)."""
         found, index = [], 0
         while index < len(tokens):
             for size in range(min(self.longest, len(tokens) - index), 0, -1):
@@ -60,9 +57,7 @@ class ObjectWords:
 
 
 def read_object_words(path: str | Path) -> ObjectWords:
-    """A table from a JSON file ``{"categories": {"<category>": ["<phrase>", ...]}}`` (``name`` and
-    ``description`` optional), checked: every category a non-empty string with a non-empty list of phrases that
-    have words."""
+    """A table from a JSON file ``{"categories": {"<category>": ["<phrase>", ...]}}``, checked."""
     data = read_json(Path(path), "an object-words table")
     categories = data.get("categories") if isinstance(data, dict) else None
     if not isinstance(categories, dict) or not categories:

@@ -1,25 +1,22 @@
-"""Cluttered Fashion scenes: items painted over a background in order, each later one on top (``compose``), and
-placed anywhere (``place_free``: up to five items, or items that overlap); the captions of one, four and five
-items; the visible masks. On black, items whose squares never overlap come out as the default scenes always did.
-An item is pasted with its own non-zero pixels as alpha, so its pixels are exact and its box true; with
-``overlap``, each later item is ringed in black (1 pixel, 8-connected) where it lies over an earlier one. An
-item's mask is its visible pixels: its own, less those a later item or outline hides.
-"""
+"""Cluttered Fashion scenes: items painted in order over a background, each with its non-zero pixels as alpha
+(``compose``; with ``overlap`` each later one ringed in black where it lies over an earlier one), placed anywhere
+(``place_free``), their visible masks, and the captions of one, four and five items."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Protocol
 
 import numpy as np
 
 FREE, OUTLINE = -1, -2  # who owns a pixel: nobody (the background), a later item's outline, or item k >= 0
 PLACEMENT_TRIES, PLACEMENT_RESTARTS = 1000, 100  # per item, and per scene when an item finds no place
-MIN_SEPARATION = 6  # as scenes.py's: two box centres are at least this far apart on some axis (pixels)
+MIN_SEPARATION = 6  # two box centres are at least this far apart on some axis (pixels)
 ONE_ITEM_FORMS = ("a {}", "there is a {}", "a single {}", "a {} on its own", "just a {}")
 
 
 class Captioner(Protocol):
-    """What the extra caption forms need of ``scenes._Captioner``: the names, and the two- and three-object forms."""
+    """What the extra caption forms need of ``scenes._Captioner``."""
 
     names: list[str]
 
@@ -27,10 +24,9 @@ class Captioner(Protocol):
         """Caption ``form`` of the objects in ``order``."""
 
 
-class Layers:
-    """Items painted in order on a ``size``×``size`` canvas, each later one on top: who owns each pixel, and how
-    many of each item's pixels are hidden. With ``outline``, each item is ringed in black where it lies over an
-    earlier one. Pixel arrays are padded by one pixel all round, so rings need no clipping."""
+class _Layers:
+    # Items painted in order, each later one on top (with ``outline``, ringed): who owns each pixel, and how many of
+    # each item's are hidden. Arrays are padded by a pixel, so rings need no clipping.
 
     def __init__(self, size: int, *, outline: bool) -> None:
         self.owner = np.full((size + 2, size + 2), FREE, dtype=np.int16)
@@ -39,8 +35,7 @@ class Layers:
         self.hidden: list[int] = []
 
     def footprint(self, alpha: np.ndarray, top: int, left: int) -> tuple[tuple[slice, slice], np.ndarray, np.ndarray]:
-        """Where an item of ``alpha`` (s, s) bool at (top, left) lands: the padded window (s + 2 square), its pixels
-        there, and its outline there (over earlier items' pixels only)."""
+        # Where an item of ``alpha`` (s, s) at (top, left) lands: the padded window, its pixels and outline there
         side = alpha.shape[0]
         window = (slice(top, top + side + 2), slice(left, left + side + 2))
         own = np.pad(alpha, 1)
@@ -53,13 +48,13 @@ class Layers:
         return window, own, grown & ~own & (self.owner[window] >= 0)
 
     def lost(self, alpha: np.ndarray, top: int, left: int) -> np.ndarray:
-        """How many pixels each earlier item would lose to an item of ``alpha`` at (top, left)."""
+        # How many pixels each earlier item would lose to an item of ``alpha`` at (top, left)
         window, own, ring = self.footprint(alpha, top, left)
         under = self.owner[window][own | ring]
         return np.bincount(under[under >= 0], minlength=len(self.areas))
 
     def add(self, alpha: np.ndarray, top: int, left: int) -> tuple[np.ndarray, np.ndarray]:
-        """Paint the next item; returns its pixels and outline as (size, size) bool masks."""
+        # Paint the next item; returns its pixels and outline as (size, size) bool masks
         window, own, ring = self.footprint(alpha, top, left)
         lost = self.lost(alpha, top, left)
         self.hidden = [hidden + int(count) for hidden, count in zip(self.hidden, lost, strict=True)]
@@ -74,15 +69,12 @@ class Layers:
         return drawn[1:-1, 1:-1], outline[1:-1, 1:-1]
 
     def visible(self, item: int) -> np.ndarray:
-        """Item ``item``'s visible pixels, (size, size) bool."""
         return self.owner[1:-1, 1:-1] == item
 
 
 def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple[int, int]], *,
             outline: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The scene: tinted ``items`` (s, s, 3) painted in order over ``background`` (S, S, 3) at ``corners``
-    (top, left), each with its non-zero pixels as alpha (and a black outline over earlier items when ``outline``);
-    returns the image and each item's visible pixels (S, S) bool."""
+    """Tinted ``items`` painted in order over ``background`` at ``corners``: the image, and each item's mask."""
     image = background.copy()
     if not outline:  # no rings: each item's pixels over the earlier ones, and who owns each pixel
         owner = np.full(background.shape[:2], FREE, dtype=np.int8)
@@ -92,7 +84,7 @@ def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple
             image[top : top + side, left : left + side][alpha] = item[alpha]
             owner[top : top + side, left : left + side][alpha] = k
         return image, [owner == k for k in range(len(items))]
-    layers = Layers(background.shape[0], outline=outline)
+    layers = _Layers(background.shape[0], outline=outline)
     for item, (top, left) in zip(items, corners, strict=True):
         side = item.shape[0]
         drawn, ring = layers.add(item.any(axis=2), top, left)
@@ -114,13 +106,11 @@ def distinguish(background: np.ndarray, image: np.ndarray, masks: list[np.ndarra
 
 def place_free(rng: np.random.Generator, items: list[np.ndarray], tight: list[tuple[int, int, int, int]],
                canvas_size: int, overlap: float) -> list[tuple[int, int]]:
-    """Top-left corners (top, left) for ``items`` (s, s, 3) anywhere on the canvas, one item at a time (rejection
-    sampling, up to 1000 tries an item and 100 fresh starts): every two box centres at least MIN_SEPARATION apart
-    on some axis, and the items' boxes a pixel apart or more (``overlap`` 0) or each item hiding at most
-    ``overlap`` of every earlier item's pixels, outlines included."""
+    """Corners (top, left) for ``items`` anywhere on the canvas, by rejection sampling: box centres MIN_SEPARATION
+    apart on some axis, and boxes apart (``overlap`` 0) or each item hiding at most ``overlap`` of every earlier one."""
     alphas = [item.any(axis=2) for item in items]
     for _ in range(PLACEMENT_RESTARTS):
-        layers = Layers(canvas_size, outline=overlap > 0)
+        layers = _Layers(canvas_size, outline=overlap > 0)
         corners: list[tuple[int, int]] = []
         for alpha, (top, left, bottom, right) in zip(alphas, tight, strict=True):
             side = alpha.shape[0]
@@ -150,31 +140,43 @@ def place_free(rng: np.random.Generator, items: list[np.ndarray], tight: list[tu
                      f"in {PLACEMENT_RESTARTS} starts; use a larger canvas_size, fewer objects or smaller items")
 
 
-def listing(captioner: Captioner, order: list[int]) -> str:
-    """"a A, a B and a C": the objects of ``order`` named in a list."""
+def free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tuple[int, int, int, int]],
+                    canvas_size: int) -> list[tuple[int, int]]:
+    """Corners (y, x) of items of ``sizes`` by rejection sampling: squares apart, box centres MIN_SEPARATION apart
+    on some axis (the draws of free layouts of up to three items without overlap)."""
+    for _ in range(PLACEMENT_TRIES):
+        corners = [(int(rng.integers(0, canvas_size - size + 1)), int(rng.integers(0, canvas_size - size + 1)))
+                   for size in sizes]
+        centres = [(y + (top + bottom) / 2, x + (left + right) / 2)
+                   for (y, x), (top, left, bottom, right) in zip(corners, tight, strict=True)]
+        if all(max(abs(centres[i][0] - centres[j][0]), abs(centres[i][1] - centres[j][1])) >= MIN_SEPARATION
+               and not (corners[i][0] < corners[j][0] + sizes[j] and corners[j][0] < corners[i][0] + sizes[i]
+                        and corners[i][1] < corners[j][1] + sizes[j] and corners[j][1] < corners[i][1] + sizes[i])
+               for i, j in itertools.combinations(range(len(sizes)), 2)):
+            return corners
+    raise ValueError(f"could not place items of sizes {sizes} on a {canvas_size}-pixel canvas without overlap "
+                     f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
+
+
+def _listing(captioner: Captioner, order: list[int]) -> str:  # "a A, a B and a C"
     named = [f"a {captioner.names[slot]}" for slot in order]
     return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
 
 
 def more_caption(captioner: Captioner, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-    """Caption ``form`` (0..4) of a scene of one, four or five objects, in ``order``.
-
-    One object: "a A", "there is a A", "a single A", "a A on its own", "just a A". Four or five: forms 0, 2 and
-    4 state the three-object form's relations of the first three and add ", with" and the rest; form 1 is
-    "there is" and all of them; form 3 "a A next to" and the rest.
-    """
+    """Caption ``form`` (0..4) of one, four or five objects in ``order``; forms 0, 2 and 4 of four or five state
+    the three-object form's relations of the first three and add ", with" and the rest."""
     if len(order) == 1:
         return ONE_ITEM_FORMS[form].format(captioner.names[order[0]])
     if form == 1:
-        return f"there is {listing(captioner, order)}"
+        return f"there is {_listing(captioner, order)}"
     if form == 3:
-        return f"a {captioner.names[order[0]]} next to {listing(captioner, order[1:])}"
-    return f"{captioner.caption(form, order[:3], flags)}, with {listing(captioner, order[3:])}"
+        return f"a {captioner.names[order[0]]} next to {_listing(captioner, order[1:])}"
+    return f"{captioner.caption(form, order[:3], flags)}, with {_listing(captioner, order[3:])}"
 
 
 def mask_rle(mask: np.ndarray) -> dict:
     """A (H, W) bool mask as COCO's compressed RLE: {"size": [H, W], "counts": str}."""
     from pycocotools import mask as coco_mask
-
     encoded = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
     return {"size": [int(v) for v in encoded["size"]], "counts": encoded["counts"].decode("ascii")}

@@ -1,14 +1,7 @@
-"""Fashion-MNIST items drawn one at a time, as the Fashion scenes draw them: the classification set the scene
-captioner's encoder is pretrained on, as the paper's VGG was pretrained on ImageNet.
-
-Each item is tinted with one of the scene colours, resized within the style's range and put at a random place on a
-``canvas_size`` square (the default 32 is one cell of a 96-pixel scene's 3×3 grid), over black or the style's
-``background`` (one per item, pasted under the item's own pixels as alpha). The drawing is ``scenes.draw_item``
-itself, so the encoder learns on the pixels a scene holds; training batches are drawn all at once
-(``__getitems__``), with torch's antialiased bilinear resize in place of PIL's (the same pixels within a grey
-level, far cheaper). The style's layout, object count and overlap do not apply to one item. Each item's targets
-are its class and its colour name: the encoder is to keep what a caption says of an object, as Anderson et al.
-(2018) pretrain on object classes and attributes.
+"""Fashion-MNIST items drawn one at a time as the Fashion scenes draw them (``draw_item``): the classification set
+the scene captioner's encoder is pretrained on, as the paper's VGG was on ImageNet. Each item is tinted, resized
+and placed at random on a ``canvas_size`` square over the style's background; its targets are its class and its
+colour, as Anderson et al. (2018) pretrain on object classes and attributes.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ def check_item_style(style: SceneStyle, canvas_size: int) -> None:
 
 
 def gather(source: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
-    """Items ``indices`` of ``source`` as one batch (images stacked, labels (B,) long): one indexing of the held
-    tensors when the source is a ``TensorImageDataset`` or a ``Subset`` of one, else item by item."""
+    """Items ``indices`` of ``source`` as one batch (images, labels (B,)): one indexing of a ``TensorImageDataset``."""
     held, positions = source, indices
     if isinstance(held, Subset):
         held, positions = held.dataset, [held.indices[index] for index in indices]
@@ -49,9 +41,8 @@ def gather(source: Dataset, indices: list[int]) -> tuple[Tensor, Tensor]:
 
 
 def paste(canvases: Tensor, rows: np.ndarray, corners: np.ndarray, items: Tensor) -> None:
-    """Write ``items`` (n, C, s, s) into ``canvases`` (B, C, S, S) in place, item k into canvas ``rows[k]`` with
-    its top-left pixel at ``corners[k]`` (top, left): one indexed write by flat position
-    ((row · C + channel) · S + top + i) · S + left + j, instead of a slice assignment per item."""
+    """Write ``items`` (n, C, s, s) into ``canvases`` (B, C, S, S) in place, item k into canvas ``rows[k]`` at
+    ``corners[k]`` (top, left): one write at flat positions ((row · C + channel) · S + top + i) · S + left + j."""
     _, channels, square, _ = canvases.shape
     size = items.shape[-1]
     starts = torch.from_numpy(((rows * channels) * square + corners[:, 0]) * square + corners[:, 1])  # (n,)
@@ -66,15 +57,10 @@ def divide_by_255(products: Tensor) -> Tensor:
 
 
 class SceneItemDataset(Dataset):
-    """Grey 28×28 items of ``source`` (a dataset of ``(uint8 (1, 28, 28), label)``) drawn as scenes draw them:
-    ``(uint8 (3, canvas_size, canvas_size), targets)``, where ``targets`` is ``[label, colour]`` and colour
-    indexes ``COLOURS`` (red, green, blue, yellow, white).
-
-    ``seed=None`` draws each item afresh every time it is read (training: a new colour, shade, size and place
-    each epoch, from a stream seeded by torch's RNG in each loader process, so ``seed_everything`` fixes it).
-    An int draws item ``i`` from ``(seed, i)`` (validation and test), once, and keeps it. ``background_reuse`` > 1
-    takes training items' backgrounds from a ``BackgroundPool`` that draws one new background per that many items.
-    """
+    """Grey items of ``source`` (``(uint8 (1, 28, 28), label)``) drawn as scenes draw them: ``(uint8 (3, S, S),
+    [label, colour])``, colour indexing ``COLOURS``. ``seed=None`` draws each item afresh at every read (training;
+    from torch's RNG, per loader process); an int draws item ``i`` once from ``(seed, i)``. ``background_reuse``
+    > 1 takes backgrounds from a ``BackgroundPool``."""
 
     def __init__(self, source: Dataset, *, style: SceneStyle | None = None, canvas_size: int = 32,
                  seed: int | None = None, background_reuse: int = 1) -> None:
@@ -101,8 +87,7 @@ class SceneItemDataset(Dataset):
         return self._stream[1]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Tensor, Tensor]]:
-        """The items ``indices``, as ``__getitem__`` gives them; training items (``seed=None``) are drawn as one
-        batch: a DataLoader with a batch size fetches them so, for a fraction of the cost of one at a time."""
+        """The items ``indices``; training items are drawn as one batch, with torch's antialiased bilinear resize."""
         if self.seed is not None:  # validation and test: item i is always drawn from (seed, i)
             return [self[index] for index in indices]
         rng = self._rng(0)

@@ -1,12 +1,5 @@
-"""How the Fashion scenes draw their items: the colour words' RGB values, and the ``SceneStyle`` of a split.
-
-A ``SceneStyle`` says how a split is drawn; the default scenes are ``SceneStyle()``. Its fields (their meaning,
-ranges and the equations of the jitters are in ``docs/formats/scenes.md``, "Styles" and "Clutter"): ``layout``
-(``grid``, ``free`` or ``mixed``), ``shade_jitter`` or ``hue_jitter`` (other shades, or the whole HSV family, of
-each named colour), ``scale_jitter`` or ``scale`` (the range of item sizes), ``palette`` (another maker's RGB for
-the five words; the jitters apply to ``exact`` only), the ``background`` under the items (``backgrounds.py``:
-its ``background_level``, ``background_weights`` and ``texture_source``), ``objects`` per scene and ``overlap``.
-"""
+"""How the Fashion scenes draw their items: the colour words' RGB values, and the ``SceneStyle`` of a split
+(its fields' meanings, ranges and the jitters' equations: ``docs/formats/scenes.md``, "Styles" and "Clutter")."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ MAX_SCALE_JITTER = 0.5
 MAX_OBJECTS_PER_SCENE = 5  # more items crowd a 96-pixel canvas, and their captions outgrow a sentence
 MIN_ITEM_SIDE, MAX_SCALE = 10, 2.0  # a smaller garment is a few pixels of noise; a larger one fills the canvas
 MAX_OVERLAP = 0.5  # an item hidden more than half is hardly one a caption can name
-# The fields a style had before backgrounds, object counts, scale ranges and overlap: a split's info records
-# the others only when they are not at their defaults, so earlier styles keep their bytes.
+# The fields a style had first: a split's info records the others only off their defaults (earlier bytes kept)
 FIRST_FIELDS = ("layout", "shade_jitter", "scale_jitter", "hue_jitter", "palette")
 
 
@@ -64,8 +56,7 @@ class SceneStyle:
     scale: tuple[float, float] = (1.0, 1.0)
     overlap: float = 0.0
 
-    def __post_init__(self) -> None:
-        """Pairs and weights as tuples, as a config file's or a split info's lists come."""
+    def __post_init__(self) -> None:  # pairs and weights as tuples, as a config file's lists come
         for key in ("background_weights", "objects", "scale"):
             value = getattr(self, key)
             if isinstance(value, list):
@@ -83,15 +74,13 @@ class SceneStyle:
         return cls(**options)
 
     def recorded(self) -> dict:
-        """The style as a split's info records it: the first five fields, and the others that are not at their
-        defaults (so that styles without them keep their bytes)."""
+        """The style as a split's info records it: ``FIRST_FIELDS``, and the others not at their defaults."""
         default = SceneStyle()
         return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()
                 if key in FIRST_FIELDS or value != getattr(default, key)}
 
     def differences(self, other: SceneStyle) -> dict[str, tuple[str, str]]:
-        """The fields in which this style differs from ``other``: name -> (this value, other's value), each as a
-        config file writes it (a pair as a list)."""
+        """Where this style differs from ``other``: field -> (this value, other's), as a config file writes them."""
         mine, theirs = asdict(self), asdict(other)
         return {name: (_shown(mine[name]), _shown(theirs[name])) for name in mine if mine[name] != theirs[name]}
 
@@ -105,9 +94,7 @@ class SceneStyle:
         return bool(self.scale_jitter) or tuple(self.scale) != (1.0, 1.0)
 
     def check(self, canvas_size: int, grid_size: int) -> None:
-        """Refuse, in one line, a field out of range or that does not fit another (a jitter with a palette, both
-        jitters, ``scale`` with ``scale_jitter``, overlap on the grid), or a canvas too small for the layout's
-        largest items or too crowded to place them."""
+        """Refuse, in one line, a field out of range or at odds with another, or a canvas too small for the items."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
         for name in ("shade_jitter", "hue_jitter"):
@@ -165,7 +152,7 @@ class SceneStyle:
     def tints(self, rng: np.random.Generator, colours: Sequence[str]) -> np.ndarray:
         """The RGB tints (n, 3) of n items of ``colours``, drawn as ``tint`` draws one (the same draws for n = 1)."""
         if self.hue_jitter:
-            return hue_family_tints(rng, colours, self.hue_jitter)
+            return _hue_family_tints(rng, colours, self.hue_jitter)
         exact = np.array([PALETTES[self.palette][colour] for colour in colours], dtype=np.float64).reshape(-1, 3)
         if not self.shade_jitter:
             return exact.astype(np.uint16)
@@ -175,16 +162,15 @@ class SceneStyle:
         return np.rint(np.where(exact > 0, level - spread, floor)).astype(np.uint16)
 
 
-def _pair(value: object, name: str) -> tuple[float, float]:
-    """``value`` as two numbers, or a one-line refusal naming the option ``name``."""
+def _pair(value: object, name: str) -> tuple[float, float]:  # two numbers, or a refusal naming option ``name``
     if not (isinstance(value, tuple | list) and len(value) == 2
             and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
         raise ValueError(f"{name} must be two numbers [min, max], got {value!r}")
     return float(value[0]), float(value[1])
 
 
-def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:
-    """The RGB tints (n, 3) of ``hue_jitter``: each drawn from its named colour's family in HSV (``HUE_FAMILIES``)."""
+def _hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: float) -> np.ndarray:
+    # The RGB tints (n, 3) of ``hue_jitter``: each drawn from its colour's family in HSV (``HUE_FAMILIES``)
     count = len(colours)
     centre, width, saturation, value = np.array([HUE_FAMILIES[colour] for colour in colours]).T
     white = np.array([colour == "white" for colour in colours])
@@ -193,18 +179,15 @@ def hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: f
     saturation = np.where(white, saturation * reach[0], 1 - (1 - saturation) * reach[0])
     value = 1 - (1 - value) * reach[1]
     from matplotlib.colors import hsv_to_rgb  # here: drawing scenes without hue_jitter does not import matplotlib
-
     return np.rint(255 * hsv_to_rgb(np.stack([hue % 360.0 / 360.0, saturation, value], axis=1))).astype(np.uint16)
 
 
 def draw_item(item: np.ndarray, tint: np.ndarray, size: int = ITEM_SIZE) -> np.ndarray:
-    """A 28×28 grey item as a scene draws it: resized to size×size (bilinear), then tinted with ``tint`` (RGB) ->
-    (size, size, 3) uint8."""
+    """A 28×28 grey item as a scene draws it: resized (bilinear), then tinted -> (size, size, 3) uint8."""
     if size != ITEM_SIZE:
         item = np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
     return (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)
 
 
-def _shown(value: object) -> str:
-    """A style field's value as a config file writes it (a pair as a list, a string bare)."""
+def _shown(value: object) -> str:  # as a config file writes it: a pair as a list, a string bare
     return str(list(value)) if isinstance(value, tuple) else str(value)

@@ -1,22 +1,13 @@
 """Fashion scenes: the embedded captioning dataset, generated from Fashion-MNIST and written in COCO format.
 
-A default scene is a black S×S RGB canvas holding 2 or 3 Fashion-MNIST items of different classes, tinted with
-one colour each. Five captions per scene name every item with its colour, and relation phrases ("to the left
-of", "above", ...) are true of the items' bounding boxes. Layout is decided per split from ``(seed, split)``;
-the same arguments always write the same bytes. A ``SceneStyle`` (``scene_style.py``) says how a split is drawn:
-its layout, tints, item sizes and counts, its background (``backgrounds.py``) and overlap (``scene_clutter.py``
-paints the items and captions 1, 4 or 5 of them).
-
-Under ``<root>/`` (``docs/formats/scenes.md``): ``images/<split>/<id>.png``; ``annotations/captions_<split>.json``
-and ``instances_<split>.json`` (COCO: ``bbox`` the tight box of the item's drawn pixels, ``area`` the count of its
-visible ones, ``category_id`` the Fashion-MNIST label + 1); ``attributes_<split>.json`` (per instance its colour,
-tint, grid cell and source image; per caption the relation phrases it states, as (subject id, relation, object
-id), to check against the boxes); ``backgrounds/<split>/<id>.png`` (a scene's background alone, when not black).
+A default scene is a black canvas holding 2 or 3 tinted Fashion-MNIST items of different classes; five captions
+name each item with its colour, and their relation phrases ("to the left of", "above", ...) are true of the items'
+boxes. The same ``(seed, split)`` always writes the same bytes; a ``SceneStyle`` (``scene_style.py``) says how a
+split is drawn. The files under ``<root>/`` are described in ``docs/formats/scenes.md``.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -26,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from vision_attn.data.scene_clutter import compose, distinguish, mask_rle, more_caption, place_free
+from vision_attn.data.scene_clutter import compose, distinguish, free_positions, mask_rle, more_caption, place_free
 from vision_attn.data.scene_style import COLOURS, ITEM_SIZE, LAYOUTS, PALETTES, SceneStyle, draw_item
 from vision_attn.io import OwnedFolder
 
@@ -39,15 +30,11 @@ RELATIONS = ("to the left of", "to the right of", "above", "below")
 DEFAULT_COUNTS = {"train": 20000, "val": 1000, "test": 1000}
 MAX_OBJECTS = 3
 CAPTIONS_PER_IMAGE = 5
-# Where each split draws its items: (Fashion-MNIST split, slice of it). Val and test share the official
-# test set, in two fixed disjoint halves.
+# Where each split draws its items: (Fashion-MNIST split, slice); val and test take two halves of the test set
 SOURCES = {"train": ("train", slice(0, 60000)), "val": ("test", slice(0, 5000)), "test": ("test", slice(5000, 10000))}
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # mixed into the seed so each split's layout is independent
-MIN_SEPARATION = 6  # free layouts: two items' box centres are at least this far apart on some axis (pixels)
-PLACEMENT_TRIES = 1000
 PNG_COMPRESS_LEVEL = 1  # PNG encoding is the cost; level 1 is far smaller than raw and as fast
-# The most a split, a canvas and a grid may be (`make-scenes` refuses more in one line, before any work): five
-# times the default training set; a canvas where the 28-pixel items are specks; 64 cells for at most 5 items.
+# The most a split, a canvas and a grid may be: five training sets; 28-pixel items as specks; 64 cells for 5 items
 MAX_SCENES, MAX_CANVAS_SIZE, MAX_GRID_SIZE = 100_000, 1024, 8
 # Caption forms 0..4 of two and of three objects: a template of their names in the caption's order ({0}, {1},
 # {2}) and of relation phrases {r0}, {r1}, with the (subject, object) places in that order each phrase relates.
@@ -90,33 +77,26 @@ def box_relation(subject_box: list[float], object_box: list[float], *, prefer_ve
 
 
 class _Captioner:
-    """Writes one scene's captions and records the relation phrases each one states."""
-
+    # Writes one scene's captions and records the relation phrases each one states.
     def __init__(self, names: list[str], relate: Callable[[int, int, bool], str], instance_ids: list[int]) -> None:
         self.names = names  # "red sneaker", one per object
         self.relate = relate  # (subject, object, prefer_vertical) -> a phrase true of the two
         self.instance_ids = instance_ids
         self.stated: list[tuple[int, str, int]] = []
 
-    def rel(self, subject: int, obj: int, prefer_vertical: bool) -> str:
-        """The phrase relating object ``subject`` to object ``obj``, recorded as stated."""
-        phrase = self.relate(subject, obj, prefer_vertical)
-        self.stated.append((self.instance_ids[subject], phrase, self.instance_ids[obj]))
-        return phrase
-
     def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-        """Caption ``form`` (0..4) naming the objects in ``order``; ``flags`` choose the axis of diagonal pairs
-        (relation phrase k takes ``flags[k]``)."""
+        # Caption ``form`` (0..4) naming the objects in ``order``; relation phrase k takes ``flags[k]``
         if len(order) not in CAPTION_FORMS:  # one, four or five objects
             return more_caption(self, form, order, flags)
         template, pairs = CAPTION_FORMS[len(order)][form]
-        phrases = {f"r{k}": self.rel(order[a], order[b], flags[k]) for k, (a, b) in enumerate(pairs)}
+        phrases = {}
+        for k, (a, b) in enumerate(pairs):  # each phrase recorded as stated
+            phrases[f"r{k}"] = self.relate(order[a], order[b], flags[k])
+            self.stated.append((self.instance_ids[order[a]], phrases[f"r{k}"], self.instance_ids[order[b]]))
         return template.format(*(self.names[slot] for slot in order), **phrases)
 
     def captions(self, orders: list[list[int]], flags: list[tuple[bool, bool]]) -> list[tuple[str, list]]:
-        """The five (caption, relations it states as (subject id, phrase, object id)): caption k names the objects
-        in ``orders[k]``, a permutation of the object slots (those past the scene's count dropped), with ``flags[k]``.
-        """
+        # The five (caption, its (subject id, phrase, object id)): caption k names the objects in ``orders[k]``
         orders = [[slot for slot in order if slot < len(self.names)] for order in orders]
         if len(self.names) == 2:
             orders[1] = orders[0][::-1]  # caption 1 restates caption 0 the other way round
@@ -127,8 +107,7 @@ class _Captioner:
         return result
 
 
-def _tight_box(drawn: np.ndarray) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) of the True pixels of a 2-D mask, end-exclusive."""
+def _tight_box(drawn: np.ndarray) -> tuple[int, int, int, int]:  # (top, left, bottom, right), end-exclusive
     rows, cols = np.flatnonzero(drawn.any(axis=1)), np.flatnonzero(drawn.any(axis=0))
     return int(rows[0]), int(cols[0]), int(rows[-1]) + 1, int(cols[-1]) + 1
 
@@ -158,8 +137,7 @@ def _check_arguments(counts: Mapping[str, int], canvas_size: int, grid_size: int
 
 def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, grid_size: int,
                     max_offset: int, objects: tuple[int, int] = (2, MAX_OBJECTS)) -> dict[str, np.ndarray]:
-    """Random layouts of ``count`` scenes, all in arrays with one row per scene and a column per object slot
-    (three, or ``objects``' most when more: the default scenes' draws stay as they were)."""
+    # One row per scene, a column per object slot (three, or more for more objects: default draws stay as they were)
     slots = max(MAX_OBJECTS, int(objects[1]))
     n_objects = rng.integers(int(objects[0]), int(objects[1]) + 1, size=count)  # (N,)
     classes = rng.random((count, len(CLASS_WORDS))).argsort(axis=1)[:, :slots]  # (N, 3) distinct
@@ -178,44 +156,12 @@ def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, gr
             "sources": sources, "orders": orders, "flags": flags}
 
 
-def _free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tuple[int, int, int, int]],
-                    canvas_size: int) -> list[tuple[int, int]]:
-    """Top-left corners (y, x) for items of the given sizes anywhere on the canvas: their squares do not
-    overlap, and every two box centres are at least MIN_SEPARATION apart on some axis. Rejection sampling."""
-    for _ in range(PLACEMENT_TRIES):
-        corners = [(int(rng.integers(0, canvas_size - size + 1)), int(rng.integers(0, canvas_size - size + 1)))
-                   for size in sizes]
-        centres = [(y + (top + bottom) / 2, x + (left + right) / 2)
-                   for (y, x), (top, left, bottom, right) in zip(corners, tight, strict=True)]
-        if all(max(abs(centres[i][0] - centres[j][0]), abs(centres[i][1] - centres[j][1])) >= MIN_SEPARATION
-               and not (corners[i][0] < corners[j][0] + sizes[j] and corners[j][0] < corners[i][0] + sizes[i]
-                        and corners[i][1] < corners[j][1] + sizes[j] and corners[j][1] < corners[i][1] + sizes[i])
-               for i, j in itertools.combinations(range(len(sizes)), 2)):
-            return corners
-    raise ValueError(f"could not place items of sizes {sizes} on a {canvas_size}-pixel canvas without overlap "
-                     f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
-
-
 def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` compactly (into the staging folder, which ``OwnedFolder`` moves into place whole)."""
     path.write_text(json.dumps(data, separators=(",", ":")))
-
-
-def split_info(split: str, *, seed: int, canvas_size: int, grid_size: int, style: SceneStyle) -> dict:
-    """The ``info`` block of a split's files: everything that decides its scenes."""
-    info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
-            "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
-    if style != SceneStyle():  # the default style is left out, so default scenes keep their bytes
-        info["style"] = style.recorded()
-    if style.background != "black":  # its scenes' backgrounds are written alone too (backgrounds/<split>/)
-        info["backgrounds"] = True
-    return info
 
 
 def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, labels: np.ndarray, seed: int,
                 canvas_size: int, grid_size: int, style: SceneStyle) -> dict[str, int]:
-    """Draw and write one split's scenes under ``root`` (a fresh staging folder) from its pool of Fashion-MNIST
-    ``images`` (M, 28, 28) and ``labels``."""
     cell_size = canvas_size // grid_size
     rng = np.random.default_rng([seed, SPLIT_CODES[split]])
     layout = _sample_layouts(rng, labels, count, grid_size, cell_size - ITEM_SIZE, style.objects)
@@ -228,9 +174,13 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     source_split, source_slice = SOURCES[split]
     image_dir = root / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
-    if style.background != "black":
+    info = {"description": f"Fashion scenes, {split} split", "seed": seed, "canvas_size": canvas_size,
+            "grid_size": grid_size, "category_ids": "Fashion-MNIST label + 1"}
+    if style != SceneStyle():  # the default style is left out, so default scenes keep their bytes
+        info["style"] = style.recorded()
+    if style.background != "black":  # its scenes' backgrounds are written alone too (backgrounds/<split>/)
         (root / "backgrounds" / split).mkdir(parents=True, exist_ok=True)
-    info = split_info(split, seed=seed, canvas_size=canvas_size, grid_size=grid_size, style=style)
+        info["backgrounds"] = True
     image_entries, captions, instances, attributes, relations = [], [], [], [], []
     for index in range(count):
         image_id = index + 1
@@ -248,7 +198,7 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
         if free and (style.overlap or int(style.objects[1]) > MAX_OBJECTS):
             corners = place_free(style_rng, items, tight, canvas_size, style.overlap)
         elif free:
-            corners = _free_positions(style_rng, sizes, tight, canvas_size)
+            corners = free_positions(style_rng, sizes, tight, canvas_size)
         else:  # a 28-pixel item at its drawn offset in its cell, a resized one at an offset drawn for its size
             cells = [divmod(int(cell), grid_size) for cell in layout["cells"][index, :n_objects]]
             offsets = [layout["offsets"][index, slot] if size == ITEM_SIZE
@@ -307,12 +257,9 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
                 ) -> dict[str, dict[str, int]]:
     """Write the Fashion scenes splits under ``root``; returns, per split, how many images, captions and objects.
 
-    ``counts`` maps split names (``train``, ``val``, ``test``) to scene counts (default 20000/1000/1000).
-    ``style`` (a ``SceneStyle`` or a mapping of its fields) is how every split is drawn, the default scenes' by default;
-    ``styles`` overrides it per split, e.g. ``{"train": {"layout": "mixed", "shade_jitter": 1.0}}``. A dataset is
-    never a mix of two runs: ``root`` must be new or empty, unless ``overwrite``, which replaces the dataset there
-    (its manifest's files, or ``dataset_files``) and keeps every other file; the splits are staged and moved into
-    place at the end, so a failure leaves the old dataset, or nothing."""
+    ``style`` (a ``SceneStyle`` or a mapping of its fields) draws every split, ``styles`` overrides it per split.
+    ``root`` must be new or empty unless ``overwrite`` (which replaces only the dataset's files); the splits are
+    staged and moved into place at the end, so a failure leaves the old dataset, or nothing."""
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     split_styles = {split: SceneStyle.of((styles or {}).get(split, style)) for split in counts}
     unknown = set(styles or {}) - set(counts)
@@ -337,8 +284,7 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
 
 
 def dataset_files(root: Path) -> list[str]:
-    """The files of a Fashion scenes dataset written before ``make-scenes`` kept a manifest, relative to ``root``:
-    each split's annotation files and the numbered PNGs of its image and background folders."""
+    """The files (relative to ``root``) of a Fashion scenes dataset written before ``make-scenes`` kept a manifest."""
     splits = set(SPLIT_CODES) | {path.stem.removeprefix("captions_") for path in root.glob("annotations/captions_*")}
     names = [f"annotations/{kind}_{split}.json" for split in sorted(splits)
              for kind in ("captions", "instances", "attributes")]

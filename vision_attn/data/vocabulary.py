@@ -1,8 +1,5 @@
-"""Caption tokens and the word <-> id mapping of the captioner.
-
-``tokenize`` approximates what the COCO evaluation's PTB tokenizer leaves once it drops punctuation:
-lower case, words of letters, digits and underscores (with inner hyphens and apostrophes kept, as in
-"t-shirt" or "man's"), every punctuation mark gone. The vocabulary is built from the training captions only.
+"""Caption tokens and the word <-> id mapping of the captioner. ``tokenize`` approximates what the COCO
+evaluation's PTB tokenizer leaves once it drops punctuation; the vocabulary is built from the training captions.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ def word_ids(caption: Sequence[int]) -> list[int]:
 
 
 def _tokenize_joined(captions: Sequence[str]) -> list[str]:
-    """The tokens of all ``captions`` in one list, with a ``_BREAK`` entry between consecutive captions: one regex
-    pass over the joined text, faster than one per caption, and the same tokens as no word can span a break."""
+    # The tokens of all ``captions``, a ``_BREAK`` between two: one regex pass, and no word can span a break
     text = _BREAK.join(captions)
     if text.count(_BREAK) != len(captions) - 1:  # some caption holds line breaks of its own
         text = _BREAK.join(caption.replace(_BREAK, " ") for caption in captions)
@@ -68,8 +64,7 @@ class Vocabulary:
 
     @classmethod
     def build(cls, captions: Iterable[str] | Iterable[Sequence[str]], *, min_count: int = 1) -> Vocabulary:
-        """The words seen at least ``min_count`` times in ``captions`` (all strings, or all token lists), most
-        frequent first, ties in alphabetical order."""
+        """The words seen at least ``min_count`` times in ``captions`` (strings or token lists), most frequent first."""
         if min_count < 1:
             raise ValueError(f"min_count must be at least 1, got {min_count}")
         captions = list(captions)
@@ -104,9 +99,8 @@ class Vocabulary:
         return [START_ID, *[get(word, UNK_ID) for word in words], END_ID]
 
     def encode_batch(self, captions: Sequence[str], max_length: int) -> tuple[Tensor, Tensor]:
-        """Tokenise and encode many captions at once: ids (N, T) int64, each row ``<start>`` w1 .. wn ``<end>``
-        then ``<pad>`` (at most ``max_length`` words), and lengths (N,) counting ``<start>`` and ``<end>``;
-        ``self.truncated`` then holds how many captions had more than ``max_length`` words and were cut."""
+        """Encode many captions at once: ids (N, T) of ``encode`` padded with ``<pad>``, and lengths (N,);
+        ``self.truncated`` then says how many had more than ``max_length`` words and were cut."""
         self.truncated = 0
         if not captions:
             return torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
@@ -141,8 +135,7 @@ class Vocabulary:
         return words
 
     def require_same(self, tokens: Sequence[str] | None) -> None:
-        """Refuse another vocabulary's ``tokens`` (e.g. a checkpoint's) that differ from these: its ids would
-        mean other words. None or empty passes."""
+        """Refuse another vocabulary's ``tokens`` (a checkpoint's) that differ from these; None or empty passes."""
         saved = list(tokens or [])
         if saved and saved != self._tokens:
             where = next((i for i, (a, b) in enumerate(zip(saved, self._tokens, strict=False)) if a != b),
