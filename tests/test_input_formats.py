@@ -206,6 +206,21 @@ def test_two_records_of_one_image_with_different_captions_are_refused_naming_bot
                         "records 1 and 3 both caption image 2", "a different caption")
 
 
+def test_a_key_given_twice_in_one_object_is_refused_naming_the_file_and_key(scenes, tmp_path: Path) -> None:
+    """JSON keeps a repeated key's last value without a word; every reader refuses the file instead, in one line."""
+    record = json.dumps(good_results(scenes)[0])
+    results = write(tmp_path / "results.json", "[" + record.replace('"caption": ', '"caption": "a red top", '
+                                                                     '"caption": ', 1) + "]")
+    refused_in_one_line(evaluate(results, scenes["captions"], tmp_path / "scores.json"), results,
+                        "the key 'caption' is given twice in one object")
+    annotations = scenes["captions"].read_text()
+    captions = write(tmp_path / "captions.json", annotations.replace('"images":[', '"images":[],"images":[', 1))
+    refused_in_one_line(evaluate(write(tmp_path / "ok.json", good_results(scenes)), captions, tmp_path / "s.json"),
+                        captions, "the key 'images' is given twice")
+    assert not (tmp_path / "scores.json").exists() and not (tmp_path / "s.json").exists()
+    assert read_json(write(tmp_path / "same.json", '[{"a": 1}, {"a": 2}]'), "a list") == [{"a": 1}, {"a": 2}]
+
+
 def test_valid_results_score_with_pointing_a_repeat_kept_once_and_image_size_optional(scenes, tmp_path: Path) -> None:
     records = good_results(scenes)
     del records[0]["image_size"]  # the grid then covers the image file, whose size the instances give

@@ -74,10 +74,20 @@ def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_B
         raise ValueError(f"{path}: {containers} JSON arrays and objects, more than the {MAX_JSON_CONTAINERS} a file "
                          f"may hold here (decoded, each takes far more memory than its text); expected {what}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, or an integer of over 4300 digits
         raise ValueError(f"{path}: not a readable JSON file ({' '.join(str(error).split())}); expected "
                          f"{what}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # an object that gives a key twice would silently keep its last value: refused instead
+    decoded = dict(pairs)
+    if len(decoded) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {twice!r} is given twice in one object")
+    return decoded
 
 
 def _is_id(value: Any) -> bool:
