@@ -1,6 +1,6 @@
 """Seeded mutation fuzzing of every file format the commands read, starting from real valid files: a scenes split
-written by ``make_scenes``, a tiny trained captioner's checkpoint, the results ``caption`` writes with it, a test
-config, a feature cache, an owned folder's manifest, an object-words table and PNG images.
+written by ``make_scenes``, a tiny trained captioner's checkpoint and a tiny ViT's, the results ``caption`` writes
+with the captioner, a test config, a feature cache, an owned folder's manifest, an object-words table and PNG images.
 
 Each format is mutated in each kind of ``KINDS`` that applies to it (``COVERED``): random bytes, truncation, bit
 flips, type swaps, huge values, deep nesting, duplicates and odd Unicode. The contract, checked for every case: the
@@ -236,7 +236,7 @@ def accepted_or_refused(read: Callable[[], Any], path: Path, case: str) -> Any:
 
 # --- the valid files -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def valid(trained_captioner, tmp_path_factory) -> dict[str, Any]:
+def valid(trained_captioner, vit_checkpoint, tmp_path_factory) -> dict[str, Any]:
     """The valid files the mutations start from, and their content."""
     work = tmp_path_factory.mktemp("fuzz_valid")
     root, ckpt = trained_captioner["scenes"], trained_captioner["ckpt"]
@@ -259,6 +259,7 @@ def valid(trained_captioner, tmp_path_factory) -> dict[str, Any]:
                                                                      "bag": ["bag", "handbag"]}}
     found["trees"]["config"] = yaml.safe_load((CONFIGS / "captioner_tiny.yaml").read_text())
     found["checkpoint"] = torch.load(ckpt, map_location="cpu", weights_only=True)
+    found["vit"], found["vit_ckpt"] = torch.load(vit_checkpoint, map_location="cpu", weights_only=True), vit_checkpoint
     return found
 
 
@@ -393,18 +394,20 @@ def mutated_checkpoint(rng: random.Random, kind: str, good: dict[str, Any], path
     path.write_bytes(buffer.getvalue())
 
 
-def check_checkpoint(path: Path) -> Any:
-    saved = read_model_checkpoint(path, kind="captioner")
+def check_checkpoint(path: Path, kind: str = "captioner") -> Any:
+    saved = read_model_checkpoint(path, kind=kind)
     assert finite(dict(saved.state_dict))
     return saved
 
 
+@pytest.mark.parametrize("model", ["captioner", "vit"])
 @pytest.mark.parametrize("kind", COVERED["checkpoint"])
-def test_fuzz_checkpoints(kind: str, valid, tmp_path: Path) -> None:
-    for index, rng in cases("checkpoint", kind):
+def test_fuzz_checkpoints(kind: str, model: str, valid, tmp_path: Path) -> None:
+    good = valid["checkpoint" if model == "captioner" else "vit"]
+    for index, rng in cases("checkpoint" if model == "captioner" else "vit checkpoint", kind):
         path = tmp_path / f"{index}.ckpt"
-        mutated_checkpoint(rng, kind, valid["checkpoint"], path)
-        accepted_or_refused(lambda path=path: check_checkpoint(path), path, f"checkpoint/{kind}/{index}")
+        mutated_checkpoint(rng, kind, good, path)
+        accepted_or_refused(lambda path=path: check_checkpoint(path, model), path, f"{model} checkpoint/{kind}/{index}")
 
 
 # --- images ------------------------------------------------------------------------------------------------------
@@ -653,6 +656,21 @@ def command_cases(valid: dict[str, Any], work: Path) -> list[tuple[str, list[str
         write(root / "annotations" / "instances_test.json", mutated_json(rng, kind, trees["instances"]))
         add(f"erasure --root ({kind})", ["erasure", "--ckpt", ckpt, "--root", root, "--count", "2"],
             work / f"erasure{index}.json")
+    vit_kinds = [*rng.sample(TREE_KINDS, 3), *rng.sample(BYTE_KINDS, 2)]
+    for index, kind in enumerate(vit_kinds):  # the ViT's tools: checkpoints
+        path = work / f"vit{index}.ckpt"
+        mutated_checkpoint(rng, kind, valid["vit"], path)
+        tool = ("classify", "deletion", "rollout-mass")[index % 3]
+        args = {"classify": ["classify", "--ckpt", path, image],
+                "deletion": ["deletion", "--ckpt", path, "--count", "2", "--steps", "2"],
+                "rollout-mass": ["rollout-mass", "--ckpt", path, "--count", "2"]}[tool]
+        if tool == "rollout-mass":  # it prints its figures and writes nothing
+            found.append((f"rollout-mass --ckpt ({kind})", list(map(str, args)), work / f"printed{index}"))
+        else:
+            add(f"{tool} --ckpt ({kind})", args, work / f"{tool}{index}.json")
+    for index, kind in enumerate(rng.sample([k for k in COVERED["image"] if k != "odd unicode"], 3)):  # classify
+        path = write(work / f"vit_image{index}" / "image.png", mutated_image(rng, kind, image.read_bytes()))
+        add(f"classify IMAGE ({kind})", ["classify", "--ckpt", valid["vit_ckpt"], path], work / f"classes{index}.json")
     for index, kind in enumerate(rng.sample(KINDS, 4)):  # fit: configs, parsed and printed only
         config = write(work / f"config{index}.yaml", mutated_yaml(rng, kind, trees["config"]))
         found.append((f"fit --config ({kind})", ["fit", "--config", str(CONFIGS / "tiny_trainer.yaml"), "--config",
@@ -678,7 +696,7 @@ def test_fuzz_every_command_exits_0_with_whole_output_or_2_in_one_line(valid, tm
             assert lines and lines[-1].startswith("error: ") and sum(line.startswith("error") for line in lines) == 1, \
                 (what, stderr[-2000:])
             assert args[0] == "make-scenes" or not out.exists() or out.is_dir(), (what, "wrote before refusing")
-        elif args[0] not in ("fit", "make-scenes"):
+        elif args[0] not in ("fit", "make-scenes", "rollout-mass"):
             whole_output(out)
         if args[0] == "make-scenes":
             assert (out / "user.txt").read_text() == "the user's", what
