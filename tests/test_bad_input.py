@@ -261,6 +261,12 @@ def test_a_vit_checkpoint_given_to_caption_and_the_reverse(vit_checkpoint, train
                                       "--ckpt_path", str(trained_captioner["ckpt"]),
                                       "--trainer.default_root_dir", str(tmp_path / "run")])
     assert "Show-Attend-Tell captioner checkpoint, but the config trains a ViT classifier" in message
+    saved = torch.load(vit_checkpoint, map_location="cpu", weights_only=True)
+    saved["vision_attn_kind"] = "\u202egnp.exe\x1b[2J"  # a bidi override and a terminal escape
+    spoofed = tmp_path / "spoofed.ckpt"
+    torch.save(saved, spoofed)
+    message = one_line_error(capsys, ["classify", "--ckpt", str(spoofed), str(image)])
+    assert "this is a '\\u202egnp.exe\\x1b[2J' checkpoint, but a ViT classifier is needed" in message
 
 
 def test_a_vocabulary_that_does_not_match_the_checkpoint(trained_captioner, tmp_path, capsys) -> None:
