@@ -226,3 +226,13 @@ def test_fuzz_the_image_loader_gives_an_image_or_one_bad_image_error(data: bytes
         assert str(error).startswith(str(path)) and "\n" not in str(error)
         return
     assert image.mode == mode and image.width * image.height > 0
+
+
+def test_no_error_line_carries_a_control_or_bidi_character_of_a_name(tmp_path: Path, capsys) -> None:
+    """A file's name may hold a newline, a terminal escape or a bidi override: the error names it on one line with
+    those shown escaped, so nothing it holds reaches the terminal."""
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    name = str(tmp_path / "bad\nname\x1b[31m\u202egnp.ckpt")
+    line = fails_in_one_line(capsys, ["caption", "--ckpt", name, str(image)])
+    assert line.isprintable() and "bad name\\x1b[31m\\u202egnp.ckpt" in line, line

@@ -52,7 +52,8 @@ def user_message(error: BaseException) -> str:
     if WORKER_TRACEBACK in text:
         last = [line for line in text.splitlines() if line.strip()][-1]
         text = last.partition(": ")[2] or last
-    return " ".join(text.split())
+    # one line, and no control or bidi character (a file's name may hold one) reaches the terminal: shown escaped
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in " ".join(text.split()))
 
 
 @contextmanager
