@@ -236,3 +236,17 @@ def test_no_error_line_carries_a_control_or_bidi_character_of_a_name(tmp_path: P
     name = str(tmp_path / "bad\nname\x1b[31m\u202egnp.ckpt")
     line = fails_in_one_line(capsys, ["caption", "--ckpt", name, str(image)])
     assert line.isprintable() and "bad name\\x1b[31m\\u202egnp.ckpt" in line, line
+
+
+def test_what_a_tool_prints_shows_a_names_control_characters_escaped(tmp_path: Path, vit_checkpoint) -> None:
+    """`classify` prints each image's name: a terminal escape or bidi override in it is shown escaped, while the
+    JSON it writes keeps the name as it is (for programs, not terminals)."""
+    from tests.conftest import run_in_process
+
+    image = tmp_path / "evil\x1b[2J\u202egnp.png"
+    Image.new("L", (28, 28), 128).save(image)
+    result = run_in_process("classify", "--ckpt", str(vit_checkpoint), str(image), "--out", str(tmp_path / "c.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "evil\\x1b[2J\\u202egnp.png" in result.stdout and "\x1b" not in result.stdout
+    assert "\u202e" not in result.stdout and "\n" in result.stdout
+    assert json.loads((tmp_path / "c.json").read_text())[0]["file_name"] == str(image)

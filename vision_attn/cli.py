@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import redirect_stdout
 
 from vision_attn.commands import TOOLS, data, inference, interventions  # noqa: F401 - importing them registers their tools
-from vision_attn.errors import exit_on_user_error
+from vision_attn.errors import EscapedOutput, exit_on_user_error
 
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
                       "test": "run the test loop (--ckpt_path C)",
@@ -27,8 +28,9 @@ def main(args: Sequence[str] | None = None) -> None:
         print("\n`vision-attn COMMAND --help` shows a command's options.")
         return
     with exit_on_user_error():
-        if argv[0] in TOOLS:
-            TOOLS[argv[0]][0](argv[1:])
+        if argv[0] in TOOLS:  # what a tool prints names the user's files: shown escaped (``errors.printable``)
+            with redirect_stdout(EscapedOutput(sys.stdout)):
+                TOOLS[argv[0]][0](argv[1:])
         else:
             from vision_attn.trainer_cli import run_lightning
             run_lightning(argv if args is not None else None)

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class CheckpointError(ValueError):
@@ -52,8 +53,28 @@ def user_message(error: BaseException) -> str:
     if WORKER_TRACEBACK in text:
         last = [line for line in text.splitlines() if line.strip()][-1]
         text = last.partition(": ")[2] or last
-    # one line, and no control or bidi character (a file's name may hold one) reaches the terminal: shown escaped
-    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in " ".join(text.split()))
+    return printable(" ".join(text.split()))  # one line
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with each non-printable character but those in ``keep`` shown escaped (``\\x1b``, ``\\u202e``): a
+    file's name may hold a terminal escape or a bidi override, and none reaches the terminal."""
+    return "".join(char if char.isprintable() or char in keep else ascii(char)[1:-1] for char in text)
+
+
+class EscapedOutput:
+    """A text stream that writes to ``stream`` what ``printable`` shows, new lines, returns and tabs kept."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        """Write ``text`` escaped; the count of characters given, as a stream returns."""
+        self.stream.write(printable(text, keep="\n\r\t"))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 @contextmanager
