@@ -250,3 +250,17 @@ def test_what_a_tool_prints_shows_a_names_control_characters_escaped(tmp_path: P
     assert "evil\\x1b[2J\\u202egnp.png" in result.stdout and "\x1b" not in result.stdout
     assert "\u202e" not in result.stdout and "\n" in result.stdout
     assert json.loads((tmp_path / "c.json").read_text())[0]["file_name"] == str(image)
+
+
+def test_a_logged_skip_shows_a_names_control_characters_escaped(tmp_path: Path, vit_checkpoint) -> None:
+    """A skipped image is logged by name, through the command line's log handler: escaped there too."""
+    from tests.conftest import run_script
+
+    good, bad = tmp_path / "good.png", tmp_path / "bad\x1b[2J\u202e.png"
+    Image.new("L", (28, 28), 128).save(good)
+    bad.write_bytes(b"not an image")
+    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(good), str(bad), "--on-bad-image", "skip",
+                        "--out", str(tmp_path / "c.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "bad\\x1b[2J\\u202e.png" in result.stderr and "\x1b" not in result.stderr + result.stdout
+    assert "\u202e" not in result.stderr + result.stdout

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from contextlib import redirect_stdout
 
 from vision_attn.commands import TOOLS, data, inference, interventions  # noqa: F401 - importing them registers their tools
-from vision_attn.errors import EscapedOutput, exit_on_user_error
+from vision_attn.errors import EscapedFormatter, EscapedOutput, exit_on_user_error
 
 LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "validate": "run the validation loop",
                       "test": "run the test loop (--ckpt_path C)",
@@ -20,7 +20,10 @@ LIGHTNING_COMMANDS = {"fit": "train a model (--config configs/...yaml)", "valida
 def main(args: Sequence[str] | None = None) -> None:
     """Console-script entry point; ``args`` replaces ``sys.argv[1:]`` when called from Python."""
     argv = list(sys.argv[1:] if args is None else args)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # logging.basicConfig's handler, with its lines shown escaped
+        handler = logging.StreamHandler()
+        handler.setFormatter(EscapedFormatter("%(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
     if not argv or argv[0] in ("-h", "--help"):  # every command with its one-line summary
         print("usage: vision-attn COMMAND [options]\n\ncommands:")
         for name, text in {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in TOOLS.items()}}.items():

@@ -3,6 +3,7 @@ can fix has its class here, so each layer raises it without importing another la
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -60,6 +61,14 @@ def printable(text: str, keep: str = "") -> str:
     """``text`` with each non-printable character but those in ``keep`` shown escaped (``\\x1b``, ``\\u202e``): a
     file's name may hold a terminal escape or a bidi override, and none reaches the terminal."""
     return "".join(char if char.isprintable() or char in keep else ascii(char)[1:-1] for char in text)
+
+
+class EscapedFormatter(logging.Formatter):
+    """A log formatter whose lines show ``printable`` text: a logged skip names the user's file as an error does."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as ``logging.Formatter`` writes it, non-printable characters but new lines and tabs escaped."""
+        return printable(super().format(record), keep="\n\t")
 
 
 class EscapedOutput:
