@@ -364,3 +364,37 @@ def test_erasure_never_writes_over_its_dataset(trained_captioner, tmp_path) -> N
                                  "--count", "1", "--out", str(out))
         one_line_error(refused, str(out), "is one of the inputs")
     assert snapshot(scenes) == before
+
+
+def test_an_output_the_kernel_refuses_is_one_line_before_any_work(captions, trained_captioner, tmp_path) -> None:
+    """Root may write anywhere the permission bits say, yet /proc takes no new file: `--out` there is refused
+    before any image is captioned."""
+    result = run_in_process("caption", "--ckpt", str(trained_captioner["ckpt"]), str(captions["images"]), "--out",
+                            "/proc/vision-attn-results.json")
+    one_line_error(result, "/proc: cannot write there")
+    assert result.stdout == ""  # nothing captioned
+
+
+def test_a_file_too_large_for_the_disk_is_one_line_and_leaves_nothing(captions, trained_captioner, tmp_path) -> None:
+    """Files capped at 4 KiB (RLIMIT_FSIZE, as a full disk or a quota would stop them): each command ends in one
+    line naming its output, and leaves no temporary file or staging folder behind."""
+    import json
+    import resource
+    import signal
+    import sys
+
+    from tests.conftest import REPO, RUN_EACH
+
+    def capped() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    commands = [["caption", "--ckpt", str(trained_captioner["ckpt"]), str(captions["images"]), "--all-beams", "--out",
+                 str(tmp_path / "results.json")], command_args("explore", captions, tmp_path / "site"),
+                command_args("overlay", captions, tmp_path / "overlays")]
+    done = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(commands)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, preexec_fn=capped)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for (code, stderr), args in zip(json.loads(done.stdout.strip().splitlines()[-1]), commands, strict=True):
+        one_line_error(subprocess.CompletedProcess(args, code, "", stderr), "cannot be written (File too large)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))

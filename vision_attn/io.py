@@ -37,25 +37,28 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
     leaves ``path`` untouched. A ``path`` that is not a regular file is refused before writing and before the rename."""
     path = Path(path)
     refuse_not_a_file(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as file:
-        try:
-            write(file)
-        except BaseException:
-            file.close()
-            os.unlink(file.name)
-            raise
-        temporary = Path(file.name)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
-        refuse_not_a_file(path)  # it may have become one while the file was written
-        temporary.replace(path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                         delete=False) as file:
+            try:
+                write(file)
+            except BaseException:
+                file.close()
+                os.unlink(file.name)
+                raise
+            temporary = Path(file.name)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
+            refuse_not_a_file(path)  # it may have become one while the file was written
+            temporary.replace(path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as error:  # a full disk, a folder that refuses files: one line naming the output, not a traceback
+        raise ValueError(f"{path}: cannot be written ({error.strerror or error}); nothing was written there") from None
     return path
 
 
@@ -81,6 +84,7 @@ def output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] 
         raise ValueError(f"{path}: is a folder; give the name of a file to write")
     refuse_not_a_file(path)
     _check_parents(path)
+    writable_folder(path.parent)  # a folder the process may not write in (root's too: /proc, /sys, a read-only mount)
     try:
         own = os.stat(path)
     except OSError:  # not there yet: it is none of the inputs
@@ -274,6 +278,11 @@ class OwnedFolder:
         try:
             yield staging
             self.commit(staging)
+        except OSError as error:  # a full disk, a file too large: one line naming the folder, not a traceback
+            named = [Path(name).resolve() for name in (error.filename, error.filename2) if name is not None]
+            if named and not any(name.is_relative_to(self.path.resolve()) for name in named):
+                raise  # not about this folder (an input's own error)
+            raise ValueError(f"{self.path}: cannot be written ({error.strerror or error})") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             _remove_empty(made)  # the deepest first
