@@ -39,16 +39,12 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], Any
     refuse_not_a_file(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                         delete=False) as file:
-            try:
-                write(file)
-            except BaseException:
-                file.close()
-                os.unlink(file.name)
-                raise
-            temporary = Path(file.name)
+        file = tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                           delete=False)
+        temporary = Path(file.name)
         try:
+            with file:  # closing flushes: a full disk may show only then
+                write(file)
             umask = os.umask(0)
             os.umask(umask)
             temporary.chmod(0o666 & ~umask)  # a normal file's permissions, not the temporary file's 0600
