@@ -133,8 +133,8 @@ def require_kind(found: str | None, wanted: str, *, source: str | os.PathLike = 
         return
     prefix = f"{source}: " if str(source) else ""
     need = f"the config trains a {KIND_NAMES[wanted]}" if training else f"a {KIND_NAMES[wanted]} is needed"
-    # a kind of ours by its name; any other quoted, escapes shown: no control or bidi character reaches a terminal
-    raise CheckpointError(f"{prefix}this is a {KIND_NAMES.get(found) or ascii(found)} checkpoint, but {need}")
+    # a kind of ours by its name; any other quoted, as a value the file holds (errors.printable escapes what it must)
+    raise CheckpointError(f"{prefix}this is a {KIND_NAMES.get(found) or repr(found)} checkpoint, but {need}")
 
 
 def checkpoint_kind(loaded: Mapping[str, Any]) -> str | None:
