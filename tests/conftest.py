@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,12 +110,14 @@ print(json.dumps(outcomes))
 
 
 def run_each_in_a_fresh_process(commands: list[list[str]], *, env: dict[str, str] | None = None,
-                                prefix: list[str] = ()) -> list[subprocess.CompletedProcess]:
-    """``vision-attn ARGS`` for each of ``commands``, one after another in one new interpreter (with ``env``, and
-    started through ``prefix``, e.g. setpriv): what a process-wide setting such as HF_HOME or a dropped capability
-    does to them, without paying the interpreter's start-up per command."""
+                                prefix: list[str] = (), preexec_fn: Callable[[], None] | None = None
+                                ) -> list[subprocess.CompletedProcess]:
+    """``vision-attn ARGS`` for each of ``commands``, one after another in one new interpreter (with ``env``, started
+    through ``prefix``, e.g. setpriv, and after ``preexec_fn``, e.g. a resource limit): what a process-wide setting
+    such as HF_HOME, a dropped capability or a cap does to them, without paying the interpreter's start-up per
+    command."""
     done = subprocess.run([*prefix, sys.executable, "-c", RUN_EACH, json.dumps(commands)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, preexec_fn=preexec_fn)
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = json.loads(done.stdout.strip().splitlines()[-1])
     return [subprocess.CompletedProcess(args, code, "", err) for args, (code, err) in zip(commands, outcomes,

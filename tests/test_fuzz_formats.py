@@ -21,8 +21,6 @@ import random
 import resource
 import shutil
 import struct
-import subprocess
-import sys
 import time
 import zipfile
 import zlib
@@ -36,7 +34,7 @@ import torch
 import yaml
 from PIL import Image
 
-from tests.conftest import CONFIGS, REPO, RUN_EACH, run_in_process
+from tests.conftest import CONFIGS, run_each_in_a_fresh_process, run_in_process
 from vision_attn.api import CaptionResult
 from vision_attn.checkpoint import read_model_checkpoint
 from vision_attn.config_files import check_config_files
@@ -588,10 +586,7 @@ def run_capped(commands: list[list[str]], limit: int = MEMORY_CAP) -> list[tuple
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    done = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(commands)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, preexec_fn=cap)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [tuple(outcome) for outcome in json.loads(done.stdout.strip().splitlines()[-1])]
+    return [(done.returncode, done.stderr) for done in run_each_in_a_fresh_process(commands, preexec_fn=cap)]
 
 
 def strict_json(path: Path) -> Any:

@@ -379,12 +379,8 @@ def test_a_file_too_large_for_the_disk_is_one_line_and_leaves_nothing(captions, 
     """Files capped at 4 KiB (RLIMIT_FSIZE, as a full disk or a quota would stop them): each command, a fit's
     checkpoints and figures among them, ends in one line naming its output, and leaves no temporary file or staging
     folder behind."""
-    import json
     import resource
     import signal
-    import sys
-
-    from tests.conftest import REPO, RUN_EACH
 
     def capped() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails instead of killing the process
@@ -394,10 +390,7 @@ def test_a_file_too_large_for_the_disk_is_one_line_and_leaves_nothing(captions, 
                  str(tmp_path / "results.json")], command_args("explore", captions, tmp_path / "site"),
                 command_args("overlay", captions, tmp_path / "overlays"),
                 ["fit", *tiny("vit_tiny.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")]]
-    done = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(commands)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, preexec_fn=capped)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (code, stderr), args in zip(json.loads(done.stdout.strip().splitlines()[-1]), commands, strict=True):
-        one_line_error(subprocess.CompletedProcess(args, code, "", stderr), "cannot be written (File too large)")
+    for result in run_each_in_a_fresh_process(commands, preexec_fn=capped):
+        one_line_error(result, "cannot be written (File too large)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], list(tmp_path.rglob("*"))  # the fit's folder
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")], list(tmp_path.rglob("*"))
