@@ -6,9 +6,10 @@ few photos, small Fashion scenes, trained checkpoints at the paths the docs name
 127.0.0.1, to fork and run ``vision_attn.cli.main`` on the same argv in the sandbox, with tiny overrides appended
 where a command would train for minutes. The server is a process of its own that imports torch, Lightning and
 the package once and computes nothing itself (forking a process whose OpenMP threads have run can deadlock), so
-each command starts in milliseconds instead of seconds. Python blocks run the same way, in a forked child. A block
-marked ``<!-- twin: tests/FILE.py::TEST (why) -->`` (it needs COCO, a GPU or root) does not run here; its twin,
-which runs the same path on the CPU, must exist.
+each command starts in milliseconds instead of seconds. It also starts METEOR's Java process once (its tables take
+seconds to load), and each child takes it over in turn, instead of every scoring command starting its own. Python
+blocks run the same way, in a forked child. A block marked ``<!-- twin: tests/FILE.py::TEST (why) -->`` (it needs
+COCO, a GPU or root) does not run here; its twin, which runs the same path on the CPU, must exist.
 
     python tests/docs_runner.py serve PORT_FILE     (the server; tests/test_docs_examples.py starts it)
 """
@@ -156,9 +157,32 @@ def _receive(connection: socket.socket) -> list[str]:
     return [field.decode() for field in data.split(b"\0")[:-1]]
 
 
+def _take_over_meteor() -> None:
+    """In a forked child: use the server's METEOR scorer as this process's own (the children run one at a time).
+    Its Java process is the server's child, so ``Popen.poll`` here cannot wait on it and would call it ended;
+    /proc tells whether it still runs (a zombie is one a child before this one killed)."""
+    from vision_attn import metrics
+
+    scorer = metrics._meteor
+    if scorer is None:
+        return
+    stat = Path(f"/proc/{scorer.meteor_p.pid}/stat")
+
+    def poll() -> int | None:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return 1
+        return 1 if state in ("Z", "X") else None
+
+    scorer.meteor_p.poll = poll
+    metrics._meteor_pid = os.getpid()
+
+
 def _child(cwd: str, log: str, argv: list[str]) -> None:
     """In a forked child: the sandbox's folder and log, then the command or the Python block; never returns."""
     code = 1
+    _take_over_meteor()
     try:
         os.chdir(cwd)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -196,6 +220,10 @@ def serve(port_file: Path) -> None:
     import vision_attn.datamodules  # noqa: F401
     import vision_attn.tasks  # noqa: F401
     import vision_attn.trainer_cli  # noqa: F401
+    from vision_attn import metrics
+
+    if metrics.java_available():
+        metrics.meteor_scorer()  # Java and METEOR's tables loaded once, not in every command that scores
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))

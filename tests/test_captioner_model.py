@@ -394,6 +394,11 @@ def test_vgg19_and_resnet_encoders_match_the_paper_grids(tmp_path) -> None:
     with torch.no_grad():
         annotations, grid = vgg(torch.randn(1, 3, 224, 224))
     assert grid == (14, 14) and annotations.shape == (1, 196, 512)
+    convs = [layer for layer in vgg.trunk if isinstance(layer, torch.nn.Conv2d)]
+    assert len(convs) == 16 and all(not conv.bias.any() for conv in convs)  # conv1_1 .. conv5_4
+    for conv in convs:  # as torchvision initialises VGG: He normal over the fan-out, zero biases
+        fan_out = conv.out_channels * conv.kernel_size[0] * conv.kernel_size[1]
+        assert conv.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.05)
     resnet = AnnotationEncoder(backbone="resnet50", grid_size=14)
     assert resnet.annotation_dim == 2048 and resnet.grid_for(224) == (14, 14)
 

@@ -1,5 +1,5 @@
-"""A COCO rehearsal: the real COCO configs, end to end (`fit` through the console script, the later commands
-through the same entry point in this process, which saves importing Lightning four times), on a small Karpathy-format
+"""A COCO rehearsal: the real COCO configs, end to end (each command through the console script's entry point, in
+this process: a new one would import Lightning and start METEOR's Java again), on a small Karpathy-format
 COCO of real-size JPEGs (landscape and portrait, EXIF-rotated, greyscale), with train/restval/val/test splits.
 Only the accelerator, precision, sizes, limits and paths are overridden; the configs' ImageNet weights come
 from a torch.hub cache the test fills (offline). The path is the README's: fit (filling
@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_in_process, run_script, shipped
+from tests.conftest import run_in_process, shipped
 from vision_attn.hardware import cpu_flags, has_native_bf16
 from vision_attn.metrics import java_available
 
@@ -124,7 +124,7 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
         "--data.init_args.loader.batch_size", "4", "--data.init_args.loader.eval_batch_size", "4",
         "--data.init_args.feature_cache.folder", str(cache),
     ]
-    fit = run_script("fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+    fit = run_in_process("fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
                      "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(run),
                      "--trainer.logger.init_args.save_dir", str(run))
     assert fit.returncode == 0, fit.stderr[-3000:]

@@ -17,6 +17,7 @@ import copy
 import io
 import json
 import math
+import os
 import random
 import resource
 import shutil
@@ -579,14 +580,21 @@ def test_fuzz_manifests(kind: str, tmp_path: Path) -> None:
 
 
 # --- the commands, in one capped process -----------------------------------------------------------------------
-def run_capped(commands: list[list[str]], limit: int = MEMORY_CAP) -> list[tuple[int, str]]:
+def run_capped(commands: list[list[str]], limit: int = MEMORY_CAP, crash_logs: Path | None = None
+               ) -> list[tuple[int, str]]:
     """Each of ``commands`` through the command line, one after another in one new interpreter whose address space
-    is capped at ``limit``: each one's exit code and stderr."""
+    is capped at ``limit``: each one's exit code and stderr. A Java that the cap crashes writes its crash logs in
+    ``crash_logs``, not in its working folder (pycocoevalcap's, in the installed package)."""
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    return [(done.returncode, done.stderr) for done in run_each_in_a_fresh_process(commands, preexec_fn=cap)]
+    env = None
+    if crash_logs is not None:
+        logs = f"-XX:ErrorFile={crash_logs}/hs_err_%p.log -XX:ReplayDataFile={crash_logs}/replay_%p.log"
+        env = {**os.environ, "JAVA_TOOL_OPTIONS": logs}
+    return [(done.returncode, done.stderr)
+            for done in run_each_in_a_fresh_process(commands, env=env, preexec_fn=cap)]
 
 
 def strict_json(path: Path) -> Any:
@@ -758,6 +766,6 @@ def test_a_failed_meteor_ends_in_one_line_and_the_next_score_does_not_wait_forev
     scored.write_text(json.dumps([{"image_id": a["image_id"], "caption": a["caption"]}
                                   for a in json.loads(captions.read_text())["annotations"][::5]]))
     args = ["evaluate", str(scored), "--annotations", str(captions), "--out", str(tmp_path / "scores.json")]
-    for code, stderr in run_capped([args, args], limit=4 * 2**30):
+    for code, stderr in run_capped([args, args], limit=4 * 2**30, crash_logs=tmp_path):
         assert code == 0 or (code == 2 and stderr.strip().splitlines()[-1].startswith("error: METEOR's Java process "
                                                                                       "failed")), stderr[-2000:]

@@ -57,8 +57,14 @@ class SmallCNN(nn.Sequential):
 def _vgg19_conv5_4() -> tuple[nn.Sequential, int]:
     import torchvision
 
-    features = torchvision.models.vgg19(weights=None).features
-    return features[:36], 512  # up to the ReLU after conv5_4, before the last max-pool
+    with torch.device("meta"):  # VGG's classifier (fc6-fc8) is never used: it is not allocated nor initialised
+        vgg = torchvision.models.vgg19(weights=None)
+    features = vgg.features[:36].to_empty(device="cpu")  # up to the ReLU after conv5_4, before the last max-pool
+    for layer in features:
+        if isinstance(layer, nn.Conv2d):  # torchvision's VGG initialisation
+            nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
+            nn.init.zeros_(layer.bias)
+    return features, 512
 
 
 def _resnet_layer4(depth: int) -> tuple[nn.Sequential, int]:
