@@ -398,7 +398,7 @@ def test_vgg19_and_resnet_encoders_match_the_paper_grids(tmp_path) -> None:
     assert len(convs) == 16 and all(not conv.bias.any() for conv in convs)  # conv1_1 .. conv5_4
     for conv in convs:  # as torchvision initialises VGG: He normal over the fan-out, zero biases
         fan_out = conv.out_channels * conv.kernel_size[0] * conv.kernel_size[1]
-        assert conv.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.05)
+        assert conv.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.1)
     resnet = AnnotationEncoder(backbone="resnet50", grid_size=14)
     assert resnet.annotation_dim == 2048 and resnet.grid_for(224) == (14, 14)
 
