@@ -36,9 +36,9 @@ def test_fit_writes_checkpoints_and_the_vocabulary_json(trained_captioner) -> No
 
 def test_test_command_reports_coco_metrics_and_pointing_and_writes_results(trained_captioner, tmp_path) -> None:
     result = run_in_process("test", *tiny("captioner_tiny.yaml"),
-                        "--data.init_args.root", str(trained_captioner["scenes"]),
-                        "--ckpt_path", str(trained_captioner["ckpt"]),
-                        "--trainer.default_root_dir", str(tmp_path))
+                            "--data.init_args.root", str(trained_captioner["scenes"]),
+                            "--ckpt_path", str(trained_captioner["ckpt"]),
+                            "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     # pointing is computed on scenes; its accuracy is reported once the model names objects (not this 3-step one)
     for metric in ("test/BLEU-4", "test/CIDEr-D", "test/ROUGE-L", "test/METEOR", "test/pointing_words"):

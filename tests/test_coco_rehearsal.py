@@ -125,8 +125,8 @@ def test_the_coco_configs_fit_test_score_caption_and_overlay(coco, tmp_path, mon
         "--data.init_args.feature_cache.folder", str(cache),
     ]
     fit = run_in_process("fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-                     "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(run),
-                     "--trainer.logger.init_args.save_dir", str(run))
+                         "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(run),
+                         "--trainer.logger.init_args.save_dir", str(run))
     assert fit.returncode == 0, fit.stderr[-3000:]
     keys = [json.loads(key.read_text()) for key in cache.glob("*/key.json")]
     assert sorted(key["count"] for key in keys) == [SPLITS["val"], SPLITS["train"] + SPLITS["restval"]]  # by fit
