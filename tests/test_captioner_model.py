@@ -10,7 +10,7 @@ import torch
 import torchvision
 from torch import nn
 
-from vision_attn.captioning import fast_additive
+from vision_attn.captioning import fast_additive, fast_lstm
 from vision_attn.captioning.beam_search import beam_search, greedy_decode, sample_captions
 from vision_attn.captioning.decoder import AdditiveAttention, AttentionDecoder, DecoderState
 from vision_attn.captioning.encoder import AnnotationEncoder
@@ -126,9 +126,9 @@ def test_attention_reads_the_last_word_when_asked_and_learns_from_it() -> None:
     image, state = decoder.encode(annotations), decoder.initial_state(annotations)
     after = [decoder.context(image, state, decoder.embedding(torch.tensor([w]))).alpha for w in (5, 6)]
     assert not torch.allclose(after[0], after[1])
-    x = image.keys.unsqueeze(1) + (decoder.attention.query_proj(state.hidden)
-                                   + word_proj(decoder.embedding(torch.tensor([5])))
-                                   ).view(1, 1, 1, -1)  # coverage is 0 at the first step
+    keys = decoder.attention.annotation_proj(annotations)  # W_a a_i (``image.keys`` holds it doubled: fast form)
+    x = keys.unsqueeze(1) + (decoder.attention.query_proj(state.hidden)  # coverage is 0 at the first step
+                             + word_proj(decoder.embedding(torch.tensor([5])))).view(1, 1, 1, -1)
     expected = decoder.attention.score(torch.tanh(x)).squeeze(-1).view(1, 9).softmax(-1)
     torch.testing.assert_close(after[0], expected, atol=1e-6, rtol=1e-5)
     decoder(annotations, captions_batch()[:1]).logits.sum().backward()
@@ -313,8 +313,8 @@ def test_additive_attention_is_softmax_of_w_tanh_by_the_formula_with_its_gradien
     torch.manual_seed(0)
     attention = AdditiveAttention(16, 10, 12)
     annotations, query = torch.randn(3, 9, 16), torch.randn(6, 10, requires_grad=True)  # 2 queries per image
-    projected = attention.keys(annotations)
-    alpha = attention(projected, query).alpha
+    projected = attention.annotation_proj(annotations)  # W_a a_i (``keys`` gives it doubled, for the fast form)
+    alpha = attention(attention.keys(annotations), query).alpha
     as_written = fast_additive.additive_scores_as_written(
         projected.unsqueeze(1), attention.query_proj(query).view(3, 2, 1, 12), attention.score).view(6, 9)
     torch.testing.assert_close(alpha, as_written.softmax(-1), atol=1e-6, rtol=1e-5)
@@ -612,3 +612,58 @@ def test_a_channels_last_encoder_computes_what_the_default_layout_does():
     ours.square().sum().backward()
     theirs.square().sum().backward()
     torch.testing.assert_close(fast.trunk[0][0].weight.grad, plain.trunk[0][0].weight.grad, rtol=1e-3, atol=1e-4)
+
+
+def teacher_forced_with_gradients(decoder: AttentionDecoder, annotations: torch.Tensor,
+                                  captions: torch.Tensor) -> list[torch.Tensor]:
+    """Logits, α and the gradients of a loss over both, for the annotations and every parameter."""
+    annotations = annotations.clone().requires_grad_()
+    decoder.zero_grad()
+    output = decoder(annotations, captions)
+    (output.logits.square().mean() + output.alphas.square().sum()).backward()
+    return [output.logits, output.alphas, annotations.grad, *(p.grad for p in decoder.parameters())]
+
+
+@pytest.mark.parametrize("extensions", [{}, {"coverage": True, "attend_with_word": True}, {"attention": "hard"}])
+def test_teacher_forced_lstm_is_the_lstm_cell_it_stands_for(monkeypatch: pytest.MonkeyPatch, extensions: dict) -> None:
+    """The teacher-forced loop's faster LSTM (word products for all steps at once, one weight gradient over all
+    steps) gives nn.LSTMCell's outputs and gradients within float rounding, and the steps' order is its only state."""
+    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    runs = []
+    for fast in (True, False):
+        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, fast=fast: fast)
+        decoder = tiny_decoder(**extensions)
+        decoder.hard_expectation_prob = 1.0  # hard attention: the expected context, so both runs draw nothing
+        runs.append(teacher_forced_with_gradients(decoder, annotations, captions))
+    assert all(tensor is not None for tensor in runs[0][:3])
+    for name, fast, cell in zip(["logits", "alphas", "annotations"] + [n for n, _ in tiny_decoder().named_parameters()],
+                                *runs, strict=False):
+        if name != "attention.score.bias":  # softmax ignores the score's bias: its gradient is rounding alone
+            torch.testing.assert_close(fast, cell, atol=1e-6, rtol=1e-5, msg=name)
+    lstm = fast_lstm.TeacherForcedLSTM(tiny_decoder().lstm, torch.randn(3, 4, 6))
+    state = (torch.zeros(3, 10), torch.zeros(3, 10))
+    for _ in range(4):
+        state = lstm.step(torch.randn(3, 8), state)
+    with pytest.raises(IndexError):  # a fifth step has no word: the loop is the caption's length
+        lstm.step(torch.randn(3, 8), state)
+
+
+def test_teacher_forced_lstm_trains_under_bf16_autocast_as_the_cell_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    runs = []
+    for fast in (True, False):
+        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, fast=fast: fast)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs.append(teacher_forced_with_gradients(tiny_decoder(), annotations, captions))
+    assert runs[0][3].dtype == torch.float32  # a parameter's gradient, in the parameter's dtype
+    for fast, cell in zip(runs[0][:3], runs[1][:3], strict=True):  # bf16 products: close, not equal
+        torch.testing.assert_close(fast.float(), cell.float(), atol=0.05, rtol=0.05)
+
+
+def test_caption_nll_is_the_negative_log_softmax_of_each_real_token() -> None:
+    logits, targets = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
+    mask = (torch.rand(3, 5) > 0.3).float()
+    expected = -(logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask).sum(1)
+    torch.testing.assert_close(caption_nll(logits, targets, mask), expected)
+    torch.testing.assert_close(caption_nll(logits.transpose(0, 1).contiguous().transpose(0, 1), targets, mask),
+                               expected)  # logits not laid out row by row

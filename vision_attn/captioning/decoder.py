@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vision_attn.captioning import fast_lstm
 from vision_attn.captioning.extensions import ATTENTION_INPUTS, OUTPUT_TERMS
-from vision_attn.captioning.fast_additive import additive_scores
+from vision_attn.captioning.fast_additive import additive_scores, doubled_keys
 from vision_attn.captioning.options import DecoderOptions
 from vision_attn.captioning.product_attention import PRODUCT_SCORES
 from vision_attn.captioning.seams import Attended, AttentionScore, ScoreWidths, built, queries_per_image
@@ -41,8 +42,8 @@ class AdditiveAttention(AttentionScore):
         self.widths = ScoreWidths(attention_dim, attention_dim)
 
     def keys(self, annotations: Tensor) -> Tensor:
-        """W_a a_i for all i: (B, L, D) -> (B, L, A)."""
-        return self.annotation_proj(annotations)
+        """W_a a_i for all i, doubled for the fast form (fast_additive.py): (B, L, D) -> (B, L, A)."""
+        return doubled_keys(self.annotation_proj(annotations))
 
     def forward(self, keys: Tensor, query: Tensor, query_terms: Any = (), location_terms: Any = ()) -> Attended:
         """α (B·r, L) for r queries per image (B·r, H); query row n belongs to image n // r."""
@@ -55,7 +56,7 @@ class AdditiveAttention(AttentionScore):
         for values, weight in location_terms:  # + w_c c_ti, ...: the query term becomes per location, (B, r, L, A)
             projected = projected + F.linear(values.view(batch, per_image, locations, 1), weight)
         # e_ti = w·tanh(W_a a_i + W_h h_{t−1}): additive_scores computes exactly this, faster (fast_additive.py)
-        scores = additive_scores(keys.unsqueeze(1), projected, self.score)  # (B, r, L)
+        scores = additive_scores(keys.unsqueeze(1), projected * 2.0, self.score)  # (B, r, L)
         return Attended(scores.view(batch * per_image, locations).softmax(dim=-1))  # α_t = softmax(e_t)
 
 
@@ -206,11 +207,14 @@ class AttentionDecoder(nn.Module):
         combined = embedded_word + self.output_hidden(hidden) + self.output_context(context)
         return self.output_words(self.output_dropout(combined))
 
-    def _recur(self, embedded: Tensor, word: Tensor, image: EncodedImage, state: DecoderState,
-               sample: bool) -> tuple[AttendedContext, DecoderState]:
-        # z_t from h_{t−1}, then h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t−1}, c_{t−1}))
+    def _recur(self, embedded: Tensor, word: Tensor, image: EncodedImage, state: DecoderState, sample: bool,
+               lstm: fast_lstm.TeacherForcedLSTM | None = None) -> tuple[AttendedContext, DecoderState]:
+        # z_t from h_{t−1}, then h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t−1}, c_{t−1})) (``lstm``: the same, faster)
         attended = self.context(image, state, embedded, sample=sample)
-        hidden, cell = self.lstm(torch.cat([embedded, attended.context], dim=1), (state.hidden, state.cell))
+        if lstm is not None:
+            hidden, cell = lstm.step(attended.context, (state.hidden, state.cell))
+        else:
+            hidden, cell = self.lstm(torch.cat([embedded, attended.context], dim=1), (state.hidden, state.cell))
         return attended, self.advance(state, hidden, cell, attended.alpha, word)
 
     def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:
@@ -234,9 +238,10 @@ class AttentionDecoder(nn.Module):
         sample = self.attention_mode == "hard" and self.training
         if sample and torch.rand(()) < self.hard_expectation_prob:
             sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
+        lstm = fast_lstm.TeacherForcedLSTM(self.lstm, embedded) if fast_lstm.applies(embedded) else None
         steps = []
         for t in range(inputs.shape[1]):
-            attended, state = self._recur(embedded[:, t], inputs[:, t], image, state, sample)
+            attended, state = self._recur(embedded[:, t], inputs[:, t], image, state, sample, lstm)
             steps.append((state.hidden, attended.context, attended.alpha, attended.beta, attended.location))
         hiddens, contexts, alphas, betas, locations = zip(*steps, strict=True)
         hidden_all = torch.stack(hiddens, 1)  # (B', T, H)

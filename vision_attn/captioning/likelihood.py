@@ -35,7 +35,8 @@ def token_likelihood(logits: Tensor, captions: Tensor) -> TokenLikelihood:
 
 def caption_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     """Per-caption negative log-likelihood −log p(y | a), (B,), over real tokens only (``mask`` (B, T))."""
-    token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, V, T) -> (B, T)
+    batch, steps, words = logits.shape  # one row per token: the rows are contiguous, unlike (B, V, T)'s
+    token_nll = F.cross_entropy(logits.reshape(-1, words), targets.reshape(-1), reduction="none").view(batch, steps)
     return (token_nll * mask).sum(dim=1)
 
 

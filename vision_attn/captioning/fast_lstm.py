@@ -1,0 +1,90 @@
+"""The decoder's LSTM over a teacher-forced caption, computed faster than ``nn.LSTMCell`` reads on a CPU.
+
+The LSTM step takes the gates [i; f; g; o] = W_ih [E y_{t−1}; z_t] + W_hh h_{t−1} + b (i, f, o through σ, g through
+tanh), then c_t = f ⊙ c_{t−1} + i ⊙ g and h_t = o ⊙ tanh(c_t): the paper's eqs. 1–3, in ``nn.LSTMCell``'s gate order
+and with its parameters. In teacher forcing all the
+words y_{t−1} are known before the first step, so ``TeacherForcedLSTM``:
+
+- takes W_ih's word columns times E y_{t−1}, plus both biases, for every step in one product (T·B rows, not T
+  products of B rows);
+- multiplies [z_t; h_{t−1}] by the remaining columns of W_ih beside W_hh, one product a step instead of two;
+- takes the gradient of those weights once, over all steps: Σ_t g_tᵀ [z_t; h_{t−1}] as one product, where
+  autograd would take one small product a step and add them up (``_StepsLinear``).
+
+The same sums, in another order: equal to ``nn.LSTMCell`` within float rounding (``tests/test_captioner_model.py``).
+Only CPU tensors outside torch.compile take it; the compiled decoder fuses the steps its own way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def applies(embedded: Tensor) -> bool:
+    """Whether the teacher-forced loop over ``embedded`` takes ``TeacherForcedLSTM``: CPU tensors, eager."""
+    return embedded.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+@dataclass
+class _Steps:  # what ``_StepsLinear`` keeps across the steps of one forward: their inputs, their outputs' gradients
+    inputs: dict[int, Tensor] = field(default_factory=dict)
+    grads: dict[int, Tensor] = field(default_factory=dict)
+
+
+class _StepsLinear(torch.autograd.Function):
+    """x_t Wᵀ at step ``index``; backward gives x_t its gradient at once, and W its gradient over all steps at step 0.
+
+    Step 0's backward runs after every other step's: each later step depends on h_1, which step 0's output makes,
+    and autograd runs a node only once all the gradients flowing into it are in."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")  # backward under forward's autocast: bf16-mixed's products as forward's
+    def forward(ctx, x: Tensor, weight: Tensor, steps: _Steps, index: int) -> Tensor:
+        ctx.save_for_backward(weight)
+        ctx.steps, ctx.index = steps, index
+        steps.inputs[index] = x.detach()
+        return x.mm(weight.t())
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        (weight,) = ctx.saved_tensors
+        steps = ctx.steps
+        steps.grads[ctx.index] = grad
+        input_grad = grad.mm(weight) if ctx.needs_input_grad[0] else None
+        weight_grad = None
+        if ctx.index == 0:
+            if ctx.needs_input_grad[1]:
+                order = sorted(steps.grads)
+                weight_grad = torch.cat([steps.grads[t] for t in order]).t().mm(
+                    torch.cat([steps.inputs[t] for t in order]))
+            steps.grads.clear()
+        return input_grad, weight_grad, None, None
+
+
+class TeacherForcedLSTM:
+    """``cell`` (``nn.LSTMCell`` over [E y; z]) run over the T known input words ``embedded`` (B', T, E), one step
+    per call, in order: ``step(context, (h, c))`` at step t gives (h_t, c_t)."""
+
+    def __init__(self, cell: nn.LSTMCell, embedded: Tensor) -> None:
+        words = embedded.shape[-1]
+        word_weight, context_weight = cell.weight_ih.split([words, cell.input_size - words], dim=1)
+        bias = cell.bias_ih + cell.bias_hh if cell.bias else None
+        # W_ih,y E y_{t−1} + b for all t, (B', 4H) each: unbound, so that backward stacks their gradients once
+        self.word_gates = F.linear(embedded, word_weight, bias).unbind(1)
+        self.weight = torch.cat([context_weight, cell.weight_hh], dim=1)  # [W_ih,z  W_hh], (4H, D + H)
+        self.steps, self.index = _Steps(), 0
+
+    def step(self, context: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        hidden, cell = state
+        recurrent = _StepsLinear.apply(torch.cat([context, hidden], dim=1), self.weight, self.steps, self.index)
+        gates = self.word_gates[self.index] + recurrent
+        self.index += 1
+        input_gate, forget_gate, candidate, output_gate = gates.chunk(4, dim=1)
+        cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(input_gate) * torch.tanh(candidate)
+        return torch.sigmoid(output_gate) * torch.tanh(cell), cell
