@@ -628,10 +628,10 @@ def teacher_forced_with_gradients(decoder: AttentionDecoder, annotations: torch.
 def test_teacher_forced_lstm_is_the_lstm_cell_it_stands_for(monkeypatch: pytest.MonkeyPatch, extensions: dict) -> None:
     """The teacher-forced loop's faster LSTM (word products for all steps at once, one weight gradient over all
     steps) gives nn.LSTMCell's outputs and gradients within float rounding, and the steps' order is its only state."""
-    annotations, captions = torch.randn(2, 9, 8), captions_batch()
+    annotations, captions, applies = torch.randn(2, 9, 8), captions_batch(), fast_lstm.applies
     runs = []
     for fast in (True, False):
-        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, fast=fast: fast)
+        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, cell, fast=fast: fast)
         decoder = tiny_decoder(**extensions)
         decoder.hard_expectation_prob = 1.0  # hard attention: the expected context, so both runs draw nothing
         runs.append(teacher_forced_with_gradients(decoder, annotations, captions))
@@ -646,13 +646,17 @@ def test_teacher_forced_lstm_is_the_lstm_cell_it_stands_for(monkeypatch: pytest.
         state = lstm.step(torch.randn(3, 8), state)
     with pytest.raises(IndexError):  # a fifth step has no word: the loop is the caption's length
         lstm.step(torch.randn(3, 8), state)
+    words = torch.randn(2, 3, 512)
+    assert applies(words, nn.LSTMCell(512 + 512, 512))  # the paper's COCO widths
+    assert not applies(words, nn.LSTMCell(512 + 64, 64))  # a small weight: the cell is faster
+    assert not applies(words.to("meta"), nn.LSTMCell(512 + 512, 512))  # CPU tensors only
 
 
 def test_teacher_forced_lstm_trains_under_bf16_autocast_as_the_cell_does(monkeypatch: pytest.MonkeyPatch) -> None:
     annotations, captions = torch.randn(2, 9, 8), captions_batch()
     runs = []
     for fast in (True, False):
-        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, fast=fast: fast)
+        monkeypatch.setattr(fast_lstm, "applies", lambda embedded, cell, fast=fast: fast)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             runs.append(teacher_forced_with_gradients(tiny_decoder(), annotations, captions))
     assert runs[0][3].dtype == torch.float32  # a parameter's gradient, in the parameter's dtype

@@ -238,7 +238,7 @@ class AttentionDecoder(nn.Module):
         sample = self.attention_mode == "hard" and self.training
         if sample and torch.rand(()) < self.hard_expectation_prob:
             sample = False  # this batch trains on the expected context (the paper's mix of soft and hard)
-        lstm = fast_lstm.TeacherForcedLSTM(self.lstm, embedded) if fast_lstm.applies(embedded) else None
+        lstm = fast_lstm.TeacherForcedLSTM(self.lstm, embedded) if fast_lstm.applies(embedded, self.lstm) else None
         steps = []
         for t in range(inputs.shape[1]):
             attended, state = self._recur(embedded[:, t], inputs[:, t], image, state, sample, lstm)

@@ -12,7 +12,8 @@ words y_{t−1} are known before the first step, so ``TeacherForcedLSTM``:
   autograd would take one small product a step and add them up (``_StepsLinear``).
 
 The same sums, in another order: equal to ``nn.LSTMCell`` within float rounding (``tests/test_captioner_model.py``).
-Only CPU tensors outside torch.compile take it; the compiled decoder fuses the steps its own way.
+Only CPU tensors outside torch.compile take it, with a large recurrent weight (``applies``); the compiled
+decoder fuses the steps its own way.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+LARGE_WEIGHT = 2**20  # the recurrent weight [W_ih,z  W_hh] from which it pays (docs/experiment-log.md)
 
-def applies(embedded: Tensor) -> bool:
-    """Whether the teacher-forced loop over ``embedded`` takes ``TeacherForcedLSTM``: CPU tensors, eager."""
-    return embedded.device.type == "cpu" and not torch.compiler.is_compiling()
+
+def applies(embedded: Tensor, cell: nn.LSTMCell) -> bool:
+    """Whether the teacher-forced loop over ``embedded`` takes ``TeacherForcedLSTM``: CPU tensors, eager, and a
+    large recurrent weight. With a small one, a step's own weight gradient is cheap, and the step's extra work
+    outweighs what the one product over all steps saves."""
+    recurrent_weight = cell.weight_ih.shape[0] * (cell.input_size - embedded.shape[-1] + cell.hidden_size)
+    return (embedded.device.type == "cpu" and not torch.compiler.is_compiling()
+            and recurrent_weight >= LARGE_WEIGHT)
 
 
 @dataclass
