@@ -211,10 +211,9 @@ class AttentionDecoder(nn.Module):
                lstm: fast_lstm.TeacherForcedLSTM | None = None) -> tuple[AttendedContext, DecoderState]:
         # z_t from h_{t−1}, then h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t−1}, c_{t−1})) (``lstm``: the same, faster)
         attended = self.context(image, state, embedded, sample=sample)
-        if lstm is not None:
-            hidden, cell = lstm.step(attended.context, (state.hidden, state.cell))
-        else:
-            hidden, cell = self.lstm(torch.cat([embedded, attended.context], dim=1), (state.hidden, state.cell))
+        previous = (state.hidden, state.cell)
+        hidden, cell = (lstm.step(attended.context, previous) if lstm is not None
+                        else self.lstm(torch.cat([embedded, attended.context], dim=1), previous))
         return attended, self.advance(state, hidden, cell, attended.alpha, word)
 
     def step(self, word: Tensor, image: EncodedImage, state: DecoderState, *, sample: bool = False) -> DecoderStep:

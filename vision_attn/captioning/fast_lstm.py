@@ -1,20 +1,11 @@
-"""The decoder's LSTM over a teacher-forced caption, computed faster than ``nn.LSTMCell`` reads on a CPU.
+"""The decoder's LSTM over a teacher-forced caption (nn.LSTMCell's gates, parameters and eqs. 1–3), faster on a CPU.
 
-The LSTM step takes the gates [i; f; g; o] = W_ih [E y_{t−1}; z_t] + W_hh h_{t−1} + b (i, f, o through σ, g through
-tanh), then c_t = f ⊙ c_{t−1} + i ⊙ g and h_t = o ⊙ tanh(c_t): the paper's eqs. 1–3, in ``nn.LSTMCell``'s gate order
-and with its parameters. In teacher forcing all the
-words y_{t−1} are known before the first step, so ``TeacherForcedLSTM``:
-
-- takes W_ih's word columns times E y_{t−1}, plus both biases, for every step in one product (T·B rows, not T
-  products of B rows);
-- multiplies [z_t; h_{t−1}] by the remaining columns of W_ih beside W_hh, one product a step instead of two;
-- takes the gradient of those weights once, over all steps: Σ_t g_tᵀ [z_t; h_{t−1}] as one product, where
-  autograd would take one small product a step and add them up (``_StepsLinear``).
-
-The same sums, in another order: equal to ``nn.LSTMCell`` within float rounding (``tests/test_captioner_model.py``).
-Only CPU tensors outside torch.compile take it, with a large recurrent weight (``applies``); the compiled
-decoder fuses the steps its own way.
-"""
+All the words y_{t−1} are known before the first step, so ``TeacherForcedLSTM`` takes W_ih's word columns times
+E y_{t−1}, plus both biases, for all steps in one product; [z_t; h_{t−1}] by [W_ih,z  W_hh] in one product a step
+instead of two; and those weights' gradient Σ_t g_tᵀ [z_t; h_{t−1}] as one product over all steps, where autograd
+would add up one small product a step (``_StepsLinear``). The same sums in another order: equal to nn.LSTMCell
+within float rounding (``tests/test_captioner_model.py``). Only CPU tensors outside torch.compile with a large
+recurrent weight take it (``applies``); the compiled decoder fuses the steps its own way."""
 
 from __future__ import annotations
 
@@ -28,12 +19,10 @@ LARGE_WEIGHT = 2**20  # the recurrent weight [W_ih,z  W_hh] from which it pays (
 
 
 def applies(embedded: Tensor, cell: nn.LSTMCell) -> bool:
-    """Whether the teacher-forced loop over ``embedded`` takes ``TeacherForcedLSTM``: CPU tensors, eager, and a
-    large recurrent weight. With a small one, a step's own weight gradient is cheap, and the step's extra work
-    outweighs what the one product over all steps saves."""
+    """Whether the loop over ``embedded`` takes ``TeacherForcedLSTM``: CPU tensors, eager, a large recurrent weight
+    (a small one's per-step gradient is cheap, and the faster form's extra work outweighs what it saves)."""
     recurrent_weight = cell.weight_ih.shape[0] * (cell.input_size - embedded.shape[-1] + cell.hidden_size)
-    return (embedded.device.type == "cpu" and not torch.compiler.is_compiling()
-            and recurrent_weight >= LARGE_WEIGHT)
+    return embedded.device.type == "cpu" and not torch.compiler.is_compiling() and recurrent_weight >= LARGE_WEIGHT
 
 
 @dataclass
@@ -43,10 +32,8 @@ class _Steps:  # what ``_StepsLinear`` keeps across the steps of one forward: th
 
 
 class _StepsLinear(torch.autograd.Function):
-    """x_t Wᵀ at step ``index``; backward gives x_t its gradient at once, and W its gradient over all steps at step 0.
-
-    Step 0's backward runs after every other step's: each later step depends on h_1, which step 0's output makes,
-    and autograd runs a node only once all the gradients flowing into it are in."""
+    """x_t Wᵀ at step ``index``; backward gives x_t its gradient at once, and W its gradient over all steps at step 0,
+    whose backward runs last: every later step depends on its output, and autograd waits for all of a node's."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")  # backward under forward's autocast: bf16-mixed's products as forward's
@@ -60,16 +47,14 @@ class _StepsLinear(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        (weight,) = ctx.saved_tensors
-        steps = ctx.steps
+        (weight,), steps = ctx.saved_tensors, ctx.steps
         steps.grads[ctx.index] = grad
         input_grad = grad.mm(weight) if ctx.needs_input_grad[0] else None
         weight_grad = None
+        if ctx.index == 0 and ctx.needs_input_grad[1]:
+            order = sorted(steps.grads)
+            weight_grad = torch.cat([steps.grads[t] for t in order]).t().mm(torch.cat([steps.inputs[t] for t in order]))
         if ctx.index == 0:
-            if ctx.needs_input_grad[1]:
-                order = sorted(steps.grads)
-                weight_grad = torch.cat([steps.grads[t] for t in order]).t().mm(
-                    torch.cat([steps.inputs[t] for t in order]))
             steps.grads.clear()
         return input_grad, weight_grad, None, None
 
@@ -79,8 +64,7 @@ class TeacherForcedLSTM:
     per call, in order: ``step(context, (h, c))`` at step t gives (h_t, c_t)."""
 
     def __init__(self, cell: nn.LSTMCell, embedded: Tensor) -> None:
-        words = embedded.shape[-1]
-        word_weight, context_weight = cell.weight_ih.split([words, cell.input_size - words], dim=1)
+        word_weight, context_weight = cell.weight_ih.tensor_split([embedded.shape[-1]], dim=1)  # [W_ih,y  W_ih,z]
         bias = cell.bias_ih + cell.bias_hh if cell.bias else None
         # W_ih,y E y_{t−1} + b for all t, (B', 4H) each: unbound, so that backward stacks their gradients once
         self.word_gates = F.linear(embedded, word_weight, bias).unbind(1)
@@ -88,6 +72,7 @@ class TeacherForcedLSTM:
         self.steps, self.index = _Steps(), 0
 
     def step(self, context: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """(h_t, c_t) from z_t and (h_{t−1}, c_{t−1}), at the next step."""
         hidden, cell = state
         recurrent = _StepsLinear.apply(torch.cat([context, hidden], dim=1), self.weight, self.steps, self.index)
         gates = self.word_gates[self.index] + recurrent
