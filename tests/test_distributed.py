@@ -53,3 +53,56 @@ def test_a_finished_run_ends_its_process_group_on_each_rank(tmp_path) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _fast_lstm_rank(rank: int, store: str, annotations, captions, out: str) -> None:
+    # One rank of a two-process DDP step of a decoder whose teacher-forced loop takes fast_lstm (any weight size)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vision_attn.captioning import fast_lstm
+    from vision_attn.captioning.decoder import AttentionDecoder
+    from vision_attn.captioning.likelihood import token_likelihood
+
+    fast_lstm.LARGE_WEIGHT = 0
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        decoder = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
+                                   dropout=0.0)
+        model = DistributedDataParallel(decoder)
+        half = slice(rank * 2, rank * 2 + 2)
+        token_likelihood(model(annotations[half], captions[half]).logits, captions[half]).per_caption.mean().backward()
+        if rank == 0:
+            torch.save({name: p.grad for name, p in decoder.named_parameters()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_fast_teacher_forced_lstm_gives_ddp_the_gradients_one_process_gives(tmp_path) -> None:
+    """The faster LSTM hands its weights their gradient once, at the end of backward: DDP still averages every
+    gradient across two gloo processes into what one process gets from the whole batch."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from vision_attn.captioning import fast_lstm
+    from vision_attn.captioning.decoder import AttentionDecoder
+    from vision_attn.captioning.likelihood import token_likelihood
+
+    generator = torch.Generator().manual_seed(1)
+    annotations = torch.randn(4, 9, 8, generator=generator)
+    captions = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 2, 0, 0, 0], [1, 9, 10, 2, 0, 0], [1, 4, 4, 11, 6, 2]])
+    out = tmp_path / "grads.pt"
+    mp.spawn(_fast_lstm_rank, args=(str(tmp_path / "store"), annotations, captions, str(out)), nprocs=2)
+    torch.manual_seed(0)
+    decoder = AttentionDecoder(vocab_size=12, annotation_dim=8, embed_dim=6, hidden_dim=10, attention_dim=7,
+                               dropout=0.0)
+    assert not fast_lstm.applies(decoder.embedding(captions), decoder.lstm)  # here nn.LSTMCell: the reference
+    halves = [token_likelihood(decoder(annotations[i : i + 2], captions[i : i + 2]).logits, captions[i : i + 2])
+              for i in (0, 2)]
+    ((halves[0].per_caption.mean() + halves[1].per_caption.mean()) / 2).backward()
+    distributed = torch.load(out, weights_only=True)
+    for name, parameter in decoder.named_parameters():
+        if name != "attention.score.bias":  # softmax ignores it: its gradient is rounding alone
+            torch.testing.assert_close(distributed[name], parameter.grad, atol=1e-6, rtol=1e-5, msg=name)
