@@ -56,7 +56,7 @@ class AdditiveAttention(AttentionScore):
         for values, weight in location_terms:  # + w_c c_ti, ...: the query term becomes per location, (B, r, L, A)
             projected = projected + F.linear(values.view(batch, per_image, locations, 1), weight)
         # e_ti = w·tanh(W_a a_i + W_h h_{t−1}): additive_scores computes exactly this, faster (fast_additive.py)
-        scores = additive_scores(keys.unsqueeze(1), projected * 2.0, self.score)  # (B, r, L)
+        scores = additive_scores(keys.unsqueeze(1), projected, self.score)  # (B, r, L)
         return Attended(scores.view(batch * per_image, locations).softmax(dim=-1))  # α_t = softmax(e_t)
 
 

@@ -2,10 +2,10 @@
 
 ``additive_scores`` equals ``additive_scores_as_written`` within float rounding by three rewrites: tanh(x) =
 2σ(2x) − 1, so w·tanh(x) + b = 2w·σ(2x) + (b − Σw), with σ cheaper than tanh on CPUs and run in place on one
-temporary; the factor 2 inside σ taken on the keys once per image and on the small query, 2(k_i + q) = 2k_i + 2q
-(exact in floating point: a power of two), so that no step spends a pass over the (B, r, L, A) temporary on it,
-forward or backward; and without gradients the temporary is taken in chunks of rows through one reused buffer
-that stays in cache (training keeps one piece: autograd saves every chunk anyway)."""
+temporary; the factor 2 inside σ taken on the keys once per image and by the add's α on the query,
+2(k_i + q) = 2k_i + 2q (exact in floating point: a power of two), so that no step spends a pass over the
+(B, r, L, A) temporary on it, forward or backward; and without gradients the temporary is taken in chunks of
+rows through one reused buffer that stays in cache (training keeps one piece: autograd saves every chunk anyway)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ def doubled_keys(keys: Tensor) -> Tensor:
 
 
 def _scores(keys: Tensor, query: Tensor, score: nn.Linear, out: Tensor | None = None) -> Tensor:
-    x = torch.add(keys, query, out=out).sigmoid_()  # σ(2k_i + 2q) = σ(2(k_i + q))
+    x = torch.add(keys, query, alpha=2.0, out=out).sigmoid_()  # σ(2k_i + 2q) = σ(2(k_i + q)), keys given doubled
     weight, bias = score.weight, score.bias  # w (1, A), b (1,)
     return F.linear(x, 2.0 * weight, bias - weight.sum()).squeeze(-1)
 
 
 def additive_scores(keys: Tensor, query: Tensor, score: nn.Linear) -> Tensor:
-    """``additive_scores_as_written`` of keys k and queries q, given doubled (2k from ``doubled_keys``, 2q), faster:
-    as 2w·σ(2k_i + 2q) + (b − Σw), in chunks of rows without gradients."""
+    """``additive_scores_as_written`` of keys k, given doubled (``doubled_keys``), and queries q, faster: as
+    2w·σ(2k_i + 2q) + (b − Σw), in chunks of rows without gradients."""
     batch, per_image, locations, width = query.shape[0], query.shape[1], keys.shape[2], keys.shape[3]
     rows = max(1, CHUNK_ELEMENTS // (per_image * locations * width))
     if batch <= rows or torch.is_grad_enabled() and (keys.requires_grad or query.requires_grad):

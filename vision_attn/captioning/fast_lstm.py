@@ -51,10 +51,10 @@ class _StepsLinear(torch.autograd.Function):
         steps.grads[ctx.index] = grad
         input_grad = grad.mm(weight) if ctx.needs_input_grad[0] else None
         weight_grad = None
-        if ctx.index == 0 and ctx.needs_input_grad[1]:
-            order = sorted(steps.grads)
-            weight_grad = torch.cat([steps.grads[t] for t in order]).t().mm(torch.cat([steps.inputs[t] for t in order]))
-        if ctx.index == 0:
+        if ctx.index == 0:  # the last step back: every other step's gradient is in
+            if ctx.needs_input_grad[1]:
+                grads, inputs = zip(*[(steps.grads[t], steps.inputs[t]) for t in sorted(steps.grads)], strict=True)
+                weight_grad = torch.cat(grads).t().mm(torch.cat(inputs))  # Σ_t g_tᵀ x_t as one product
             steps.grads.clear()
         return input_grad, weight_grad, None, None
 
