@@ -133,8 +133,7 @@ def vit_kind(ckpt: str, kind: str, count: int, seed: int) -> dict:
     """A canvas ViT on Fashion-MNIST test items over backgrounds of one kind: accuracy, map masses and pointing,
     and the deletion AUC of rollout and of a random map."""
     from vision_attn.data.backgrounds import Background
-    from vision_attn.vit.deletion import fashion_mnist_deletion
-    from vision_attn.vit.rollout_mass import fashion_mnist_rollout_mass
+    from vision_attn.vit.rollout_mass import fashion_mnist_deletion, fashion_mnist_rollout_mass
 
     if kind in HELD_OUT:
         return vit_scores(ckpt, kind, count, seed)

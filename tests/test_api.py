@@ -1,5 +1,5 @@
 """The Python API (``vision_attn.api``) against the command line it shares its code with: captions are the records
-``vision-attn caption`` writes, a PIL image gives what its file gives, classes are ``classify_files``' and the
+``vision-attn caption`` writes, a PIL image gives what its file gives, classes are ``classify_batches``' and the
 network's own, figures are the PNGs ``vision-attn overlay`` draws; and ``vision-attn classify`` on folders, with
 its JSON, its bad-image policy and its one-line refusals."""
 
@@ -27,7 +27,7 @@ from vision_attn.api import (
     load_captioner,
     load_classifier,
 )
-from vision_attn.vit.classifier import classify_files
+from vision_attn.vit.classifier import classify_batches, ranked
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 GARMENTS = [LEGACY / "02890_Sandal.png", LEGACY / "06044_Trouser.png"]
@@ -91,13 +91,13 @@ def test_a_pil_image_captions_as_its_file(trained_captioner, tmp_path) -> None:
     assert [r.image_id for r in from_pil] == [files[0].name, 1, 2, 3, 4]
 
 
-def test_classes_are_classify_files_and_the_networks_own(vit_checkpoint, tmp_path) -> None:
+def test_classes_are_classify_batches_and_the_networks_own(vit_checkpoint, tmp_path) -> None:
     classifier = load_classifier(vit_checkpoint)
     paths = [*GARMENTS, *variants(Image.open(GARMENTS[0]), tmp_path / "variants")]
     results = classify(classifier, paths, top_k=3, batch_size=4, logits=True)
     assert all(isinstance(result, ClassificationResult) for result in results)
-    assert [(r.source, list(r.top_k)) for r in results] == list(classify_files(classifier, paths, top_k=3,
-                                                                               batch_size=4))
+    assert [(r.source, list(r.top_k)) for r in results] == [
+        (str(path), ranked(classifier, row, 3)) for path, row in classify_batches(classifier, paths, batch_size=4)]
     with torch.inference_mode():  # the network on the same inputs, read by hand
         probabilities = classifier.model(torch.stack([classifier.preprocess(path) for path in paths])).softmax(-1)
     for result, row in zip(results, probabilities, strict=True):

@@ -34,7 +34,7 @@ LAYERS = [
      "vision_attn.vit.convnet", "vision_attn.vit.classifier", "vision_attn.weights", "vision_attn.boxes"},
     {"vision_attn.metrics", "vision_attn.overlay", "vision_attn.results", "vision_attn.captioning.evaluation",
      "vision_attn.captioning.erasure", "vision_attn.captioning.self_critical", "vision_attn.vit.map_figures",
-     "vision_attn.vit.rollout_mass", "vision_attn.vit.deletion", "vision_attn.vit.distillation",
+     "vision_attn.vit.rollout_mass", "vision_attn.vit.distillation",
      "vision_attn.gallery", "vision_attn.explorer", "vision_attn.api"},
     {"vision_attn.tasks.*"},
     {"vision_attn.trainer_cli", "vision_attn.trainer_callbacks", "vision_attn.ckpt_path", "vision_attn.config_errors",

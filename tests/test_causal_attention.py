@@ -27,7 +27,7 @@ from vision_attn.captioning.erasure import (
     summarise,
 )
 from vision_attn.data.images import normalize
-from vision_attn.vit.deletion import curve_area, deletion_curves, erase_steps
+from vision_attn.vit.rollout_mass import curve_area, deletion_curves, erase_steps
 
 LEGACY_CAPTIONER = REPO / "tests" / "fixtures" / "legacy" / "captioner.ckpt"  # it names garments; the fixture's not yet
 

@@ -210,13 +210,11 @@ def upgrade_hyper_parameters(kind: str, hparams: Mapping[str, Any]) -> dict[str,
         return hparams
     grouped: dict[str, Any] = {"image": {"channels": 3}} if kind == CAPTIONER else {}
     for key, value in hparams.items():
-        target = LEGACY_NAMES[kind].get(key)
         if key == "num_colours":
             value = list(LEGACY_COLOURS[:value])
-        if target is None:
-            continue
-        group, _, name = target.rpartition(".")
-        (grouped.setdefault(group, {}) if group else grouped)[name] = value
+        if target := LEGACY_NAMES[kind].get(key):
+            group, _, name = target.rpartition(".")
+            (grouped.setdefault(group, {}) if group else grouped)[name] = value
     return grouped
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickletools
 import zipfile
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,11 @@ HPARAM_TYPES: dict[str, tuple[type, ...]] = {"vocabulary": (list, tuple), "class
 # Where the weights sit in a file: a Lightning checkpoint's state_dict, or a wrapper, else the file's top level
 WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "module")
 LEGACY_PICKLES = 5  # torch's legacy format: magic number, protocol, system info, the object, its storages' keys
-# Opcodes that push a string (a global's module or name, for STACK_GLOBAL), and those that only store the top
-# of the stack in the memo (they push nothing)
+# Opcodes that push a string (a global's module or name, for STACK_GLOBAL), those that push an item of the memo,
+# and those that only store the top of the stack in the memo (they push nothing)
 _STRING_OPCODES = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
                    "STRING"}
+_MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
 _MEMO_STORES = {"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
 
 
@@ -58,11 +60,8 @@ def weights_of(loaded: Mapping[str, Any]) -> Mapping[str, Any]:
 def first_non_finite(loaded: Mapping[str, Any]) -> str | None:
     """The name of the first floating-point weight that holds NaN or an infinity. Only the weights are looked at:
     a ModelCheckpoint's state holds ±inf by design."""
-    for name, value in weights_of(loaded).items():
-        if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()) and \
-                not bool(value.isfinite().all()):
-            return str(name)
-    return None
+    return next((str(name) for name, value in weights_of(loaded).items() if isinstance(value, Tensor) and
+                 (value.is_floating_point() or value.is_complex()) and not bool(value.isfinite().all())), None)
 
 
 def metadata_problem(loaded: Mapping[str, Any]) -> str | None:
@@ -135,33 +134,24 @@ def scan_pickle(stream: Any) -> tuple[str | None, str | None]:
     allowed = {item[1] if isinstance(item, tuple) else f"{getattr(item, '__module__', '')}."
                f"{getattr(item, '__qualname__', '')}" for item in torch.serialization.get_safe_globals()}
     allowed.add("collections.OrderedDict")
-    pushed: list[str | None] = []  # what each opcode pushed: a string, or None for anything else
+    pushed: deque[str | None] = deque(maxlen=2)  # what the last opcodes pushed: a string, or None for anything else
     memo: dict[int, str | None] = {}
     foreign = None
     start = stream.tell()
     try:
         for opcode, arg, _ in pickletools.genops(stream):
             name = opcode.name
-            if name in ("GLOBAL", "INST"):
-                module, _, attribute = str(arg).partition(" ")
-            elif name == "STACK_GLOBAL":
-                module, attribute = (pushed[-2:] if len(pushed) >= 2 else [None, None])
-            elif name in _MEMO_STORES:
+            if name in _MEMO_STORES:
                 memo[len(memo) if name == "MEMOIZE" else int(arg)] = pushed[-1] if pushed else None
-                continue
-            else:
-                if name in _STRING_OPCODES:
-                    pushed.append(str(arg))
-                elif name in ("GET", "BINGET", "LONG_BINGET"):
-                    pushed.append(memo.get(int(arg)))
-                elif opcode.stack_after:
-                    pushed.append(None)
-                continue
-            qualified = f"{module}.{attribute}"
-            if foreign is None and module is not None and not (
-                    module == "torch" or str(module).startswith("torch.") or qualified in allowed):
-                foreign = qualified
-            pushed.append(None)
+            elif name in ("GLOBAL", "INST", "STACK_GLOBAL"):
+                module, attribute = [None, None, *pushed][-2:] if name == "STACK_GLOBAL" else str(arg).split(" ", 1)
+                if foreign is None and module is not None and str(module).partition(".")[0] != "torch" and \
+                        f"{module}.{attribute}" not in allowed:
+                    foreign = f"{module}.{attribute}"
+                pushed.append(None)
+            elif opcode.stack_after:
+                pushed.append(str(arg) if name in _STRING_OPCODES else memo.get(int(arg)) if name in _MEMO_GETS
+                              else None)
     except ValueError:  # an unknown opcode, or the end of the stream before the pickle's STOP
         offset = stream.tell() - start
         return ("its pickle ends early" if not stream.read(1) else f"byte {offset - 1} of its pickle is no pickle "

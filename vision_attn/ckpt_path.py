@@ -60,9 +60,7 @@ def restored_model(path: str | Path, class_path: str, *, source: str) -> dict[st
     if wanted := model_kind(class_path):
         require_kind(kind, wanted, source=source, training=True)
     hparams = hyper_parameters(loaded)
-    if not hparams:
-        return None
-    return {"class_path": class_path, "init_args": without_initial_weights(kind, hparams)}
+    return {"class_path": class_path, "init_args": without_initial_weights(kind, hparams)} if hparams else None
 
 
 # The model's option group that a checkpoint's user may change: how captions are searched, not what was learnt

@@ -34,13 +34,17 @@ PLAIN_TYPES = (int, float, str, bool, Path)  # the types whose values are checke
 MAX_DETAIL = 400  # characters of jsonargparse's own words kept in a message
 
 
+def given_argv(args: Any) -> list[str]:
+    """The command-line arguments LightningCLI parses: ``args``, ``sys.argv[1:]`` for None, none for a mapping."""
+    return list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
+
+
 class OneLineErrors:
     """Mixed into LightningCLI (``trainer_cli.VisionAttnCLI``) through its public hooks: the config files checked
     first, an unknown command refused, and what jsonargparse refuses raised as one line, not printed with usage."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        argv = kwargs.get("args")
-        argv = list(sys.argv[1:] if argv is None else argv) if isinstance(argv, list | tuple | None) else []
+        argv = given_argv(kwargs.get("args"))
         check_config_files(argv)
         runs = kwargs.get("run", True)
         if runs:
@@ -50,7 +54,7 @@ class OneLineErrors:
         try:
             super().__init__(*args, **kwargs)
         except ArgumentError as error:  # refused after parsing (the checkpoint's hyper-parameters, a link)
-            raise ValueError(f"{in_one_line(error)}; {help_hint(self.command)}") from None
+            raise ValueError(in_one_line(error, self.command)) from None
 
     def init_parser(self, **kwargs: Any) -> Any:
         """LightningCLI's parser, raising what it refuses; each one made (one per command too) is kept."""
@@ -64,11 +68,56 @@ class OneLineErrors:
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
-            argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
-            options = Options([(each, parser_options(each)) for each in self.option_parsers], self.trainer_class,
-                              {"model": self.model_class, "data": self.datamodule_class}, tuple(self.subcommands()))
-            raise ValueError(refusal(argv, options, self.command) or
-                             f"{in_one_line(error)}; {help_hint(self.command)}") from None
+            raise ValueError(self.refusal(given_argv(args)) or in_one_line(error, self.command)) from None
+
+    def refusal(self, argv: Sequence[str]) -> str | None:
+        """The first problem with the options of ``argv``, in one line (None where none is found here)."""
+        parsers = [(parser, parser_options(parser)) for parser in self.option_parsers]
+        all_keys = sorted({key for _, keys in parsers for key in keys} - NOT_OPTIONS)
+        bases = {"model": self.model_class, "data": self.datamodule_class}
+        classes: dict[str, tuple[str, Any]] = {}  # root -> (class_path as given, the class or None)
+        given_arguments: dict[str, set[str]] = {}  # root -> the init_args given
+        for given in given_options(argv, tuple(self.subcommands())):
+            root, _, rest = given.key.partition(".")
+            where = f"{given.source}: " if given.source else ""
+            if rest.startswith("init_args."):
+                given_arguments.setdefault(root, set()).add(rest.split(".")[1])
+            if root in SUBCLASS_ROOTS:
+                if rest in ("", "class_path") and isinstance(given.value, str):
+                    found, problem = class_named(given.value, bases[root])
+                    if problem:
+                        return f"{where}{given.shown.removesuffix('.class_path')}: class_path {given.value}: {problem}"
+                    classes[root] = (given.value, found)
+                    continue
+                class_path, found = classes.get(root, ("", None))
+                if found is None or not rest.startswith("init_args."):
+                    continue  # a class not known here, or a dict of options (dict_kwargs): jsonargparse's word
+                keys = [f"{root}.init_args.{option}" for option in class_options(found)]
+                hint, owner = option_type(found, rest.removeprefix("init_args.")), f" of {class_path}"
+            else:
+                keys, owner = all_keys, ""
+                hint = option_type(self.trainer_class, rest) if root == "trainer" else \
+                    option_type(getattr(self.trainer_class, self.command, None), given.key)
+            if not accepts_key(given.key, keys):
+                suggestion = closest(given.key, keys)
+                said = f"{where}no option {given.shown}{owner}" if given.source else \
+                    f"{given.shown}: no such option{owner}"
+                return f"{said}; " + (f"did you mean {'' if given.source else '--'}{suggestion}?" if suggestion
+                                      else help_hint(self.command))
+            if given.value is None or isinstance(given.value, dict | list):
+                continue  # jsonargparse's word on a whole class, list or mapping
+            if root in SUBCLASS_ROOTS:
+                refused = plain(hint) and not accepts(hint, given.value, given.raw)
+            else:  # a command-line value is read as YAML, else as the text itself
+                values = (yaml_value(given.value), given.value) if given.raw else (given.value,)
+                refused = not any(validates(parsers, given.key, value) for value in values)
+            if refused:
+                return f"{where}{given.shown}: " + (f"expected {describe(hint)}, got {given.value}" if plain(hint) else
+                                                    f"{given.value} is not a value it takes; {help_hint(self.command)}")
+        for root, (class_path, found) in classes.items():
+            if missing := [name for name in required_arguments(found) if name not in given_arguments.get(root, ())]:
+                return f"{root}: class_path {class_path}: the following arguments are required: {', '.join(missing)}"
+        return None
 
 
 def parser_options(parser: Any) -> list[str]:
@@ -79,10 +128,23 @@ def parser_options(parser: Any) -> list[str]:
         return []
 
 
-def in_one_line(error: BaseException) -> str:
-    """An error's message in one line, at most ``MAX_DETAIL`` characters."""
+def validates(parsers: list[tuple[Any, list[str]]], key: str, value: Any) -> bool:
+    """Whether each of the (parser, its options) ``parsers`` that has the option ``key`` accepts ``value`` for it."""
+    for parser, keys in parsers:
+        if key in keys:
+            namespace = jsonargparse.Namespace()
+            namespace[key] = value
+            try:
+                parser.validate(namespace, skip_required=True)
+            except (TypeError, ValueError, KeyError):
+                return False
+    return True
+
+
+def in_one_line(error: BaseException, command: str) -> str:
+    """An error's message in one line, at most ``MAX_DETAIL`` characters, then where ``command``'s options are."""
     text = " ".join(str(error).split())
-    return f"{text[:MAX_DETAIL]}..." if len(text) > MAX_DETAIL else text
+    return f"{f'{text[:MAX_DETAIL]}...' if len(text) > MAX_DETAIL else text}; {help_hint(command)}"
 
 
 def help_hint(command: str) -> str:
@@ -96,33 +158,6 @@ def refuse_unknown_command(argv: Sequence[str], commands: Sequence[str]) -> None
         return
     found = difflib.get_close_matches(argv[0], commands, n=1)
     raise ValueError(f"{argv[0]}: no such command; " + (f"did you mean {found[0]}?" if found else help_hint("")))
-
-
-class Options(NamedTuple):
-    """What a command accepts: its parsers with their dotted options, the Trainer class (``trainer.*``, and the
-    command's own options), the base class of each of ``SUBCLASS_ROOTS``, and the command names."""
-
-    parsers: list[tuple[Any, list[str]]]
-    trainer_class: Any
-    bases: dict[str, Any]
-    commands: tuple[str, ...]
-
-    @property
-    def keys(self) -> list[str]:
-        """Every option of the parsers, sorted."""
-        return sorted({key for _, keys in self.parsers for key in keys} - NOT_OPTIONS)
-
-    def validates(self, key: str, value: Any) -> bool:
-        """Whether the parsers that have the option ``key`` accept ``value`` for it."""
-        for parser, keys in self.parsers:
-            if key in keys:
-                namespace = jsonargparse.Namespace()
-                namespace[key] = value
-                try:
-                    parser.validate(namespace, skip_required=True)
-                except (TypeError, ValueError, KeyError):
-                    return False
-        return True
 
 
 class Given(NamedTuple):
@@ -197,54 +232,6 @@ def yaml_value(text: str) -> Any:
         return text
 
 
-def refusal(argv: Sequence[str], options: Options, command: str) -> str | None:
-    """The first problem with the options of ``argv``, in one line (None where none is found here)."""
-    classes: dict[str, tuple[str, Any]] = {}  # root -> (class_path as given, the class or None)
-    given_arguments: dict[str, set[str]] = {}  # root -> the init_args given
-    for given in given_options(argv, options.commands):
-        root, _, rest = given.key.partition(".")
-        where = f"{given.source}: " if given.source else ""
-        if rest.startswith("init_args."):
-            given_arguments.setdefault(root, set()).add(rest.split(".")[1])
-        if root in SUBCLASS_ROOTS and rest in ("", "class_path") and isinstance(given.value, str):
-            found, problem = class_named(given.value, options.bases.get(root))
-            if problem:
-                return f"{where}{given.shown.removesuffix('.class_path')}: class_path {given.value}: {problem}"
-            classes[root] = (given.value, found)
-            continue
-        if root in SUBCLASS_ROOTS:
-            class_path, found = classes.get(root, ("", None))
-            if found is None or not rest.startswith("init_args."):
-                continue  # a class not known here, or a dict of options (dict_kwargs): jsonargparse's word
-            keys = [f"{root}.init_args.{option}" for option in class_options(found)]
-            hint, owner = option_type(found, rest.removeprefix("init_args.")), f" of {class_path}"
-        else:
-            keys, owner = options.keys, ""
-            hint = option_type(options.trainer_class, rest) if root == "trainer" else \
-                option_type(getattr(options.trainer_class, command, None), given.key, method=True)
-        if not accepts_key(given.key, keys):
-            suggestion = closest(given.key, keys)
-            dashes = "" if given.source else "--"
-            found_text = f"no option {given.shown}{owner}" if given.source else f"{given.shown}: no such option{owner}"
-            return f"{where}{found_text}; " + (f"did you mean {dashes}{suggestion}?" if suggestion
-                                                else help_hint(command))
-        if given.value is None or isinstance(given.value, dict | list):
-            continue  # jsonargparse's word on a whole class, list or mapping
-        if root in SUBCLASS_ROOTS:
-            refused = plain(hint) and not accepts(hint, given.value, given.raw)
-        else:
-            refused = not options.validates(given.key, yaml_value(given.value) if given.raw else given.value) and \
-                not (given.raw and options.validates(given.key, given.value))
-        if refused:
-            return f"{where}{given.shown}: " + (f"expected {describe(hint)}, got {given.value}" if plain(hint) else
-                                                f"{given.value} is not a value it takes; {help_hint(command)}")
-    for root, (class_path, found) in classes.items():
-        missing = [name for name in required_arguments(found) if name not in given_arguments.get(root, set())]
-        if missing:
-            return f"{root}: class_path {class_path}: the following arguments are required: {', '.join(missing)}"
-    return None
-
-
 def required_arguments(cls: Any) -> list[str]:
     """The arguments of ``cls``'s constructor that have no default (none when it cannot be read)."""
     try:
@@ -260,18 +247,18 @@ def accepts_key(key: str, keys: Iterable[str]) -> bool:
     return any(key == option or option.startswith(f"{key}.") or key.startswith(f"{option}.") for option in keys)
 
 
-def class_named(class_path: str, base: Any) -> tuple[Any, str | None]:
+def class_named(class_path: str, base: type) -> tuple[Any, str | None]:
     """(the class ``class_path`` names, None) or (None, why it is no ``base``); a bare name is looked for among
     the subclasses of ``base`` imported."""
     module_name, _, name = class_path.rpartition(".")
     if not module_name:
-        found = [cls for cls in subclasses(base) if cls.__name__ == name] if isinstance(base, type) else []
+        found = [cls for cls in subclasses(base) if cls.__name__ == name]
         return (found[0], None) if len(found) == 1 else (None, None)  # jsonargparse resolves or refuses it
     try:
         found = getattr(importlib.import_module(module_name), name)
     except Exception as error:  # noqa: BLE001 - whatever importing it raises is why it cannot be used
         return None, str(error)
-    if isinstance(base, type) and not (isinstance(found, type) and issubclass(found, base)):
+    if not (isinstance(found, type) and issubclass(found, base)):
         return None, f"not a {base.__name__}"
     return found, None
 
@@ -294,14 +281,14 @@ def class_options(cls: type) -> list[str]:
         return []
 
 
-def option_type(cls: Any, dotted: str, *, method: bool = False) -> Any:
-    """The annotated type of ``cls``'s option ``dotted`` (None where it cannot be told): the ``__init__`` argument
-    of the first class in its MRO that names it (of ``cls`` itself with ``method``), then option group fields."""
+def option_type(owner: Any, dotted: str) -> Any:
+    """The annotated type of the option ``dotted`` of ``owner`` (None where it cannot be told): of a class, the
+    ``__init__`` argument of the first class in its MRO that names it; of a function, its argument; then option
+    group fields."""
     first, *rest = dotted.split(".")
     try:
-        owners = [cls] if method or not isinstance(cls, type) else [klass.__init__ for klass in cls.__mro__]
-        hint = next((found for owner in owners if (found := typing.get_type_hints(owner).get(first)) is not None),
-                    None)
+        owners = [klass.__init__ for klass in owner.__mro__] if isinstance(owner, type) else [owner]
+        hint = next((found for each in owners if (found := typing.get_type_hints(each).get(first)) is not None), None)
         for name in rest:
             group = next((member for member in members(hint) if dataclasses.is_dataclass(member)), None)
             hint = typing.get_type_hints(group).get(name) if group is not None else None
@@ -326,10 +313,7 @@ def plain(hint: Any) -> bool:
 def accepts(hint: Any, value: Any, from_command_line: bool) -> bool:
     """Whether jsonargparse accepts ``value`` (from the command line, or a config's) for an option of type ``hint``."""
     parser = jsonargparse.ArgumentParser(exit_on_error=False)
-    try:
-        parser.add_argument("--value", type=hint)
-    except (ValueError, TypeError):  # a type jsonargparse takes no option of: nothing to check here
-        return True
+    parser.add_argument("--value", type=hint)
     try:
         if from_command_line:
             parser.parse_args(["--value", str(value)])
@@ -347,28 +331,30 @@ def describe(hint: Any) -> str:
                        for member in members(hint))
 
 
-def _spelled_out(key: str) -> str:
-    return ".".join(ABBREVIATIONS.get(part, part) for part in key.split("."))
+def _spelled_out(name: str) -> str:
+    return ".".join(ABBREVIATIONS.get(part, part) for part in name.split("."))
+
+
+def _nearest(words: Sequence[str], named: Iterable[tuple[str, str]]) -> str | None:
+    """The key of the first of ``words`` that difflib finds close to a name of the (name, key) pairs ``named``,
+    each name also spelled out (``ABBREVIATIONS``)."""
+    by_name: dict[str, str] = {}
+    for name, key in named:
+        by_name.setdefault(name, key)
+        by_name.setdefault(_spelled_out(name), key)
+    return next((by_name[found[0]] for word in words
+                 if (found := difflib.get_close_matches(word, list(by_name), n=1, cutoff=0.8))), None)
 
 
 def closest(bad: str, keys: Sequence[str]) -> str | None:
     """The option of ``keys`` closest to ``bad``: the only one of its section with its last name (``model.lr``),
-    else by difflib the closest last name in its group, else the closest whole name; ``ABBREVIATIONS`` spelled out
-    match too."""
+    else by difflib the closest last name in its group, else the closest whole name of the others; ``ABBREVIATIONS``
+    spelled out match too."""
     group, _, leaf = bad.rpartition(".")
     same_leaf = [key for key in keys if key.partition(".")[0] == bad.partition(".")[0]
                  and key.rpartition(".")[2] in (leaf, _spelled_out(leaf))]
     if len(same_leaf) == 1:
         return same_leaf[0]
     in_group = [key for key in keys if key.startswith(f"{group}.")] if group else list(keys)
-    for candidates, names in ((in_group, (leaf, _spelled_out(leaf))), ([key for key in keys if key not in in_group],
-                                                                      (bad, _spelled_out(bad)))):
-        by_name: dict[str, str] = {}  # a name (the last part within the group, else the whole), spelled out too
-        for key in candidates:
-            name = key.rpartition(".")[2] if candidates is in_group else key
-            by_name.setdefault(name, key)
-            by_name.setdefault(_spelled_out(name), key)
-        for wanted in names:
-            if found := difflib.get_close_matches(wanted, list(by_name), n=1, cutoff=0.8):
-                return by_name[found[0]]
-    return None
+    return _nearest((leaf, _spelled_out(leaf)), ((key.rpartition(".")[2], key) for key in in_group)) or \
+        _nearest((bad, _spelled_out(bad)), ((key, key) for key in keys if key not in in_group))

@@ -60,8 +60,8 @@ def check_config_file(flag: str, path: Path) -> dict[str, Any]:
     not readable UTF-8 text, is too large or deep (``yaml_size_problem``), not YAML, has a key twice, a Python
     object's tag, is empty or is no mapping."""
     if not path.is_file():
-        where = "no such file" if not path.exists() else "not a file"
-        raise ValueError(f"{path}: {where}; {flag} takes a YAML config file")
+        raise ValueError(f"{path}: {'not a file' if path.exists() else 'no such file'}; {flag} takes a YAML config "
+                         "file")
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{path}: {path.stat().st_size / 2**20:.0f} MiB is not a config file (the limit is "
                          f"{MAX_CONFIG_BYTES // 2**20} MiB)")
@@ -181,8 +181,6 @@ def expanded(root: Any, limit: int) -> tuple[int, int] | None:
 
 def yaml_size_problem(root: Any) -> str | None:
     """What makes a composed YAML document too large to read (``expanded``), or None."""
-    if root is None:
-        return None
     if (found := expanded(root, MAX_CONFIG_BYTES)) is None:
         return "holds a YAML alias inside the node it names (it would never end)"
     size, depth = found
@@ -199,11 +197,9 @@ def duplicate_key(root: Any) -> tuple[Any, Any] | None:
     for node in yaml_nodes(root):
         if isinstance(node, yaml.MappingNode):
             seen: dict[tuple[str, str], Any] = {}
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    if (key.tag, key.value) in seen:
-                        return seen[key.tag, key.value], key
-                    seen[key.tag, key.value] = key
+            for key in (key for key, _ in node.value if isinstance(key, yaml.ScalarNode)):
+                if (first := seen.setdefault((key.tag, key.value), key)) is not key:
+                    return first, key
     return None
 
 

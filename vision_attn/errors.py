@@ -27,8 +27,7 @@ class Interrupted(Exception):
     """Ctrl-C during a command, after it kept what it had finished; the message says what and where."""
 
 
-USER_ERRORS = (CheckpointError, DatasetNotFoundError, BadImageError, FileNotFoundError, FileExistsError, ValueError,
-               FloatingPointError)
+USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError, FloatingPointError)  # the classes above subclass these
 
 
 def _raised_by_us(error: BaseException) -> bool:

@@ -36,7 +36,7 @@ from vision_attn.io import OwnedFolder, input_file
 from vision_attn.metrics import pointing_scores, scene_scores
 from vision_attn.overlay import _colour_table
 from vision_attn.results import read_results
-from vision_attn.vit.classifier import Classifier, centre_square
+from vision_attn.vit.classifier import Classifier, centre_square, ranked
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 VIEW_SIZE, THUMB_SIZE = 448, 112
@@ -73,10 +73,6 @@ def _scene_metrics(record: dict[str, Any], objects: Sequence[Any] | None, image:
     return {name: round(scores[name], 4) for name in keep if name in scores and not math.isnan(scores[name])}
 
 
-def _write_item(folder: Path, number: int, item: dict[str, Any]) -> None:
-    (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
-
-
 def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, *,
                     objects: dict[Any, list[SceneObject]] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
@@ -92,7 +88,7 @@ def caption_entries(pairs: Sequence[tuple[dict[str, Any], Path]], folder: Path, 
                 "grid": record["grid"], "alphas": record["alphas"], "betas": record.get("betas"),
                 "head_alphas": record.get("head_alphas"), "beams": record.get("beams"), "metrics": metrics,
                 "objects": None if found is None else [{"name": o.name, "colour": o.colour} for o in found]}
-        _write_item(folder, number, item)
+        (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
         index.append({"n": number, "id": record["image_id"], "file": item["file"], "thumb": thumb,
                       "text": record["caption"], "metrics": metrics})
         if progress:
@@ -107,16 +103,13 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
     """Write each image's ViT data (top-5 classes, every layer's attention per head) into ``folder``; the index."""
     model = classifier.model
     index: list[dict[str, Any]] = []
-    top_k = max(1, min(5, len(classifier.class_names)))
     for chunk, batch in readable_batches(inputs, lambda item: classifier.preprocess(item[1]), batch_size=16,
                                          on_bad_image=on_bad_image, bad_images=bad_images):
         logits, attentions = model.forward_with_attention(batch.to(classifier.device))
-        probabilities, classes = logits.softmax(dim=-1).topk(top_k, dim=-1)
         for row, (image_id, path) in enumerate(chunk):
             number = len(index)
             shown, thumb, size = _save_views(open_image(path, mode="RGB"), folder, number)
-            top = [[classifier.class_names[c], round(float(p), 5)]
-                   for p, c in zip(probabilities[row].tolist(), classes[row].tolist(), strict=True)]
+            top = [[name, round(p, 5)] for name, p in ranked(classifier, logits[row], 5)]
             item = {"kind": "vit", "id": image_id, "file": path.name, "image": shown, "size": size,
                     "box": list(centre_square(size)), "grid": list(model.grid_size),
                     "prefix": model.num_prefix_tokens, "pool": model.global_pool, "top": top,
@@ -124,7 +117,7 @@ def vit_entries(classifier: Classifier, inputs: Sequence[tuple[Any, Path]], fold
                     # layer l, head h: the (N, N) attention, row-major (N = prefix tokens + patches)
                     "attention": [[[round(float(v), 5) for v in a[row, h].flatten().tolist()]
                                    for h in range(a.shape[1])] for a in attentions]}
-            _write_item(folder, number, item)
+            (folder / "data" / "items" / f"{number}.js").write_text(js_data("item", item), encoding="utf-8")
             index.append({"n": number, "id": image_id, "file": path.name, "thumb": thumb,
                           "text": " ".join(f"{name} {p:.1%}" for name, p in top[:1]), "metrics": {}})
             if progress:
@@ -158,12 +151,9 @@ def write_site(owner: OwnedFolder, title: str, build: Callable[[Path], list[dict
     return owner.path
 
 
-def _printer(label: str) -> Callable[[int, int], None]:
-    def show(done: int, total: int) -> None:
-        if done == total or done % 50 == 0:
-            print(f"\r{label}: {done}/{total}", end="\n" if done == total else "", flush=True)
-
-    return show
+def _show_progress(done: int, total: int) -> None:
+    if done == total or done % 50 == 0:
+        print(f"\rimages: {done}/{total}", end="\n" if done == total else "", flush=True)
 
 
 def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.PathLike], out: str | os.PathLike,
@@ -172,7 +162,7 @@ def explore(*, results: str | os.PathLike | None, images: Sequence[str | os.Path
             on_bad_image: OnBadImage = "error", quiet: bool = False, overwrite: bool = False) -> tuple[Path, int]:
     """``vision-attn explore``: the site for a results JSON (its images in the folder ``images`` if given), or for
     ``images`` run through a checkpoint (a captioner with every beam, or a ViT); the site and its image count."""
-    progress = None if quiet else _printer("images")
+    progress = None if quiet else _show_progress
     for path in filter(None, (instances, attributes)):
         input_file(path, "an instances or attributes JSON")
     # read and checked before any work: a bad instances or attributes file is one line, not a half-made site

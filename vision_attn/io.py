@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 
-def not_a_file(path: str | os.PathLike) -> str | None:
-    """Why a file written to ``path`` may not replace what is there (a folder, a device, a pipe), or None."""
+def refuse_not_a_file(path: Path) -> None:
+    """Raise, in one line, where ``path`` is there and not a regular file (a folder, a device, a pipe)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    return "is a folder" if stat.S_ISDIR(mode) else "is not a regular file (a device, a pipe or a socket)"
-
-
-def refuse_not_a_file(path: Path) -> None:
-    """Raise, in one line, where ``path`` is there and not a regular file."""
-    if problem := not_a_file(path):
+        return
+    if not stat.S_ISREG(mode):
+        problem = "is a folder" if stat.S_ISDIR(mode) else "is not a regular file (a device, a pipe or a socket)"
         raise ValueError(f"{path}: {problem}; give the name of a regular file to write")
 
 
@@ -81,16 +75,12 @@ def output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] 
     refuse_not_a_file(path)
     _check_parents(path)
     writable_folder(path.parent)  # a folder the process may not write in (root's too: /proc, /sys, a read-only mount)
-    try:
-        own = os.stat(path)
-    except OSError:  # not there yet: it is none of the inputs
-        return path
     for item in inputs:
         try:
-            found = os.stat(item)
-        except OSError:
+            same = os.path.samefile(path, item)
+        except OSError:  # one of them is not there (the output not yet: it is none of the inputs)
             continue
-        if (found.st_dev, found.st_ino) == (own.st_dev, own.st_ino):
+        if same:
             raise ValueError(f"{path}: is one of the inputs ({item}); writing it would overwrite it (choose another "
                              "output)")
     return path
@@ -138,11 +128,8 @@ def writable_folder(path: str | os.PathLike) -> Path:
 
 def file_record(path: Path) -> dict[str, Any]:
     """What the manifest keeps of a file written: its size and SHA-256."""
-    digest = hashlib.sha256()
     with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+        return {"size": os.fstat(file.fileno()).st_size, "sha256": hashlib.file_digest(file, "sha256").hexdigest()}
 
 
 def inside(folder: Path, name: object) -> Path | None:
@@ -174,7 +161,7 @@ class Manifest(NamedTuple):
 
 
 def _verified(folder: Path, name: str, record: dict[str, Any],
-              hashed: dict[tuple[int, int], dict[str, Any]] | None = None) -> bool:
+              hashed: dict[tuple[int, int], dict[str, Any]]) -> bool:
     # whether folder/name is a regular file inside folder matching record; hashed caches records by (device, inode)
     # so that a file a manifest names many times is read once
     target = inside(folder, name)
@@ -182,10 +169,8 @@ def _verified(folder: Path, name: str, record: dict[str, Any],
         found = os.lstat(target) if target is not None else None
         if found is None or not stat.S_ISREG(found.st_mode) or record.get("size") != found.st_size:
             return False
-        hashed = {} if hashed is None else hashed
         key = (found.st_dev, found.st_ino)
-        if key not in hashed:
-            hashed[key] = file_record(target)
+        hashed[key] = hashed.get(key) or file_record(target)
         return hashed[key] == record
     except OSError:
         return False
@@ -310,7 +295,7 @@ class OwnedFolder:
         self._write_manifest({**{k: v for k, v in self.previous.items() if v is not None}, **records})
         for name in stale:  # only what is still ours: a file changed since the check stays
             record, target = self.previous[name], inside(self.path, name)
-            if target is not None and (record is None or _verified(self.path, name, record)):
+            if target is not None and (record is None or _verified(self.path, name, record, {})):
                 target.unlink(missing_ok=True)
                 _remove_empty(list(target.parents)[: len(Path(name).parts) - 1])
         for name, is_folder in entries.items():  # parents before their files, as sorted

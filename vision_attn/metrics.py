@@ -10,7 +10,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -75,10 +75,6 @@ def deduplicate(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _simple_tokenize(captions: Mapping[Any, Sequence[str]]) -> dict[Any, list[str]]:
-    return {key: [" ".join(tokenize(c)) for c in values] for key, values in captions.items()}
-
-
 def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequence[str]]) -> dict[str, float]:
     """Corpus BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of one caption per image against its references."""
     from pycocoevalcap.bleu.bleu import Bleu
@@ -96,12 +92,13 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     if use_java:
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
         tokenizer = PTBTokenizer()
-        gts = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()})
-        res = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in res.items()})
+        gts, res = (tokenizer.tokenize({key: [{"caption": c} for c in values] for key, values in captions.items()})
+                    for captions in (gts, res))
     else:
         _warn_once("java", "Java not found: METEOR and the PTB tokenizer are skipped; the other metrics use "
                            "vision-attn's tokenizer (apt-get install default-jre-headless to get them)")
-        gts, res = _simple_tokenize(gts), _simple_tokenize(res)
+        gts, res = ({key: [" ".join(tokenize(c)) for c in values] for key, values in captions.items()}
+                    for captions in (gts, res))
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
     if use_java:
@@ -109,12 +106,6 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
     return scores
-
-
-class _TfIdf(NamedTuple):  # tf-idf weight per n-gram, the norm per n, the length CIDEr-D compares (bigrams)
-    weights: dict[tuple, float]
-    norms: list[float]
-    length: int
 
 
 class CiderD:
@@ -139,14 +130,15 @@ class CiderD:
         caption = tuple(caption)
         return Counter(caption[i:i + k] for k in range(1, self.n + 1) for i in range(len(caption) - k + 1))
 
-    def _vector(self, caption: Sequence[Hashable]) -> _TfIdf:
+    def _vector(self, caption: Sequence[Hashable]) -> tuple[dict[tuple, float], list[float], int]:
+        # tf-idf weight per n-gram, the norm per n, the length CIDEr-D compares (bigrams)
         weights, norms = {}, [0.0] * self.n
         log_frequency, log_images = self.log_frequency, self.log_images
         for gram, count in self._counts(caption).items():
             weight = count * (log_images - log_frequency.get(gram, 0.0))  # tf · log(N / df); df ≥ 1
             weights[gram] = weight
             norms[len(gram) - 1] += weight * weight
-        return _TfIdf(weights, [math.sqrt(v) for v in norms], max(len(caption) - 1, 0))
+        return weights, [math.sqrt(v) for v in norms], max(len(caption) - 1, 0)
 
     def __call__(self, candidates: Sequence[Sequence[Hashable]],
                  references: Sequence[Sequence[Sequence[Hashable]]]) -> list[float]:
@@ -230,26 +222,23 @@ def pointing_scores(records: Iterable[Mapping[str, Any]], boxes: Mapping[Any, Se
             x, y, w, h = entry[1]
             objects.setdefault(entry[0], []).append((x * scale_x, y * scale_y, (x + w) * scale_x, (y + h) * scale_y))
         every_box = [box for rectangles in objects.values() for box in rectangles]
-        grid_h, grid_w = record["grid"]
-        height, width = record["image_size"]
-        alphas = torch.as_tensor(record["alphas"], dtype=torch.float64)
+        grid, size = tuple(record["grid"]), tuple(record["image_size"])
+        alphas = torch.as_tensor(record["alphas"], dtype=torch.float64).view(-1, *grid)  # (T, L) -> (T, Gh, Gw)
         mentions = words.mentions(record["tokens"])
-        pointed = [pointed_box(alphas[t].view(grid_h, grid_w), (grid_h, grid_w), (height, width), every_box)
-                   for t, _ in mentions]  # the object each mention's α peaks on, by index
+        pointed = [pointed_box(alphas[t], grid, size, every_box) for t, _ in mentions]  # each mention's peak object
         held = [index for index in pointed if index is not None]
         captions, twice = captions + 1, twice + (len(held) > len(set(held)))
         for t, category in mentions:
             if category not in objects:
                 continue
-            rectangles = objects[category]
-            alpha = alphas[t].view(grid_h, grid_w)  # (L,) -> (Gh, Gw)
-            hits += pointed_box(alpha, (grid_h, grid_w), (height, width), rectangles) is not None
+            rectangles, alpha = objects[category], alphas[t]
+            hits += pointed_box(alpha, grid, size, rectangles) is not None
             # α mass in the boxes: each cell's α spread evenly over the cell, times the cell's share inside them
-            masses += float((alpha * box_coverage(rectangles, (grid_h, grid_w), (height, width))).sum())
+            masses += float((alpha * box_coverage(rectangles, grid, size)).sum())
             counted += 1
             mask = masks(record["image_id"], category) if masks is not None else None
             if mask is not None:
-                coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], (grid_h, grid_w))[0, 0]
+                coverage = torch.nn.functional.adaptive_avg_pool2d(mask.double()[None, None], grid)[0, 0]
                 mask_masses += float((alpha * coverage).sum())
                 masked += 1
     nan = float("nan")

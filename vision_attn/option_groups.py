@@ -53,8 +53,7 @@ class OptionGroup:
                           if field.name in value and not scalar_fits(field.type, value[field.name])), None)
             if wrong:  # a checkpoint's hyper-parameters meet no parser: a type is checked here, naming the option
                 raise ValueError(wrong)
-            base = {} if default is None else {field.name: getattr(default, field.name) for field in group_fields(cls)}
-            group = cls(**{**base, **value})
+            group = cls(**{**(vars(default) if default is not None else {}), **value})
         else:
             raise ValueError(f"{cls.name}: expected a mapping of options, got {type(value).__name__}")
         group.check()
@@ -65,8 +64,7 @@ class OptionGroup:
         """``options`` (as ``coerce`` takes it) with ``fields`` set over it, checked: a network takes its group or
         keyword arguments."""
         group = cls.coerce(options)
-        return cls.coerce({**{field.name: getattr(group, field.name) for field in group_fields(cls)}, **fields}) \
-            if fields else group
+        return cls.coerce({**vars(group), **fields}) if fields else group
 
     def check(self) -> None:
         """Refuse, in one line naming the option, a value that is out of range or does not fit the others."""

@@ -128,28 +128,23 @@ def panel_grid(panels: Sequence[tuple[Image.Image, str]], *, columns: int = 5, h
     """Titled panels in rows of ``columns`` (wrapping), under an optional header line; white background."""
     if not panels:
         raise ValueError("no panels to lay out")
-    columns = max(1, min(columns, len(panels)))
-    font = _font(font_size)
-    cell_width = max(image.width for image, _ in panels)
-    cell_height = max(image.height for image, _ in panels)
+    columns, font, line_height = max(1, min(columns, len(panels))), _font(font_size), font_size + 4
+    cell_width, cell_height = (max(sides) for sides in zip(*(image.size for image, _ in panels), strict=True))
     measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    line_height = font_size + 4
     header_lines = _wrap(header, font, columns * (cell_width + padding), measure) if header else []
-    title_lines = max(len(_wrap(title, font, cell_width, measure)) for _, title in panels)
-    title_height = title_lines * line_height + 2
-    rows = math.ceil(len(panels) / columns)
-    width = padding + columns * (cell_width + padding)
+    titles = [_wrap(title, font, cell_width, measure) for _, title in panels]
+    title_height = max(map(len, titles)) * line_height + 2
     top = padding + len(header_lines) * line_height
-    height = top + rows * (title_height + cell_height + padding)
-    canvas = Image.new("RGB", (width, height), "white")
+    rows = math.ceil(len(panels) / columns)
+    canvas = Image.new("RGB", (padding + columns * (cell_width + padding),
+                               top + rows * (title_height + cell_height + padding)), "white")
     draw = ImageDraw.Draw(canvas)
     for index, line in enumerate(header_lines):
         draw.text((padding, padding + index * line_height), line, fill="black", font=font)
-    for index, (image, title) in enumerate(panels):
+    for index, ((image, _), lines) in enumerate(zip(panels, titles, strict=True)):
         row, column = divmod(index, columns)
-        x = padding + column * (cell_width + padding)
-        y = top + row * (title_height + cell_height + padding)
-        for line_index, line in enumerate(_wrap(title, font, cell_width, measure)):
+        x, y = padding + column * (cell_width + padding), top + row * (title_height + cell_height + padding)
+        for line_index, line in enumerate(lines):
             draw.text((x, y + line_index * line_height), line, fill="black", font=font)
         canvas.paste(image, (x, y + title_height))
     return canvas

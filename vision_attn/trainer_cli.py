@@ -37,7 +37,7 @@ from vision_attn.ckpt_path import (
     with_changes,
 )
 from vision_attn.cli_arguments import nulls_to_groups
-from vision_attn.config_errors import OneLineErrors
+from vision_attn.config_errors import OneLineErrors, given_argv
 from vision_attn.hardware import bf16_warning, cpu_flags
 from vision_attn.option_groups import OptionGroup
 from vision_attn.trainer_callbacks import BatchCountTrainer, FinalWeightsInLast, PacedProgressBar, SafeCheckpointIO
@@ -70,18 +70,16 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         config (``ckpt_path.py``); the initial-weight options are cleared for the names Lightning resolves too. The
         path is held back (``held_ckpt_path``) so that Lightning does not read the hyper-parameters again."""
         super().parse_arguments(parser, args)
-        given = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         config = self.config[subcommand]
-        ckpt_path = config.get("ckpt_path")
+        ckpt_path, model = config.get("ckpt_path"), config.get("model")
+        class_path = str(model.get("class_path", "")) if model is not None else ""
         if subcommand == "predict":
-            require_predictions(config, ckpt_path)
+            require_predictions(class_path, ckpt_path)
         if not ckpt_path:
             return
-        model = config.get("model")
-        class_path = str(model.get("class_path", "")) if model is not None else ""
         if model is not None and model.get("init_args") is not None:
             clear_initial_weights(model_kind(class_path), model["init_args"])
         refuse_registry(str(ckpt_path))
@@ -93,7 +91,7 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
                     parser.parse_args(args, defaults=False)
                 changes = (explicit[subcommand].get("model") or {}).get("init_args") or {}
                 changes = changes.as_dict() if isinstance(changes, jsonargparse.Namespace) else dict(changes)
-                refuse_changed_options(restored, changes, given, ckpt_path)
+                refuse_changed_options(restored, changes, given_argv(args), ckpt_path)
                 self.config = parser.parse_object({subcommand: {"model": with_changes(restored, changes)}},
                                                   self.config)
             ckpt_path = local
@@ -138,12 +136,10 @@ class VisionAttnCLI(OneLineErrors, LightningCLI):
         ``FinalWeightsInLast`` where a ModelCheckpoint saves its last, no LearningRateMonitor without a logger, and
         a warning for bf16 on a CPU without bf16 arithmetic."""
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
-        plugins = config.get("plugins") or []
-        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        plugins, callbacks = (list(found) if isinstance(found, list | tuple) else [found] if found else []
+                              for found in (config.get("plugins"), config.get("callbacks")))  # as lists
         if "plugins" not in kwargs:
             kwargs["plugins"] = safe_plugins(plugins)
-        callbacks = config.get("callbacks") or []
-        callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if "callbacks" not in kwargs and config.get("enable_progress_bar") is not False and \
                 not any(isinstance(callback, ProgressBar) for callback in callbacks):
             kwargs["callbacks"] = [*callbacks, PacedProgressBar()]  # in place of Lightning's default bar
@@ -183,10 +179,8 @@ def check_option_groups(section: jsonargparse.Namespace) -> None:
             group.coerce(value)
 
 
-def require_predictions(config: Any, ckpt_path: str | None) -> None:
+def require_predictions(class_path: str, ckpt_path: str | None) -> None:
     """Refuse ``predict`` without ``--ckpt_path`` (untrained weights), or of a task that writes no predictions."""
-    model = config.get("model")
-    class_path = str(model.get("class_path", "")) if model is not None else ""
     task = model_class(class_path)
     if task is not None and not hasattr(task, "save_predictions"):
         raise ValueError(f"predict: {class_path} writes no predictions; predict runs a captioner "
@@ -199,11 +193,12 @@ def require_predictions(config: Any, ckpt_path: str | None) -> None:
 def run_lightning(args: Sequence[str] | None) -> None:
     """LightningCLI on ``args`` (``sys.argv[1:]`` when None), the model and data picked by ``class_path``; Lightning's
     refusal of a setting (``MisconfigurationException``) is a one-line user error."""
-    arguments = _arguments(args)
+    if args is None:  # from the command line, sys.argv is rewritten in place (LightningCLI warns of both ways)
+        sys.argv[1:] = nulls_to_groups(sys.argv[1:])
+    arguments = None if args is None else nulls_to_groups(args)
     # A dataclass field's doc is the string under it (the option groups). Reading those strings means parsing the
     # sources of every class the parser takes, Trainer's among them, so it is done only for the help that shows them.
-    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(
-        sys.argv[1:] if arguments is None else arguments))
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(given_argv(arguments)))
     try:
         VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                       save_config_kwargs={"overwrite": True}, args=arguments, auto_configure_optimizers=False)
@@ -217,15 +212,6 @@ def asks_for_help(args: Sequence[str]) -> bool:
     help, or ``--print_config`` with comments."""
     return any(arg in ("-h", "--help") or arg.split("=", 1)[0].endswith(".help")
                or (arg.startswith("--print_config") and "comments" in arg) for arg in args)
-
-
-# ``args`` with ``nulls_to_groups`` applied; from the command line, ``sys.argv`` is rewritten in place and None is
-# returned (LightningCLI warns of arguments given both ways)
-def _arguments(args: Sequence[str] | None) -> list[str] | None:
-    if args is not None:
-        return nulls_to_groups(args)
-    sys.argv[1:] = nulls_to_groups(sys.argv[1:])
-    return None
 
 
 def end_process_group() -> None:

@@ -6,6 +6,7 @@ the file and where to get it (after one request). Every load is weights-only."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import re
@@ -14,7 +15,7 @@ import urllib.error
 import urllib.parse
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -72,14 +73,11 @@ def torchvision_weights(backbone: str, name: str) -> NamedWeights:
     import torchvision
     enum = torchvision.models.get_model_weights(backbone)
     members = [member for member in enum.__members__ if member != "DEFAULT"]
-    wanted = name.removeprefix(f"{enum.__name__}.").upper()
-    if name.lower() == IMAGENET or wanted == "DEFAULT":
-        weights = enum.DEFAULT
-    elif wanted in members:
-        weights = enum[wanted]
-    else:
+    wanted = "DEFAULT" if name.lower() == IMAGENET else name.removeprefix(f"{enum.__name__}.").upper()
+    if wanted not in enum.__members__:  # the members and their alias DEFAULT
         raise CheckpointError(f"unknown weights '{name}' for {backbone}: use {IMAGENET} (= {enum.DEFAULT.name}), "
                               f"{', '.join(members)}, or a local weights file")
+    weights = enum[wanted]
     what = f"torchvision {enum.__name__}.{weights.name}"
     with torch_hub_download(weights.url, what) as cached, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unpickler's protocol notices: the outcome is what matters
@@ -188,10 +186,7 @@ def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwarg
             raise CheckpointError(f"{what}: timm could not build it with its weights ({_first_line(error)})") \
                 from None
         folder = " (and its snapshot folder)" if "snapshots" in cached.parts else ""
-
-        def expected() -> Mapping[str, Tensor]:  # the model timm builds, to compare the file's weights with
-            return timm.create_model(pretrained_name, pretrained=False, **kwargs).state_dict()
-
+        expected = functools.partial(timm.create_model, pretrained_name, pretrained=False, **kwargs)
         raise CheckpointError(f"{cached}: {_unreadable(error, what, cached, expected)}; delete it{folder} and "
                               "download it again") from None
 
@@ -199,10 +194,9 @@ def _create(pretrained_name: str, what: str, cached: Path | None = None, **kwarg
 UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, zipfile.BadZipFile)
 
 
-def _unreadable(error: BaseException, what: str, cached: Path,
-                expected: Callable[[], Mapping[str, Tensor]] | None = None) -> str:
-    # why cached failed to load as what: weights that do not fit expected() (the first differing key), else not a
-    # checkpoint, truncated or damaged; never torch's advice to load with weights_only=False
+def _unreadable(error: BaseException, what: str, cached: Path, expected: Callable[[], nn.Module] | None = None) -> str:
+    # why cached failed to load as what: weights that do not fit the model expected() builds (the first differing
+    # key), else not a checkpoint, truncated or damaged; never torch's advice to load with weights_only=False
     if type(error).__name__ == "SafetensorError":
         return f"not a readable safetensors file, truncated or damaged ({_first_line(error)})"
     if expected is not None and isinstance(error, RuntimeError):
@@ -211,7 +205,7 @@ def _unreadable(error: BaseException, what: str, cached: Path,
         except CheckpointError:
             found = None
         if found is not None:  # it reads: its weights did not fit
-            mismatch = state_dict_mismatch(expected(), found)
+            mismatch = state_dict_mismatch(expected().state_dict(), found)
             return f"not {what}: {mismatch or 'its weights do not load into the model'}"
     if cached.suffix == ".safetensors":
         return f"not a readable safetensors file, truncated or damaged ({type(error).__name__})"

@@ -122,11 +122,9 @@ class Captioner(nn.Module):
         """Beam search's best caption of each normalised image (B, 3, S, S) with α/β per word (``all_beams``: every
         beam); ``features``: the images are the encoder's frozen part's output."""
         annotations, grid = self.encoder.encode(images, features=features)
-        beams = beam_search(
-            self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
-            beam_size=beam_size or self.decoding.beam_size, max_length=self.decoding.max_length,
-            length_penalty=self.decoding.length_penalty, processors=list(self.processors),
-        )
+        beams = beam_search(self.decoder, annotations, start_id=START_ID, end_id=END_ID, pad_id=PAD_ID,
+                            beam_size=beam_size or self.decoding.beam_size, max_length=self.decoding.max_length,
+                            length_penalty=self.decoding.length_penalty, processors=list(self.processors))
         return Decoded([image_beams[0] for image_beams in beams], grid, beams if all_beams else None)
 
     def words(self, hypothesis: Hypothesis) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vision_attn.captioning.decoder import AttentionDecoder, DecoderOutput
@@ -64,9 +65,7 @@ def static_batch(annotations: Tensor, captions: Tensor, caption_images: Tensor |
     rows = -(-count // ROW_MULTIPLE) * ROW_MULTIPLE
     images = caption_images if caption_images is not None else torch.arange(count, device=captions.device)
     images = torch.cat([images, images.new_zeros(rows - count)])
-    padded = captions.new_full((rows, max(width, length)), PAD_ID)
-    padded[:count, :length] = captions
-    return annotations[images], padded
+    return annotations[images], F.pad(captions, (0, max(width, length) - length, 0, rows - count), value=PAD_ID)
 
 
 def real_part(output: DecoderOutput, rows: int, steps: int) -> DecoderOutput:

@@ -13,6 +13,7 @@ steps after the recurrence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -60,7 +61,7 @@ class AdditiveAttention(AttentionScore):
         return Attended(scores.view(batch * per_image, locations).softmax(dim=-1))  # α_t = softmax(e_t)
 
 
-ATTENTION_SCORES: dict[str, type[AttentionScore]] = {"additive": AdditiveAttention, **PRODUCT_SCORES}
+ATTENTION_SCORES: dict[str, Callable[..., AttentionScore]] = {"additive": AdditiveAttention, **PRODUCT_SCORES}
 
 
 @dataclass

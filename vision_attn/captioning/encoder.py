@@ -193,8 +193,7 @@ class AnnotationEncoder(nn.Module):
             renamed = {"conv1": "0.0", "bn1": "0.1", "layer1": "1", "layer2": "2", "layer3": "3", "layer4": "4"}
             file_key = {renamed[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: k
                         for k in state if k.split(".", 1)[0] in renamed}
-        state = {k: state[name] for k, name in file_key.items()}
-        usable = {k: v for k, v in state.items() if k in own}
+        usable = {k: state[name] for k, name in file_key.items() if k in own}
         another = f"weights for another architecture than the {self.backbone_name} trunk"
         if not usable:
             raise CheckpointError(f"{source}: {another}, none of its keys matches the trunk's")
@@ -251,9 +250,8 @@ class AnnotationEncoder(nn.Module):
 
     def from_frozen(self, features: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """``forward`` from a feature cache's fp16 output of ``frozen_part``: only the rest of the encoder runs."""
-        features = self._layout(features)
+        features = self._layout(features).to(next(self.parameters()).dtype)  # fp16 from the cache: the weights' dtype
         stages, frozen = self._stages(), len(self.frozen_stages)
-        features = features.to(next(self.parameters()).dtype)  # fp16 from the cache -> the weights' dtype
         if frozen < len(stages):
             for stage in stages[frozen:]:
                 features = stage(features)

@@ -12,17 +12,18 @@ import math
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from vision_attn.captioning.captioner import Captioner
 from vision_attn.captioning.evaluation import nulls_for_nan
 from vision_attn.data.coco import load_caption_image, load_coco, resolve_inside
-from vision_attn.data.images import BadImageCounter, OnBadImage, normalize, readable_batches
+from vision_attn.data.images import OnBadImage, normalize, readable_batches
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID
 from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import write_json_atomically
@@ -35,7 +36,8 @@ SKIPS = ("single_object", "no_attended_object")  # why a class word was not scor
 
 
 class WordErasure(NamedTuple):
-    """A scored class word, the two objects erased, and its log-probability on the image, then with each erased."""
+    """A scored class word, the two objects erased, its log-probability on the image, and how much erasing the
+    attended object, then the other, lowers it."""
 
     image_id: Any
     position: int
@@ -43,18 +45,8 @@ class WordErasure(NamedTuple):
     attended: str
     other: str
     log_prob: float
-    log_prob_attended_erased: float
-    log_prob_other_erased: float
-
-    @property
-    def drop_attended(self) -> float:
-        """How much erasing the attended object lowers the word's log-probability."""
-        return self.log_prob - self.log_prob_attended_erased
-
-    @property
-    def drop_other(self) -> float:
-        """How much erasing the other object lowers the word's log-probability."""
-        return self.log_prob - self.log_prob_other_erased
+    drop_attended: float
+    drop_other: float
 
 
 def erase_box(image: Tensor, background: Tensor, box: Box) -> Tensor:
@@ -116,10 +108,10 @@ def erase_and_score(score: Scorer, pixels: Tensor, backgrounds: Tensor, captions
     log_probs = score(images, torch.cat([captions, captions[rows]])).float().cpu()  # (B + 2K, T)
     found = []
     for index, p in enumerate(planned):
-        base, erased_rows = log_probs[p.image, p.position], log_probs[len(pixels) + 2 * index:, p.position]
+        base, erased_rows = float(log_probs[p.image, p.position]), log_probs[len(pixels) + 2 * index:, p.position]
         found.append(WordErasure(image_ids[p.image], p.position, p.word, objects[p.image][p.attended][0],
-                                 objects[p.image][p.other][0], float(base), float(erased_rows[0]),
-                                 float(erased_rows[1])))
+                                 objects[p.image][p.other][0], base, base - float(erased_rows[0]),
+                                 base - float(erased_rows[1])))
     return found
 
 
@@ -192,16 +184,10 @@ def scene_pixels(scene: Scene, size: int) -> Tensor:
     return torch.stack([image, background])
 
 
-def input_boxes(scene: Scene, size: int) -> list[tuple[str, Box]]:
-    """The scene's objects with their boxes in the pixels of the network input (the image squashed to size²)."""
-    sx, sy = size / scene.size[0], size / scene.size[1]
-    return [(name, (x0 * sx, y0 * sy, x1 * sx, y1 * sy)) for name, (x0, y0, x1, y1) in scene.objects]
-
-
 def caption_ids(tokens: Sequence[Sequence[int]]) -> Tensor:
     """Captions as padded ids (B, T+1): <start> w_1 .. w_n <end> <pad>.."""
-    width = max(len(ids) for ids in tokens) + 2
-    return torch.tensor([[START_ID, *ids, END_ID] + [PAD_ID] * (width - len(ids) - 2) for ids in tokens])
+    return pad_sequence([torch.tensor([START_ID, *ids, END_ID]) for ids in tokens], batch_first=True,
+                        padding_value=PAD_ID)
 
 
 class ErasureReport(NamedTuple):
@@ -211,43 +197,35 @@ class ErasureReport(NamedTuple):
     words: list[WordErasure]
 
 
-def iter_erasures(captioner: Captioner, scenes: Sequence[Scene], class_words: set[str], *, beam_size: int | None = None,
-                  batch_size: int = 16, seed: int = 0, on_bad_image: OnBadImage = "error",
-                  bad_images: BadImageCounter | None = None) -> Iterator[tuple[int, list[WordErasure], Counter]]:
-    """Per batch of readable scenes, captioned, then scored in one pass with all its erasures: (images, scored
-    words, skips)."""
+def erasure_test(checkpoint: str | os.PathLike, root: str | os.PathLike, *, split: str = "test",
+                 count: int | None = None, beam_size: int | None = None, batch_size: int = 16, seed: int = 0,
+                 device: str = "cpu", on_bad_image: OnBadImage = "error",
+                 on_batch: Callable[[int, int], None] | None = None) -> ErasureReport:
+    """The erasure test of a checkpoint on the first ``count`` scenes of a split (None: all): per batch of readable
+    scenes, captioned, then scored in one pass with all its erasures; ``on_batch`` sees each batch's image count and
+    the total."""
+    scenes, class_words = read_scenes(root, split, count)
+    captioner = Captioner.from_checkpoint(checkpoint, device=device)
     size, score = captioner.image_size, captioner_scorer(captioner)
+    words, skipped, images = [], Counter(), 0
     for chunk, loaded in readable_batches(scenes, lambda scene: scene_pixels(scene, size), batch_size=batch_size,
-                                          on_bad_image=on_bad_image, bad_images=bad_images):
+                                          on_bad_image=on_bad_image):
         pixels, backgrounds = loaded[:, 0], loaded[:, 1]
         with torch.inference_mode():
             decoded = captioner.decode(normalize(pixels.to(captioner.device), captioner.mean, captioner.std),
                                        beam_size=beam_size)
         hypotheses, ids = decoded.hypotheses, [scene.image_id for scene in chunk]
-        objects = [input_boxes(scene, size) for scene in chunk]
-        planned, skipped = plan_erasures([captioner.words(h) for h in hypotheses], [h.alphas for h in hypotheses],
-                                         objects, grid=decoded.grid, image_size=(size, size), class_words=class_words,
-                                         image_ids=ids, seed=seed)
-        captions = caption_ids([h.tokens for h in hypotheses])
-        yield len(chunk), erase_and_score(score, pixels, backgrounds, captions, planned, objects, ids), skipped
-
-
-def erasure_test(checkpoint: str | os.PathLike, root: str | os.PathLike, *, split: str = "test",
-                 count: int | None = None, beam_size: int | None = None, batch_size: int = 16, seed: int = 0,
-                 device: str = "cpu", on_bad_image: OnBadImage = "error",
-                 on_batch: Callable[[int, int], None] | None = None) -> ErasureReport:
-    """The erasure test of a checkpoint on the first ``count`` scenes of a split (None: all); ``on_batch`` sees each
-    batch's image count and the total."""
-    scenes, class_words = read_scenes(root, split, count)
-    captioner = Captioner.from_checkpoint(checkpoint, device=device)
-    words, skipped, images = [], Counter(), 0
-    for done, found, skips in iter_erasures(captioner, scenes, class_words, beam_size=beam_size,
-                                            batch_size=batch_size, seed=seed, on_bad_image=on_bad_image):
-        images += done
-        words += found
+        objects = [[(name, tuple(v * (size / scene.size[i % 2]) for i, v in enumerate(box)))
+                    for name, box in scene.objects] for scene in chunk]  # boxes in the input's pixels (squashed)
+        planned, skips = plan_erasures([captioner.words(h) for h in hypotheses], [h.alphas for h in hypotheses],
+                                       objects, grid=decoded.grid, image_size=(size, size), class_words=class_words,
+                                       image_ids=ids, seed=seed)
+        words += erase_and_score(score, pixels, backgrounds, caption_ids([h.tokens for h in hypotheses]), planned,
+                                 objects, ids)
+        images += len(chunk)
         skipped.update(skips)
         if on_batch is not None:
-            on_batch(done, len(scenes))
+            on_batch(len(chunk), len(scenes))
     summary = summarise(words, images=images, skipped=skipped)
     summary.update(split=split, backgrounds=sum(scene.background is not None for scene in scenes),
                    beam_size=beam_size or captioner.decoding.beam_size)

@@ -16,8 +16,8 @@ at different costs per step. An input's query term is added to q; a location ter
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -26,14 +26,12 @@ from vision_attn.captioning.seams import Attended, AttentionScore, LocationTerm,
 
 
 class ProductAttention(AttentionScore):
-    """A product score (``score_name``) of annotations by h; the multihead score's K ``heads`` each have their own α
-    over the k-th slice of the widths."""
+    """A product ``score`` (dot, general, scaled_dot or multihead) of annotations by h; the multihead score's K
+    ``heads`` each have their own α over the k-th slice of the widths."""
 
-    score_name: ClassVar[str] = "dot"
-
-    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, heads: int = 1) -> None:
+    def __init__(self, annotation_dim: int, query_dim: int, attention_dim: int, *, heads: int = 1,
+                 score: str = "dot") -> None:
         super().__init__()
-        score = self.score_name
         if score != "multihead":
             heads = 1
         elif heads < 1 or attention_dim % heads or annotation_dim % heads:
@@ -71,24 +69,5 @@ class ProductAttention(AttentionScore):
         return Attended(alpha.squeeze(1)) if heads == 1 else Attended(alpha.mean(dim=1), alpha)
 
 
-class GeneralAttention(ProductAttention):
-    """e_i = hᵀ W a_i (Luong's general score)."""
-
-    score_name = "general"
-
-
-class ScaledDotAttention(ProductAttention):
-    """e_i = (W_q h)ᵀ (W_k a_i) / √d (Vaswani et al. 2017)."""
-
-    score_name = "scaled_dot"
-
-
-class MultiheadAttention(ProductAttention):
-    """K scaled-dot heads over split widths; α_t is the mean of their α."""
-
-    score_name = "multihead"
-
-
-PRODUCT_SCORES: dict[str, type[AttentionScore]] = {
-    "dot": ProductAttention, "general": GeneralAttention, "scaled_dot": ScaledDotAttention,
-    "multihead": MultiheadAttention}
+PRODUCT_SCORES: dict[str, Callable[..., ProductAttention]] = {
+    score: partial(ProductAttention, score=score) for score in ("dot", "general", "scaled_dot", "multihead")}

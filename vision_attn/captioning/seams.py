@@ -22,7 +22,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from torch import Tensor, nn
 
-from vision_attn.option_groups import OptionGroup
+from vision_attn.option_groups import OptionGroup, finite, require
 
 Entry = str | dict[str, Any]  # how a config lists an extension: its name, or {name: ..., <its options>}
 
@@ -30,6 +30,18 @@ Entry = str | dict[str, Any]  # how a config lists an extension: its name, or {n
 @dataclass(frozen=True)
 class NoOptions(OptionGroup):
     """An extension without options."""
+
+
+@dataclass(frozen=True)
+class WeightedOptions(OptionGroup):
+    """A weighted term's options."""
+
+    weight: float = 1.0
+    """the term's weight in the objective"""
+
+    def check(self) -> None:
+        """Refuse a negative or non-finite weight."""
+        require(finite(self.weight) and self.weight >= 0, self.name, f"weight must be 0 or more, got {self.weight}")
 
 
 def refuse_unless(condition: bool, seam: str, message: str) -> None:
@@ -42,7 +54,7 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
     """``entries`` as ``{name, **options}`` with every option filled in and checked (what a checkpoint keeps); an
     unknown name, a name listed twice or a bad option is refused in one line."""
     refuse_unless(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
-    plain, seen = [], set()
+    plain: list[dict[str, Any]] = []
     for entry in entries:
         name = entry.get("name") if isinstance(entry, Mapping) else entry
         refuse_unless(isinstance(name, str) and bool(name), seam,
@@ -50,8 +62,7 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
         close = difflib.get_close_matches(name, list(registry), n=1)
         refuse_unless(name in registry, seam, f"unknown extension {name!r}; " + (
             f"did you mean {close[0]}?" if close else f"use one of {', '.join(sorted(registry))}"))
-        refuse_unless(name not in seen, seam, f"{name} is listed twice")
-        seen.add(name)
+        refuse_unless(all(name != done["name"] for done in plain), seam, f"{name} is listed twice")
         given = {key: value for key, value in entry.items() if key != "name"} if isinstance(entry, Mapping) else {}
         options_type = registry[name].Options
         try:
@@ -213,7 +224,7 @@ class AuxiliaryTerm(nn.Module):
     the decoder and never run in inference. Built from its options and the keywords it needs of ``objects``
     (``ObjectNames``), ``vocab``, ``annotation_dim``, ``pretrained`` and ``pretrained_with``."""
 
-    Options: ClassVar[type[OptionGroup]] = NoOptions
+    Options: ClassVar[type[OptionGroup]] = WeightedOptions
 
     def forward(self, step: TrainingStep) -> TermResult | None:
         """The weighted loss and its logs (None when the batch lacks what the term reads: validation's objects)."""
@@ -223,7 +234,7 @@ class AuxiliaryTerm(nn.Module):
 class RewardTerm:
     """A term added to the self-critical reward, ``weight`` × ``value(candidate, references)`` on word ids."""
 
-    Options: ClassVar[type[OptionGroup]] = NoOptions
+    Options: ClassVar[type[OptionGroup]] = WeightedOptions
 
     def __init__(self, options: OptionGroup) -> None:
         self.options = options

@@ -32,13 +32,6 @@ def self_critical_loss(log_probs: Tensor, mask: Tensor, rewards: Tensor, per_ima
     return -advantage * (log_probs * mask).sum(dim=1)
 
 
-def reference_reward(references: Sequence[Sequence[str]], vocab: Vocabulary, max_length: int) -> CiderD:
-    """CIDEr-D on word ids (at most ``max_length`` words) with the document frequencies of ``references``, every
-    training image's captions."""
-    return CiderD([[word_ids(vocab.encode(tokenize(caption), max_length)) for caption in captions]
-                   for captions in references])
-
-
 class SampledTerms(NamedTuple):
     """A self-critical step: the loss (per token), the rewards (N,), and the samples' tokens (N, T), α (N, T, L) and
     images (N,), for the auxiliary terms."""
@@ -59,8 +52,10 @@ class SelfCriticalObjective:
         self.reward: CiderD | None = None
 
     def use_references(self, references: Sequence[Sequence[str]]) -> None:
-        """Set the CIDEr-D reward from the training split's captions, one list per image (``reference_reward``)."""
-        self.reward = reference_reward(references, self.vocab, self.max_length)
+        """Set the CIDEr-D reward, on word ids (at most ``max_length`` words), with the document frequencies of the
+        training split's captions, one list per image."""
+        self.reward = CiderD([[word_ids(self.vocab.encode(tokenize(caption), self.max_length)) for caption in captions]
+                              for captions in references])
 
     def rewards(self, candidates: list[list[int]], references: list[list[list[int]]]) -> list[float]:
         """r = CIDEr-D + Σ_k weight_k × term_k, over the reward terms in their listed order."""

@@ -4,13 +4,7 @@ beyond the paper become entries of today's lists (``seams.py``) and the extensio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
-
-
-def _flag_entries(group: dict[str, Any], flags: Sequence[tuple[str, str]]) -> list[str]:
-    # the extension names of the boolean ``flags`` (option, name) that ``group`` had on; the options removed
-    return [name for option, name in flags if group.pop(option, False)]
 
 
 def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
@@ -21,7 +15,7 @@ def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
         flags = [("coverage", "coverage"), ("attend_with_word", "previous_word")]
         if decoder.get("attention_score", "additive") != "additive":
             flags.reverse()
-        decoder["attention_inputs"] = _flag_entries(decoder, flags)
+        decoder["attention_inputs"] = [name for option, name in flags if decoder.pop(option, False)]  # flags as names
         context = decoder.pop("word_count_context", False)
         decoder["output_terms"] = [{"name": "word_counts", "context": context}] if decoder.pop("word_counts", False) \
             else []
@@ -32,14 +26,11 @@ def upgrade_extensions(hparams: dict[str, Any]) -> dict[str, Any]:
             ([{"name": "revisit_penalty", "penalty": penalty, "words": words}] if penalty else [])
     aids = hparams.pop("aids", None)
     if isinstance(aids, dict):
-        auxiliary = [{"name": name, "weight": aids[f"{name}_weight"]} for name in ("concept", "object", "grounding")
-                     if aids.get(f"{name}_weight")]
-        for entry in auxiliary:
-            if entry["name"] == "object":
-                entry["heads_from_encoder"] = bool(aids.get("object_heads_from_encoder", False))
-            if entry["name"] == "grounding":
-                entry["target"] = aids.get("grounding_target", "box")
-        hparams.setdefault("objective", {})["auxiliary"] = auxiliary
+        options = {"concept": {}, "object": {"heads_from_encoder": bool(aids.get("object_heads_from_encoder", False))},
+                   "grounding": {"target": aids.get("grounding_target", "box")}}
+        hparams.setdefault("objective", {})["auxiliary"] = [
+            {"name": name, "weight": aids[f"{name}_weight"], **extra} for name, extra in options.items()
+            if aids.get(f"{name}_weight")]
     critical = hparams.get("self_critical")
     if isinstance(critical, dict) and "rewards" not in critical:
         critical["rewards"] = [{"name": name, "weight": weight} for option, name in (

@@ -25,8 +25,7 @@ VIT_OPTIONS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qk
 
 
 class ViTEmbedding(nn.Module):
-    """z_0 = [x_cls; x_dist; x_reg; x_p E] + E_pos (Dosovitskiy et al. 2020, eq. 1): the first stage of a ViT
-    trunk."""
+    """z_0 = [x_cls; x_dist; x_reg; x_p E] + E_pos (Dosovitskiy et al. 2020, eq. 1): the first stage of a ViT trunk."""
 
     def __init__(self, vit: VisionTransformer) -> None:
         super().__init__()
@@ -83,11 +82,8 @@ def vit_trunk(source: str | os.PathLike | None, image_size: int, options: dict |
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     if "pos_embed" not in state or not any(k.startswith("patch_embed.") for k in state):
         raise CheckpointError(f"{source}: not a ViT checkpoint or ViT weights (no pos_embed / patch_embed)")
-    if hparams:
-        architecture = hparams.get("architecture") or {}
-        options = {k: architecture[k] for k in VIT_OPTIONS if k in architecture}
-    else:
-        options = architecture_of(state)
+    architecture = hparams.get("architecture") or {}
+    options = {k: architecture[k] for k in VIT_OPTIONS if k in architecture} if hparams else architecture_of(state)
     if image_size % options["patch_size"]:
         raise ValueError(f"the captioner's image size {image_size} is not a multiple of the ViT's patch size "
                          f"{options['patch_size']}")

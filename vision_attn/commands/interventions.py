@@ -103,7 +103,7 @@ def deletion_command(argv: Sequence[str]) -> None:
     from vision_attn.data.fashion_mnist import FILES, find_fashion_mnist
     from vision_attn.errors import DatasetNotFoundError
     from vision_attn.io import output_file, write_json_atomically
-    from vision_attn.vit.deletion import fashion_mnist_deletion
+    from vision_attn.vit.rollout_mass import fashion_mnist_deletion
     try:  # Fashion-MNIST's files are inputs too (where they are found now; a download comes later)
         source = find_fashion_mnist(options.root, download=False)
     except DatasetNotFoundError:

@@ -80,14 +80,13 @@ class Background:
             raise ValueError(f"{owner} must be one of {list(BACKGROUNDS)}, got {self.kind!r}")
         if not (isinstance(self.level, int | float) and 0 <= self.level <= 1):
             raise ValueError(f"{owner}_level must be a number from 0 to 1 (a share of white), got {self.level!r}")
-        if self.weights is not None:
-            weights = list(self.weights)
-            if self.kind != "mixed":
-                raise ValueError(f"{owner}_weights are the odds of a mixed {owner}; {owner} is {self.kind!r}")
-            if (len(weights) != len(DRAWN) or not all(isinstance(w, int | float) and math.isfinite(w) and w >= 0
-                                                      for w in weights) or not sum(weights) > 0):
-                raise ValueError(f"{owner}_weights must be {len(DRAWN)} numbers of 0 or more ({', '.join(DRAWN)}) "
-                                 f"with a positive sum, got {self.weights!r}")
+        weights = self.weights
+        if weights is not None and self.kind != "mixed":
+            raise ValueError(f"{owner}_weights are the odds of a mixed {owner}; {owner} is {self.kind!r}")
+        if weights is not None and not (len(weights) == len(DRAWN) and all(
+                isinstance(w, int | float) and math.isfinite(w) and w >= 0 for w in weights) and sum(weights) > 0):
+            raise ValueError(f"{owner}_weights must be {len(DRAWN)} numbers of 0 or more ({', '.join(DRAWN)}) "
+                             f"with a positive sum, got {weights!r}")
         if self.texture_source not in TEXTURE_SOURCES:
             raise ValueError(f"{owner.removesuffix('background')}texture_source must be one of "
                              f"{list(TEXTURE_SOURCES)}, got {self.texture_source!r}")
@@ -125,9 +124,7 @@ def _noise(rng: np.random.Generator, size: int, level: float) -> np.ndarray:
     coloured = bool(rng.random() < 0.5)
     small = math.ceil(size / grain)
     drawn = rng.integers(0, 256, size=(small, small, 3 if coloured else 1), dtype=np.uint8)
-    image = Image.fromarray(drawn if coloured else drawn[:, :, 0])
-    if small != size:
-        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    image = Image.fromarray(drawn if coloured else drawn[:, :, 0]).resize((size, size), Image.Resampling.BILINEAR)
     noise = np.asarray(image.convert("RGB"), dtype=np.float64)
     return np.rint(noise * rng.uniform(0, level)).astype(np.uint8)
 
@@ -198,16 +195,12 @@ def _draw_backgrounds(background: Background, rng: np.random.Generator, items: t
     return torch.from_numpy(drawn).permute(0, 3, 1, 2)
 
 
-def _uncovered(canvases: torch.Tensor) -> torch.Tensor:  # zero in every channel: (B, 1, S, S) bool
-    return (canvases == 0).all(dim=1, keepdim=True)
-
-
 def fill_canvases(canvases: torch.Tensor, items: torch.Tensor, *, noise: int, background: Background,
                   pool: BackgroundPool | None = None) -> torch.Tensor:
     """Training canvases (B, C, S, S) uint8 with every uncovered pixel filled: with grey noise up to a level drawn
     per image up to ``noise`` (0..255), else with ``background`` (drawn per image, or from ``pool``), all from
     torch's generator (a numpy one seeded from it for backgrounds)."""
-    around = _uncovered(canvases)
+    around = (canvases == 0).all(dim=1, keepdim=True)  # uncovered: zero in every channel
     if noise:
         levels = torch.randint(0, noise + 1, (len(canvases), 1, 1, 1), device=canvases.device)
         grey = (torch.rand(canvases.shape, device=canvases.device) * (levels + 1)).to(torch.uint8)
@@ -282,4 +275,4 @@ class TestCanvasFill:
             drawn = _draw_backgrounds(self.background, self.rng, items, canvases.shape[-1])
         else:
             return canvases, torch.zeros_like(canvases)
-        return torch.where(_uncovered(canvases), drawn, canvases), drawn
+        return torch.where((canvases == 0).all(dim=1, keepdim=True), drawn, canvases), drawn

@@ -97,11 +97,10 @@ class CaptionTrainDataset(_CaptionImages):
         self.group_captions = group_captions
         empty = torch.zeros(0, 6)  # an image the instances file has no object of
         self.objects = None if objects is None else [objects.per_image.get(r.image_id, empty) for r in records]
-        counts = torch.tensor([len(record.captions) for record in records])
+        counts = torch.tensor([len(record.captions) for record in records], dtype=torch.int64)
         self.caption_starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])  # (images + 1,)
         self.paths = [record.path for record in records]
-        self.image_index = torch.tensor([index for index, record in enumerate(records)
-                                         for _ in record.captions], dtype=torch.int64)  # (N,)
+        self.image_index = torch.repeat_interleave(torch.arange(len(records)), counts)  # (N,)
         captions, self.lengths = vocab.encode_batch([c for record in records for c in record.captions],
                                                     max_caption_length)
         if vocab.truncated:
@@ -154,11 +153,7 @@ def collate_captions(items: list[CaptionItem | None]) -> CaptionBatch | None:
     captions = join(captions)[:, : int(lengths.max())].long()  # (N, T)
     caption_images = torch.repeat_interleave(torch.arange(len(images)), counts) if grouped else None  # (N,)
     return CaptionBatch(torch.stack(images), captions, lengths, caption_images,
-                        None if objects[0] is None else pad_objects(objects), features=_is_features(images[0]))
-
-
-def _is_features(item: Tensor) -> bool:  # cached encoder features (fp16), not an image's pixels (uint8)
-    return item.dtype != torch.uint8
+                        None if objects[0] is None else pad_objects(objects), features=images[0].dtype != torch.uint8)
 
 
 def pad_objects(objects: Sequence[Tensor]) -> Tensor:
@@ -176,4 +171,4 @@ def collate_references(items: list[EvalCaptionItem | None]) -> EvalCaptionBatch 
         return None
     images, image_ids, references, objects, file_names = zip(*items, strict=True)
     return EvalCaptionBatch(torch.stack(images), list(image_ids), list(references), list(objects), file_names,
-                            features=_is_features(images[0]))
+                            features=images[0].dtype != torch.uint8)

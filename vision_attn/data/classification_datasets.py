@@ -42,11 +42,8 @@ def random_pad_crop(images: Tensor, padding: int) -> Tensor:
     padded = F.pad(images, (padding,) * 4)  # (B, C, H + 2p, W + 2p)
     top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
     left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
-    rows = (top[:, None] + torch.arange(height, device=images.device))[:, None, :, None]  # (B, 1, H, 1)
-    cols = (left[:, None] + torch.arange(width, device=images.device))[:, None, None, :]  # (B, 1, 1, W)
-    batch_index = torch.arange(batch, device=images.device)[:, None, None, None]
-    channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
-    return padded[batch_index, channel_index, rows, cols]
+    windows = padded.unfold(2, height, 1).unfold(3, width, 1)  # (B, C, 2p + 1, 2p + 1, H, W), a view
+    return windows[torch.arange(batch, device=images.device), :, top, left]
 
 
 def random_hflip(images: Tensor) -> Tensor:

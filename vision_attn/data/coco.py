@@ -222,6 +222,4 @@ def read_object_targets(path: Path, attributes: Path | None = None) -> ObjectTar
 def load_caption_image(path: Path, image_size: int) -> Tensor:
     """An image file as RGB uint8 (3, image_size, image_size), squashed to the square so nothing is cut off."""
     image = open_image(path, mode="RGB", max_side=image_size)
-    if image.size != (image_size, image_size):
-        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
-    return to_tensor(image)
+    return to_tensor(image.resize((image_size, image_size), Image.Resampling.BICUBIC))

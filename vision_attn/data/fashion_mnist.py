@@ -14,8 +14,7 @@ from vision_attn.errors import DatasetNotFoundError
 from vision_attn.io import OwnedFolder
 
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
-CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-               "Ankle boot"]
+CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 MEAN, STD = 0.2860, 0.3530  # over the 60k training images
@@ -39,10 +38,9 @@ def place_on_canvas(items: Tensor, places: Tensor, canvas_size: int) -> Tensor:
     """Items (N, C, 28, 28) pasted with their (left, top) corner at ``places`` (N, 2) on black (N, C, S, S)."""
     count, channels, height, width = items.shape
     canvases = items.new_zeros(count, channels, canvas_size, canvas_size)
-    rows = (places[:, 1, None] + torch.arange(height, device=items.device))[:, None, :, None]  # (N, 1, h, 1)
-    cols = (places[:, 0, None] + torch.arange(width, device=items.device))[:, None, None, :]  # (N, 1, 1, w)
-    canvases[torch.arange(count, device=items.device)[:, None, None, None],
-             torch.arange(channels, device=items.device)[None, :, None, None], rows, cols] = items
+    rows = (places[:, 1, None] + torch.arange(height, device=items.device))[:, :, None]  # (N, h, 1)
+    cols = (places[:, 0, None] + torch.arange(width, device=items.device))[:, None, :]  # (N, 1, w)
+    canvases[torch.arange(count, device=items.device)[:, None, None], :, rows, cols] = items.permute(0, 2, 3, 1)
     return canvases
 
 

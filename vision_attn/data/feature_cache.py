@@ -58,6 +58,7 @@ class FeatureCache:
             raise ValueError(f"shard_size must be at least 1, got {shard_size}")
         self.key = {"format": FORMAT, "dtype": np.dtype(DTYPE).name, "count": count, "shape": list(shape),
                     "shard_size": shard_size, **key}
+        self.key_text = json.dumps(self.key, sort_keys=True, indent=1)  # what ``key.json`` holds
         self.folder = Path(root) / hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:20]
         self.count, self.shape, self.shard_size = count, tuple(shape), shard_size
         self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -88,12 +89,9 @@ class FeatureCache:
     def key_matches(self) -> bool:
         """Whether the folder's ``key.json`` is the one its name stands for (not edited, damaged or deleted)."""
         try:
-            return (self.folder / "key.json").read_bytes() == self._key_text().encode()
+            return (self.folder / "key.json").read_bytes() == self.key_text.encode()
         except OSError:
             return False
-
-    def _key_text(self) -> str:
-        return json.dumps(self.key, sort_keys=True, indent=1)
 
     def _shard_whole(self, shard: int) -> bool:  # its files in place, each with the expected header and size
         features, valid = self._paths(shard)
@@ -134,7 +132,7 @@ class FeatureCache:
                         "again", key_file, why, len(stale))
         for path in stale:
             path.unlink()
-        _write_atomically(key_file, lambda handle: handle.write(self._key_text().encode()))
+        _write_atomically(key_file, lambda handle: handle.write(self.key_text.encode()))
 
     def fill(self, load: Callable[[int], Tensor | None], encode: Callable[[Tensor], Tensor], *, batch_size: int,
              rank: int = 0, world_size: int = 1, progress: Callable[[int], None] | None = None) -> int:
@@ -240,13 +238,11 @@ def fill_caches(part: FrozenPart, caches: Mapping[str, FeatureCache], *,
         if todo and progress:
             log.info("feature cache of the %s split (%d images, %.1f MB in all, %d KB per image): %s", role,
                      cache.count, cache.total_bytes / 1e6, cache.bytes_per_image // 1000, cache.folder)
-        bar = tqdm(total=sum(len(cache.shard_rows(shard)) for shard in todo), desc=f"caching {role} features",
-                   disable=not (todo and progress), unit="img")
-        with torch.no_grad():
+        with tqdm(total=sum(len(cache.shard_rows(shard)) for shard in todo), desc=f"caching {role} features",
+                  disable=not (todo and progress), unit="img") as bar, torch.no_grad():
             encoded = cache.fill(lambda index, role=role: load(role, index),
                                  lambda images: module(normalize(images.to(device))), batch_size=batch_size,
                                  rank=rank, world_size=world_size, progress=bar.update)
-        bar.close()
         if todo:
             log.info("rank %d of %d filled %d shards (%d images) of the %s feature cache", rank, world_size,
                      len(todo), encoded, role)

@@ -206,8 +206,7 @@ def check_coco_instances(data: Any, path: Path) -> dict[str, Any]:
         if not _is_id(annotation.get("image_id")) or annotation["image_id"] not in images:
             raise refuse(f"{where}: image_id {_short(annotation.get('image_id'))} is not an image of 'images'")
         if not _is_id(annotation.get("category_id")) or annotation["category_id"] not in category_ids:
-            raise refuse(f"{where}: category_id {_short(annotation.get('category_id'))} is not one of "
-                         "'categories'")
+            raise refuse(f"{where}: category_id {_short(annotation.get('category_id'))} is not one of 'categories'")
         box = annotation.get("bbox")
         if not (isinstance(box, list) and len(box) == 4 and all(map(_is_number, box)) and box[2] >= 0
                 and box[3] >= 0):

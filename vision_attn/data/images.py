@@ -44,18 +44,14 @@ class BadImageCounter:
         worker = torch.utils.data.get_worker_info()
         self.counts[0 if worker is None else 1 + worker.id % (self.SLOTS - 1)] += 1
 
-    def total(self) -> int:
-        """The images skipped so far, in every process."""
-        return int(self.counts.sum())
-
     def skipped_note(self) -> str:
         """" (N unreadable images skipped)" when any were, else "": the end of a command's summary line."""
-        total = self.total()
+        total = int(self.counts.sum())  # in every process
         return f" ({total} unreadable images skipped)" if total else ""
 
     def take(self) -> int:
         """The images skipped since the last ``take()``."""
-        total = self.total()
+        total = int(self.counts.sum())
         new, self._reported = total - self._reported, total
         return new
 
@@ -103,10 +99,8 @@ def open_image(path: str | os.PathLike, *, mode: str = "RGB", max_side: int | No
             image = ImageOps.exif_transpose(image)
             if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16/32-bit grey: keep the top 8 bits
                 image = image.point(lambda value: value / 256).convert("L")
-            if image.mode in ("P", "PA", "RGBA", "LA") and mode == "RGB":
-                image = image.convert("RGBA")
-                background = Image.new("RGBA", image.size, (0, 0, 0, 255))
-                image = Image.alpha_composite(background, image)
+            if image.mode in ("P", "PA", "RGBA", "LA") and mode == "RGB":  # over black
+                image = Image.alpha_composite(Image.new("RGBA", image.size, (0, 0, 0, 255)), image.convert("RGBA"))
             return image.convert(mode)
     except FileNotFoundError:
         raise BadImageError(f"{path}: file not found") from None

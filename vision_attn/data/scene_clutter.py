@@ -1,27 +1,16 @@
 """Cluttered Fashion scenes: items painted in order over a background, each with its non-zero pixels as alpha
 (``compose``; with ``overlap`` each later one ringed in black where it lies over an earlier one), placed anywhere
-(``place_free``), their visible masks, and the captions of one, four and five items."""
+(``place_free``), and their visible masks."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Protocol
 
 import numpy as np
 
 FREE, OUTLINE = -1, -2  # who owns a pixel: nobody (the background), a later item's outline, or item k >= 0
 PLACEMENT_TRIES, PLACEMENT_RESTARTS = 1000, 100  # per item, and per scene when an item finds no place
 MIN_SEPARATION = 6  # two box centres are at least this far apart on some axis (pixels)
-ONE_ITEM_FORMS = ("a {}", "there is a {}", "a single {}", "a {} on its own", "just a {}")
-
-
-class Captioner(Protocol):
-    """What the extra caption forms need of ``scenes._Captioner``."""
-
-    names: list[str]
-
-    def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-        """Caption ``form`` of the objects in ``order``."""
 
 
 class _Layers:
@@ -41,10 +30,7 @@ class _Layers:
         own = np.pad(alpha, 1)
         if not self.outline:
             return window, own, np.zeros_like(own)
-        grown = own.copy()
-        for dy in (-1, 0, 1):
-            for dx in (-1, 0, 1):
-                grown |= np.roll(np.roll(own, dy, axis=0), dx, axis=1)  # the pad keeps the rolls from wrapping
+        grown = np.lib.stride_tricks.sliding_window_view(np.pad(own, 1), (3, 3)).any(axis=(2, 3))  # 8-neighbours
         return window, own, grown & ~own & (self.owner[window] >= 0)
 
     def lost(self, alpha: np.ndarray, top: int, left: int) -> np.ndarray:
@@ -53,46 +39,29 @@ class _Layers:
         under = self.owner[window][own | ring]
         return np.bincount(under[under >= 0], minlength=len(self.areas))
 
-    def add(self, alpha: np.ndarray, top: int, left: int) -> tuple[np.ndarray, np.ndarray]:
-        # Paint the next item; returns its pixels and outline as (size, size) bool masks
+    def add(self, alpha: np.ndarray, top: int, left: int) -> None:
+        # Paint the next item: its pixels become its own, its outline's ``OUTLINE``
         window, own, ring = self.footprint(alpha, top, left)
-        lost = self.lost(alpha, top, left)
-        self.hidden = [hidden + int(count) for hidden, count in zip(self.hidden, lost, strict=True)]
+        self.hidden = [int(total) for total in np.add(self.hidden, self.lost(alpha, top, left))]
         owner = self.owner[window]
         owner[own] = len(self.areas)
         owner[ring] = OUTLINE
         self.areas.append(int(alpha.sum()))
         self.hidden.append(0)
-        drawn, outline = np.zeros(self.owner.shape, dtype=bool), np.zeros(self.owner.shape, dtype=bool)
-        drawn[window] = own
-        outline[window] = ring
-        return drawn[1:-1, 1:-1], outline[1:-1, 1:-1]
-
-    def visible(self, item: int) -> np.ndarray:
-        return self.owner[1:-1, 1:-1] == item
 
 
 def compose(background: np.ndarray, items: list[np.ndarray], corners: list[tuple[int, int]], *,
             outline: bool) -> tuple[np.ndarray, list[np.ndarray]]:
     """Tinted ``items`` painted in order over ``background`` at ``corners``: the image, and each item's mask."""
     image = background.copy()
-    if not outline:  # no rings: each item's pixels over the earlier ones, and who owns each pixel
-        owner = np.full(background.shape[:2], FREE, dtype=np.int8)
-        for k, (item, (top, left)) in enumerate(zip(items, corners, strict=True)):
-            side = item.shape[0]
-            alpha = item.any(axis=2)
-            image[top : top + side, left : left + side][alpha] = item[alpha]
-            owner[top : top + side, left : left + side][alpha] = k
-        return image, [owner == k for k in range(len(items))]
     layers = _Layers(background.shape[0], outline=outline)
     for item, (top, left) in zip(items, corners, strict=True):
-        side = item.shape[0]
-        drawn, ring = layers.add(item.any(axis=2), top, left)
-        square = image[top : top + side, left : left + side]
-        alpha = drawn[top : top + side, left : left + side]
-        square[alpha] = item[alpha]
-        image[ring] = 0
-    return image, [layers.visible(k) for k in range(len(items))]
+        alpha = item.any(axis=2)
+        layers.add(alpha, top, left)
+        image[top : top + alpha.shape[0], left : left + alpha.shape[1]][alpha] = item[alpha]
+    owner = layers.owner[1:-1, 1:-1]
+    image[owner == OUTLINE] = 0  # the outlines no later item painted over
+    return image, [owner == k for k in range(len(items))]
 
 
 def distinguish(background: np.ndarray, image: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
@@ -124,11 +93,8 @@ def place_free(rng: np.random.Generator, items: list[np.ndarray], tight: list[tu
                     if any(y + top <= cy + b and cy + t <= y + bottom and x + left <= cx + r and cx + lf <= x + right
                            for (cy, cx), (t, lf, b, r) in zip(corners, tight, strict=False)):
                         continue
-                else:
-                    lost = layers.lost(alpha, y, x)
-                    if any(hidden + count > overlap * area
-                           for hidden, count, area in zip(layers.hidden, lost, layers.areas, strict=True)):
-                        continue
+                elif np.any(np.add(layers.hidden, layers.lost(alpha, y, x)) > overlap * np.array(layers.areas)):
+                    continue  # an earlier item would lose more than ``overlap`` of its pixels
                 layers.add(alpha, y, x)
                 corners.append((y, x))
                 break
@@ -156,23 +122,6 @@ def free_positions(rng: np.random.Generator, sizes: list[int], tight: list[tuple
             return corners
     raise ValueError(f"could not place items of sizes {sizes} on a {canvas_size}-pixel canvas without overlap "
                      f"in {PLACEMENT_TRIES} tries; use a larger canvas_size")
-
-
-def _listing(captioner: Captioner, order: list[int]) -> str:  # "a A, a B and a C"
-    named = [f"a {captioner.names[slot]}" for slot in order]
-    return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
-
-
-def more_caption(captioner: Captioner, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-    """Caption ``form`` (0..4) of one, four or five objects in ``order``; forms 0, 2 and 4 of four or five state
-    the three-object form's relations of the first three and add ", with" and the rest."""
-    if len(order) == 1:
-        return ONE_ITEM_FORMS[form].format(captioner.names[order[0]])
-    if form == 1:
-        return f"there is {_listing(captioner, order)}"
-    if form == 3:
-        return f"a {captioner.names[order[0]]} next to {_listing(captioner, order[1:])}"
-    return f"{captioner.caption(form, order[:3], flags)}, with {_listing(captioner, order[3:])}"
 
 
 def mask_rle(mask: np.ndarray) -> dict:

@@ -127,10 +127,8 @@ class SceneItemDataset(Dataset):
         tint = self.style.tint(rng, self.colours[colour])
         item = draw_item(image.reshape(ITEM_SIZE, ITEM_SIZE).numpy(), tint, size)
         top, left = (int(v) for v in rng.integers(0, self.canvas_size - size + 1, size=2))
-        canvas = np.zeros((self.canvas_size, self.canvas_size, 3), dtype=np.uint8)
-        if self.background.kind != "black":  # drawn after the item's draws: black items keep their bytes
-            grey = image.reshape(1, ITEM_SIZE, ITEM_SIZE).numpy()
-            canvas = self.background.draw(rng, self.canvas_size, fragments=grey)[0].copy()
+        grey = image.reshape(1, ITEM_SIZE, ITEM_SIZE).numpy()  # after the item's draws (black draws nothing)
+        canvas = self.background.draw(rng, self.canvas_size, fragments=grey)[0]
         square = canvas[top : top + size, left : left + size]
         opaque = item.any(axis=2)
         square[opaque] = item[opaque]

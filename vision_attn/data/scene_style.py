@@ -97,9 +97,9 @@ class SceneStyle:
         """Refuse, in one line, a field out of range or at odds with another, or a canvas too small for the items."""
         if self.layout not in LAYOUTS:
             raise ValueError(f"scene layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
-        for name in ("shade_jitter", "hue_jitter"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        for name, most in (("shade_jitter", 1), ("hue_jitter", 1), ("scale_jitter", MAX_SCALE_JITTER)):
+            if not 0 <= getattr(self, name) <= most:
+                raise ValueError(f"{name} must be between 0 and {most}, got {getattr(self, name)}")
         if self.palette not in PALETTES:
             raise ValueError(f"palette must be one of {list(PALETTES)}, got {self.palette!r}")
         if self.palette != "exact" and (self.hue_jitter or self.shade_jitter):
@@ -107,8 +107,6 @@ class SceneStyle:
         if self.hue_jitter and self.shade_jitter:
             raise ValueError("a style sets shade_jitter or hue_jitter, not both: hue_jitter draws the whole family "
                              "of each named colour, shade_jitter shades of its exact RGB value")
-        if not 0 <= self.scale_jitter <= MAX_SCALE_JITTER:
-            raise ValueError(f"scale_jitter must be between 0 and {MAX_SCALE_JITTER}, got {self.scale_jitter}")
         self.background_spec().check("background")
         low, high = _pair(self.objects, "objects")
         if not (float(low).is_integer() and float(high).is_integer() and 1 <= low <= high <= MAX_OBJECTS_PER_SCENE):
@@ -184,8 +182,7 @@ def _hue_family_tints(rng: np.random.Generator, colours: Sequence[str], jitter: 
 
 def draw_item(item: np.ndarray, tint: np.ndarray, size: int = ITEM_SIZE) -> np.ndarray:
     """A 28×28 grey item as a scene draws it: resized (bilinear), then tinted -> (size, size, 3) uint8."""
-    if size != ITEM_SIZE:
-        item = np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))
+    item = np.asarray(Image.fromarray(item).resize((size, size), Image.Resampling.BILINEAR))  # a copy at 28
     return (item[:, :, None].astype(np.uint16) * tint // 255).astype(np.uint8)
 
 

@@ -8,6 +8,7 @@ split is drawn. The files under ``<root>/`` are described in ``docs/formats/scen
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from vision_attn.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from vision_attn.data.scene_clutter import compose, distinguish, free_positions, mask_rle, more_caption, place_free
+from vision_attn.data.scene_clutter import compose, distinguish, free_positions, mask_rle, place_free
 from vision_attn.data.scene_style import COLOURS, ITEM_SIZE, LAYOUTS, PALETTES, SceneStyle, draw_item
 from vision_attn.io import OwnedFolder
 
@@ -45,6 +46,7 @@ CAPTION_FORMS = {
         ("a {0} {r0} a {1} and {r1} a {2}", ((0, 1), (0, 2))), ("a {0} next to a {1} and a {2}", ()),
         ("the {0} is {r0} the {1} and the {2} is {r1} the {0}", ((0, 1), (2, 0)))),
 }
+ONE_ITEM_FORMS = ("a {}", "there is a {}", "a single {}", "a {} on its own", "just a {}")
 
 
 def category_id(label: int) -> int:
@@ -82,29 +84,36 @@ class _Captioner:
         self.names = names  # "red sneaker", one per object
         self.relate = relate  # (subject, object, prefer_vertical) -> a phrase true of the two
         self.instance_ids = instance_ids
-        self.stated: list[tuple[int, str, int]] = []
 
-    def caption(self, form: int, order: list[int], flags: tuple[bool, bool]) -> str:
-        # Caption ``form`` (0..4) naming the objects in ``order``; relation phrase k takes ``flags[k]``
-        if len(order) not in CAPTION_FORMS:  # one, four or five objects
-            return more_caption(self, form, order, flags)
+    def caption(self, form: int, order: list[int], flags: tuple[bool, bool], stated: list) -> str:
+        # Caption ``form`` (0..4) of the objects in ``order``, its relations added to ``stated`` (phrase k takes
+        # ``flags[k]``); forms 0, 2 and 4 of four or five objects: the first three's form, ", with" the rest
+        if len(order) == 1:
+            return ONE_ITEM_FORMS[form].format(self.names[order[0]])
+        if len(order) > MAX_OBJECTS:
+            if form == 1:
+                return f"there is {self.listing(order)}"
+            if form == 3:
+                return f"a {self.names[order[0]]} next to {self.listing(order[1:])}"
+            return f"{self.caption(form, order[:3], flags, stated)}, with {self.listing(order[3:])}"
         template, pairs = CAPTION_FORMS[len(order)][form]
         phrases = {}
-        for k, (a, b) in enumerate(pairs):  # each phrase recorded as stated
+        for k, (a, b) in enumerate(pairs):
             phrases[f"r{k}"] = self.relate(order[a], order[b], flags[k])
-            self.stated.append((self.instance_ids[order[a]], phrases[f"r{k}"], self.instance_ids[order[b]]))
+            stated.append((self.instance_ids[order[a]], phrases[f"r{k}"], self.instance_ids[order[b]]))
         return template.format(*(self.names[slot] for slot in order), **phrases)
+
+    def listing(self, order: list[int]) -> str:  # "a A, a B and a C"
+        named = [f"a {self.names[slot]}" for slot in order]
+        return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
 
     def captions(self, orders: list[list[int]], flags: list[tuple[bool, bool]]) -> list[tuple[str, list]]:
         # The five (caption, its (subject id, phrase, object id)): caption k names the objects in ``orders[k]``
         orders = [[slot for slot in order if slot < len(self.names)] for order in orders]
         if len(self.names) == 2:
             orders[1] = orders[0][::-1]  # caption 1 restates caption 0 the other way round
-        result = []
-        for form, (order, flag_pair) in enumerate(zip(orders, flags, strict=True)):
-            self.stated = []
-            result.append((self.caption(form, order, flag_pair), self.stated))
-        return result
+        return [(self.caption(form, order, pair, stated := []), stated)
+                for form, (order, pair) in enumerate(zip(orders, flags, strict=True))]
 
 
 def _tight_box(drawn: np.ndarray) -> tuple[int, int, int, int]:  # (top, left, bottom, right), end-exclusive
@@ -156,10 +165,6 @@ def _sample_layouts(rng: np.random.Generator, labels: np.ndarray, count: int, gr
             "sources": sources, "orders": orders, "flags": flags}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, separators=(",", ":")))
-
-
 def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, labels: np.ndarray, seed: int,
                 canvas_size: int, grid_size: int, style: SceneStyle) -> dict[str, int]:
     cell_size = canvas_size // grid_size
@@ -184,8 +189,7 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     image_entries, captions, instances, attributes, relations = [], [], [], [], []
     for index in range(count):
         image_id = index + 1
-        under, kind = background.draw(background_rng, canvas_size, fragments=images) if clutter else \
-            (np.zeros((canvas_size, canvas_size, 3), dtype=np.uint8), "black")
+        under, kind = background.draw(background_rng, canvas_size, fragments=images)  # black draws nothing
         n_objects = int(layout["n_objects"][index])
         free = style.layout == "free" or (style.layout == "mixed" and style_rng.random() < 0.5)
         items, sizes, tints = [], [], []
@@ -240,13 +244,11 @@ def _make_split(root: Path, split: str, count: int, *, images: np.ndarray, label
     annotations.mkdir(parents=True, exist_ok=True)
     categories = [{"id": category_id(label), "name": word, "supercategory": "fashion"}
                   for label, word in enumerate(CLASS_WORDS)]
-    _write_json(annotations / f"instances_{split}.json",
-                {"info": info, "images": image_entries, "annotations": instances, "categories": categories})
-    _write_json(annotations / f"attributes_{split}.json",
-                {"info": info, "colours": colour_names, "relation_phrases": list(RELATIONS),
-                 "instances": attributes, "relations": relations})
-    _write_json(annotations / f"captions_{split}.json", {"info": info, "images": image_entries,
-                                                         "annotations": captions})
+    for what, content in (("instances", {"images": image_entries, "annotations": instances, "categories": categories}),
+                          ("attributes", {"colours": colour_names, "relation_phrases": list(RELATIONS),
+                                          "instances": attributes, "relations": relations}),
+                          ("captions", {"images": image_entries, "annotations": captions})):
+        (annotations / f"{what}_{split}.json").write_text(json.dumps({"info": info, **content}, separators=(",", ":")))
     return {"images": count, "captions": len(captions), "instances": len(instances)}
 
 
@@ -268,15 +270,12 @@ def make_scenes(root: str | Path, *, counts: Mapping[str, int] | None = None, se
     _check_arguments(counts, canvas_size, grid_size, split_styles)
     owner = OwnedFolder(root, "make-scenes", overwrite=overwrite, exclusive=True, legacy=dataset_files)
     directory = find_fashion_mnist(fashion_mnist_root)
-    loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    load = functools.cache(lambda name: [tensor.numpy() for tensor in load_fashion_mnist(directory, name)])
     written = {}
     with owner.staged() as staging:
         for split, count in counts.items():
             source_split, source_slice = SOURCES[split]
-            if source_split not in loaded:
-                images, labels = load_fashion_mnist(directory, source_split)
-                loaded[source_split] = (images.numpy(), labels.numpy())
-            images, labels = (array[source_slice] for array in loaded[source_split])
+            images, labels = (array[source_slice] for array in load(source_split))  # each source split read once
             log.info("writing %d %s scenes under %s (%s)", count, split, owner.path, split_styles[split])
             written[split] = _make_split(staging, split, count, images=images, labels=labels, seed=seed,
                                          canvas_size=canvas_size, grid_size=grid_size, style=split_styles[split])

@@ -94,9 +94,7 @@ class Vocabulary:
 
     def encode(self, tokens: Sequence[str], max_length: int | None = None) -> list[int]:
         """``<start>`` w1 .. wn ``<end>`` as ids, keeping at most ``max_length`` words."""
-        get = self._ids.get
-        words = tokens if max_length is None else tokens[:max_length]
-        return [START_ID, *[get(word, UNK_ID) for word in words], END_ID]
+        return [START_ID, *[self._ids.get(word, UNK_ID) for word in tokens[:max_length]], END_ID]
 
     def encode_batch(self, captions: Sequence[str], max_length: int) -> tuple[Tensor, Tensor]:
         """Encode many captions at once: ids (N, T) of ``encode`` padded with ``<pad>``, and lengths (N,);

@@ -31,21 +31,17 @@ class ClassificationDataModule(SplitDataModule):
     """Base for the image classification DataModules; subclasses fill the datasets and metadata. ``loader`` says
     how splits are batched, ``augmentation`` what training batches go through."""
 
+    collate_fns, drop_last = (collate_readable, collate_readable), True
+    class_names: list[str]
+
     def __init__(self, *, loader: Loader = LOADER, augmentation: Augmentation = Augmentation()) -> None:
-        super().__init__()
-        self.loader, self.augmentation = Loader.coerce(loader, LOADER), Augmentation.coerce(augmentation)
-        self.set_bad_image_policy(self.loader.on_bad_image)
-        self.class_names: list[str] = []
-        self.in_chans, self.image_size, self.mean, self.std = 3, 32, [0.5] * 3, [0.5] * 3
+        super().__init__(Loader.coerce(loader, LOADER))
+        self.augmentation = Augmentation.coerce(augmentation)
 
     @property
     def num_classes(self) -> int:
         """How many classes the labels count, for the CLI to link into the model."""
         return len(self.class_names)
-
-    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        drop_last = train and dataset is not None and len(dataset) > self.loader.batch_size  # type: ignore[arg-type]
-        return self._make_loader(dataset, train=train, collate_fn=collate_readable, drop_last=drop_last)
 
     def predict_dataloader(self) -> DataLoader:
         """The test split, in order, each batch ending with its images' places (``PlacedItems``) to name them."""
@@ -55,14 +51,11 @@ class ClassificationDataModule(SplitDataModule):
         """The batch as the model reads it (``prepare_batch``); a prediction batch keeps its places last."""
         if batch is not None and getattr(self.trainer, "predicting", False):
             *items, places = batch
-            return (*self.prepare_batch(tuple(items), dataloader_idx), places)  # type: ignore[misc]
-        return self.prepare_batch(batch, dataloader_idx)
+            return (*self.prepare_batch(tuple(items)), places)
+        return super().on_after_batch_transfer(batch, dataloader_idx)
 
-    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, Tensor] | None:
+    def prepare_batch(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """(images, labels) on the device: training batches augmented, every batch normalised."""
-        if batch is None:  # every image of the batch was unreadable and skipped
-            return None
-        self.count_train_batch()
         images, labels = batch
         if self.trainer is not None and self.trainer.training:
             images = self.augment(images)
@@ -99,10 +92,14 @@ class HeldOutValidationDataModule(ClassificationDataModule):
         """(uint8 images (N, C, H, W), labels (N,)) of the official ``train`` or ``test`` split."""
         raise NotImplementedError
 
+    def served(self, dataset: Dataset, role: str) -> Dataset:
+        """The dataset the ``role`` split ("train", "val" or "test") is batched from: here the loaded one."""
+        return dataset
+
     def setup(self, stage: str | None = None) -> None:
         """The stage's splits in memory: train and its validation hold-out, or the official test split."""
         if stage in (None, "fit", "validate") and self.train_set is None:
-            full = TensorImageDataset(*self.load_split("train"))
-            self.train_set, self.val_set = split_train_val(full, self.val_size, self.split_seed)
+            train, val = split_train_val(TensorImageDataset(*self.load_split("train")), self.val_size, self.split_seed)
+            self.train_set, self.val_set = self.served(train, "train"), self.served(val, "val")
         if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = TensorImageDataset(*self.load_split("test"))
+            self.test_set = self.served(TensorImageDataset(*self.load_split("test")), "test")

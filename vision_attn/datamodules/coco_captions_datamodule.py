@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
 
 from vision_attn.captioning.options import ObjectNames
 from vision_attn.data.caption_datasets import (
@@ -61,19 +60,19 @@ class CocoCaptionsDataModule(SplitDataModule):
         object_targets: give training images their objects (boxes, classes, colours) from the instances file
     """
 
+    collate_fns = (collate_captions, collate_references)  # every caption (and evaluation image) once per epoch
+
     def __init__(self, root: str, *, layout: CocoLayout = CocoLayout(), image_size: int = 96,
                  mean: list[float] | None = None, std: list[float] | None = None,
                  vocabulary: VocabularyOptions = VocabularyOptions(), loader: Loader = Loader(batch_size=64),
                  group_captions: bool = False, object_targets: bool = False,
                  scenes: SceneGeneration = SceneGeneration(),
                  feature_cache: FeatureCacheOptions = FeatureCacheOptions()) -> None:
-        super().__init__()
-        self.layout, self.loader = CocoLayout.coerce(layout), Loader.coerce(loader)
+        super().__init__(Loader.coerce(loader))
+        self.layout, self.feature_cache = CocoLayout.coerce(layout), FeatureCacheOptions.coerce(feature_cache)
         self.vocabulary_options, scenes = VocabularyOptions.coerce(vocabulary), SceneGeneration.coerce(scenes)
-        self.feature_cache = FeatureCacheOptions.coerce(feature_cache)
         if self.feature_cache.folder:
             output_folder(self.feature_cache.folder)  # not a file, not under one: refused before any work
-        self.set_bad_image_policy(self.loader.on_bad_image)
         if image_size < 1:
             raise ValueError(f"image_size must be at least 1, got {image_size}")
         self.root, self.splits = Path(root), self.layout.splits
@@ -220,17 +219,15 @@ class CocoCaptionsDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         """The datasets the stage reads (train and val for fit), with a feature cache their cached features."""
         self.require_styles(STAGE_ROLES.get(stage, ("train", "val", "test")))
+        options = {"image_size": self.image_size, **self.bad_image_options}
         if stage in (None, "fit") and self.train_set is None:
-            self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, image_size=self.image_size,
+            self.train_set = CaptionTrainDataset(self.records("train"), self.vocab, group_captions=self.group_captions,
                                                  max_caption_length=self.vocabulary_options.max_caption_length,
-                                                 group_captions=self.group_captions, objects=self._objects,
-                                                 **self.bad_image_options)
+                                                 objects=self._objects, **options)
         if stage in (None, "fit", "validate") and self.val_set is None:
-            self.val_set = CaptionEvalDataset(self.records("val"), image_size=self.image_size,
-                                              **self.bad_image_options)
+            self.val_set = CaptionEvalDataset(self.records("val"), **options)
         if stage in (None, "test", "predict") and self.test_set is None:
-            self.test_set = CaptionEvalDataset(self.records("test"), image_size=self.image_size,
-                                               **self.bad_image_options)
+            self.test_set = CaptionEvalDataset(self.records("test"), **options)
         if self.feature_cache.folder and self.trainer is not None:
             self._serve_cached_features(stage)
 
@@ -266,19 +263,9 @@ class CocoCaptionsDataModule(SplitDataModule):
             return load_or_skip(lambda: load_caption_image(path, self.image_size), self.loader.on_bad_image, None)
         fill_caches(part, caches, load=load, normalize=self.normalize, batch_size=self.loader.eval_size, **where)
 
-    def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        # every caption (and every evaluation image) once per epoch: no batch is dropped
-        return self._make_loader(dataset, train=train, collate_fn=collate_captions if train else collate_references)
-
-    def on_after_batch_transfer(self, batch: CaptionBatch | EvalCaptionBatch,
-                                dataloader_idx: int) -> CaptionBatch | EvalCaptionBatch:
-        """Normalise the batch's images on the device (cached features pass as they are); count training batches."""
-        if batch is None:  # every image of the batch was unreadable and skipped
-            return None
-        self.count_train_batch()
-        if batch.features:  # features from a feature cache, not pixels
-            return batch
-        return batch._replace(images=self.normalize(batch.images))
+    def prepare_batch(self, batch: CaptionBatch | EvalCaptionBatch) -> CaptionBatch | EvalCaptionBatch:
+        """The batch with its images normalised on the device; cached features (not pixels) pass as they are."""
+        return batch if batch.features else batch._replace(images=self.normalize(batch.images))
 
     def use_feature_cache(self, role: Literal["train", "val", "test"], cache: FeatureCache | None) -> None:
         """Serve the ``role`` split's cached features (all its images, in order) instead of its images (None: not)."""

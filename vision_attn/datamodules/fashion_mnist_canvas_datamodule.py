@@ -37,31 +37,22 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
         mean, std = fashion_mnist.canvas_mean_std(self.canvas.size)
         self.mean, self.std = [mean], [std]
 
-    def _placed(self, dataset: Dataset, seed: int) -> TensorImageDataset:
-        # a split's items at fixed places drawn from seed, as one in-memory tensor of canvases
+    def served(self, dataset: Dataset, role: str) -> Dataset:
+        """Training items as they are (placed afresh in each batch); validation and test items placed once on their
+        canvases, at places drawn from ``canvas.seed`` (test: ``canvas.seed + 1``), as one in-memory tensor."""
+        if role == "train":
+            return dataset
         items, labels = (torch.stack(column) for column in zip(*(dataset[i] for i in range(len(dataset))),
                                                                strict=True))
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(self.canvas.seed + (role == "test"))
         places = fashion_mnist.random_places(len(items), self.canvas.size, generator=generator)
         return TensorImageDataset(fashion_mnist.place_on_canvas(items, places, self.canvas.size), labels)
 
-    def setup(self, stage: str | None = None) -> None:
-        """The Fashion-MNIST splits, with the validation and test items placed once on their canvases."""
-        fresh_val, fresh_test = self.val_set is None, self.test_set is None
-        super().setup(stage)
-        if fresh_val and self.val_set is not None:
-            self.val_set = self._placed(self.val_set, self.canvas.seed)
-        if fresh_test and self.test_set is not None:
-            self.test_set = self._placed(self.test_set, self.canvas.seed + 1)
-
-    def prepare_batch(self, batch: tuple[Tensor, Tensor] | None, dataloader_idx: int) -> tuple[Tensor, ...] | None:
+    def prepare_batch(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """Training items on fresh canvases, (images, labels, boxes[, origins]); evaluation ones with masks."""
-        if batch is None:
-            return None
         images, labels = batch
         if self.trainer is not None and self.trainer.training:
             # the item is shifted and mirrored, then placed (as mirroring the canvas would), then erased
-            self.count_train_batch()
             items, canvas = self.augment(images, erase=False), self.canvas
             size = canvas.train_window or canvas.size
             places = fashion_mnist.random_places(len(images), size, device=images.device)
@@ -77,5 +68,5 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             origins = torch.randint(0, steps, (len(images), 2), device=images.device) * canvas.window_step
             return self.normalize(canvases), labels, boxes, origins
         masks = images[:, 0] > 0
-        normalised, labels = super().prepare_batch((images, labels), dataloader_idx)  # type: ignore[misc]
+        normalised, labels = super().prepare_batch((images, labels))
         return normalised, labels, masks

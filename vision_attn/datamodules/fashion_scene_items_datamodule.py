@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from torch.utils.data import Dataset
+
 from vision_attn.data import scenes
 from vision_attn.data.backgrounds import check_reuse
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
@@ -46,12 +48,10 @@ class FashionSceneItemsDataModule(FashionMNISTDataModule):
         """The items' colours, in the order of the colour labels, for the CLI to link into the model."""
         return list(scenes.COLOURS)
 
-    def setup(self, stage: str | None = None) -> None:
-        """The Fashion-MNIST splits, with their items drawn as scene items (fixed ones for validation and test)."""
-        super().setup(stage)
+    def served(self, dataset: Dataset, role: str) -> SceneItemDataset:
+        """The split's items drawn as scene items: afresh in every batch for training, fixed ones drawn from ``seed``
+        for validation (test: ``seed + 1``)."""
         draw = {"style": self.style, "canvas_size": self.canvas_size}
-        if self.train_set is not None and not isinstance(self.train_set, SceneItemDataset):
-            self.train_set = SceneItemDataset(self.train_set, background_reuse=self.background_reuse, **draw)
-            self.val_set = SceneItemDataset(self.val_set, seed=self.seed, **draw)  # type: ignore[arg-type]
-        if self.test_set is not None and not isinstance(self.test_set, SceneItemDataset):
-            self.test_set = SceneItemDataset(self.test_set, seed=self.seed + 1, **draw)
+        if role == "train":
+            return SceneItemDataset(dataset, background_reuse=self.background_reuse, **draw)
+        return SceneItemDataset(dataset, seed=self.seed + (role == "test"), **draw)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from vision_attn.data.images import BadImageCounter, OnBadImage, normalize
+from vision_attn.data.images import BadImageCounter, normalize
 from vision_attn.option_groups import ImageFormat, Loader
 
 log = logging.getLogger(__name__)
@@ -56,57 +56,49 @@ class ShardedEvalSampler(DistributedSampler):
 
 
 class SplitDataModule(L.LightningDataModule):
-    """Loaders that differ only in the split and whether it trains. Subclasses define ``_loader``, set ``loader``,
-    the splits in ``setup``, and ``image_size``, ``in_chans``, ``mean`` and ``std`` (``image_format``)."""
+    """Loaders that differ only in the split and whether it trains. Subclasses pass their ``loader``, set
+    ``collate_fns``, the splits in ``setup``, and ``image_size``, ``in_chans``, ``mean``, ``std`` (``image_format``),
+    and define ``prepare_batch(batch)``: a batch on the device as the model reads it."""
 
     train_set: Dataset | None = None
     val_set: Dataset | None = None
     test_set: Dataset | None = None
-    loader: Loader
+    collate_fns: tuple[Callable, Callable]  # how (training, evaluation) batches are put together
+    drop_last = False  # drop the last, partial training batch of an epoch that has more than one
     image_size: int
     in_chans: int
     mean: list[float]
     std: list[float]
-    on_bad_image: OnBadImage = "error"
-    bad_images: BadImageCounter | None = None
+    # where the training order is, for an exact resume
+    _shuffle_seed: int | None = None
+    _resume_at: tuple[int, int] | None = None
+    _counted_epoch: int = -1
+    _batches_this_epoch: int = 0
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__()
+        self.loader, self.bad_images = loader, BadImageCounter()
 
     @property
     def image_format(self) -> ImageFormat:
         """How this data's images reach the model: their size, channels and normalisation."""
         return ImageFormat(size=self.image_size, channels=self.in_chans, mean=list(self.mean), std=list(self.std))
 
-    def set_bad_image_policy(self, policy: OnBadImage) -> None:
-        """"skip": unreadable images are left out, each with a warning, and counted; "error": they stop the run."""
-        if policy not in ("skip", "error"):
-            raise ValueError(f"on_bad_image must be 'skip' or 'error', got {policy!r}")
-        self.on_bad_image = policy
-        self.bad_images = BadImageCounter()
-
     @property
     def bad_image_options(self) -> dict[str, Any]:
-        """The dataset arguments that carry the policy and the shared counter."""
-        return {"on_bad_image": self.on_bad_image, "bad_images": self.bad_images}
+        """The dataset arguments that carry the loader's ``on_bad_image`` policy and the shared counter: "skip"
+        leaves unreadable images out, each with a warning, and counts them; "error" stops the run."""
+        return {"on_bad_image": self.loader.on_bad_image, "bad_images": self.bad_images}
 
     def report_skipped(self, what: str) -> int:
         """Log how many unreadable images were skipped since the last report (``what``: e.g. "epoch 3")."""
-        skipped = self.bad_images.take() if self.bad_images is not None else 0
+        skipped = self.bad_images.take()
         if skipped:
             log.warning("%s: skipped %d unreadable image%s (named in the warnings above)", what, skipped,
                         "" if skipped == 1 else "s")
         return skipped
 
     def _loader(self, dataset: Dataset | None, *, train: bool) -> DataLoader:
-        raise NotImplementedError
-
-    # where the training order is, for an exact resume
-    _shuffle_seed: int | None = None
-    _resume_state: dict[str, int] | None = None
-    _counted_epoch: int = -1
-    _batches_this_epoch: int = 0
-    _train_batch_size: int = 1
-
-    def _make_loader(self, dataset: Dataset | None, *, train: bool, collate_fn: Callable,
-                     drop_last: bool = False) -> DataLoader:
         """A split's DataLoader; training shuffles resumably from the run's seed, with the loader's own generator (none
         of the global random stream), so a resumed run is bitwise equal to an uninterrupted one."""
         if dataset is None:
@@ -119,37 +111,39 @@ class SplitDataModule(L.LightningDataModule):
             if self._shuffle_seed is None:
                 self._shuffle_seed = torch.initial_seed() % (2**31)
             sampler = ResumableRandomSampler(len(dataset), self._shuffle_seed)  # type: ignore[arg-type]
-            if self._resume_state:
-                state = self._resume_state
-                sampler.resume_at = (state["epoch"], state["batches"] * state["batch_size"])
-            self._train_batch_size = batch_size
+            sampler.resume_at = self._resume_at
         workers = self.loader.num_workers
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=workers,
-                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory, collate_fn=collate_fn,
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                          drop_last=train and self.drop_last and len(dataset) > batch_size,  # type: ignore[arg-type]
+                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory,
+                          collate_fn=self.collate_fns[0 if train else 1],
                           generator=torch.Generator().manual_seed(self._shuffle_seed or 0))
 
-    def count_train_batch(self) -> None:
-        """Called for each batch the trainer trains on (from ``on_after_batch_transfer``)."""
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """The batch as the model reads it (``prepare_batch``), None when every image of it was unreadable and
+        skipped; counts the batches trained on, for the checkpoints' place in the training order."""
+        if batch is None:
+            return None
         trainer = self.trainer
-        if trainer is None or not trainer.training:
-            return
-        if trainer.current_epoch != self._counted_epoch:
-            self._counted_epoch, self._batches_this_epoch = trainer.current_epoch, 0
-        self._batches_this_epoch += 1
+        if trainer is not None and trainer.training:
+            if trainer.current_epoch != self._counted_epoch:
+                self._counted_epoch, self._batches_this_epoch = trainer.current_epoch, 0
+            self._batches_this_epoch += 1
+        return self.prepare_batch(batch)  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, int]:
         """Where in the training order the run is, saved in every checkpoint by Lightning."""
         if self._shuffle_seed is None:
             return {}
         return {"seed": self._shuffle_seed, "epoch": self._counted_epoch, "batches": self._batches_this_epoch,
-                "batch_size": self._train_batch_size}
+                "batch_size": self.loader.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         """Restore the training order's seed and position from a checkpoint, so training resumes at its batch."""
         if not state_dict:
             return
         self._shuffle_seed = int(state_dict["seed"])
-        self._resume_state = dict(state_dict)
+        self._resume_at = (int(state_dict["epoch"]), int(state_dict["batches"]) * int(state_dict["batch_size"]))
         self._counted_epoch, self._batches_this_epoch = int(state_dict["epoch"]), int(state_dict["batches"])
 
     def train_dataloader(self) -> DataLoader:

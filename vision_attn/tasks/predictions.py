@@ -1,5 +1,8 @@
 """``vision-attn predict``: the tasks' ``predict_step`` over the test split, and the ``predictions.json`` rank 0
-writes in the log dir as ``caption`` or ``classify`` would."""
+writes in the log dir as ``caption`` or ``classify`` would. A task predicts with a mixin here before ``BaseTask``:
+``predict_step`` returns a list of records per batch, ``gather_predictions(records)`` puts every rank's in the
+predict set's order (a collective under DDP), ``save_predictions(path, records)`` writes them to ``path`` atomically
+and returns it; ``BaseTask`` then adds the ``PredictionsWriter``."""
 
 from __future__ import annotations
 
@@ -54,24 +57,7 @@ class PredictionsWriter(BasePredictionWriter):
             print(f"wrote {len(records)} predictions to {os.path.abspath(written)}", flush=True)
 
 
-class Predicting:
-    """What ``vision-attn predict`` needs of a task (a mixin before ``BaseTask``): ``predict_step`` returns a list of
-    records per batch, ``gather_predictions`` puts every rank's in order, ``save_predictions`` writes them."""
-
-    def configure_callbacks(self) -> list[L.Callback]:
-        """The task's other callbacks and the ``PredictionsWriter``."""
-        return [*super().configure_callbacks(), PredictionsWriter()]  # type: ignore[misc]
-
-    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every rank's records, in the predict set's order (a collective under DDP)."""
-        raise NotImplementedError
-
-    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
-        """Write the gathered records to ``path`` atomically; returns it."""
-        raise NotImplementedError
-
-
-class CaptionPredictions(Predicting):
+class CaptionPredictions:
     """The captioner's predictions: a results record per image, as ``caption`` writes them."""
 
     def predict_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
@@ -81,16 +67,11 @@ class CaptionPredictions(Predicting):
         return caption_batch(self.model, batch.images, batch.image_ids,  # type: ignore[attr-defined]
                              file_names=list(batch.file_names) or None, features=batch.features)
 
-    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every rank's records, one per image id, sorted by it."""
-        return gather_records(records)
-
-    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
-        """The results JSON (``write_results``)."""
-        return write_results(path, records)
+    gather_predictions = staticmethod(gather_records)  # every rank's records, one per image id, sorted by it
+    save_predictions = staticmethod(write_results)  # the results JSON
 
 
-class ClassPredictions(Predicting):
+class ClassPredictions:
     """The classifiers' predictions: ``classify``'s entry per image; a batch's last element is its images' places
     (index, and file or ``test/<index>``)."""
 
@@ -113,6 +94,4 @@ class ClassPredictions(Predicting):
         ordered = {record["index"]: record for record in all_ranks(records)}
         return [{k: v for k, v in ordered[index].items() if k != "index"} for index in sorted(ordered)]
 
-    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
-        """``classify``'s JSON: the list of entries."""
-        return write_json_atomically(path, records)
+    save_predictions = staticmethod(write_json_atomically)  # classify's JSON: the list of entries

@@ -93,13 +93,9 @@ class RunSchedule(L.Callback):
             return True
         if share is None:
             return False
-        if name not in self._phases:
-            due = self.progress() >= share
-            if trainer.world_size > 1:
-                due = bool(trainer.strategy.broadcast(due, src=0))
-            if due:
-                self._phases[name] = trainer.global_step
-                log.info("%.0f%% of the run done at step %d: %s from here", 100 * share, trainer.global_step, name)
+        if name not in self._phases and trainer.strategy.broadcast(self.progress() >= share, src=0):
+            self._phases[name] = trainer.global_step
+            log.info("%.0f%% of the run done at step %d: %s from here", 100 * share, trainer.global_step, name)
         return name in self._phases and trainer.global_step >= self._phases[name]
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -20,14 +20,10 @@ from vision_attn.vit.classifier_options import ViTArchitecture, ViTTraining
 from vision_attn.vit.vision_transformer import VisionTransformer
 
 Item = TypeVar("Item")
-# An image input (by default a file; ``vision_attn.api`` passes one that also reads PIL images), a mode ("RGB" or
-# "L") and the longest side the caller needs -> the image decoded upright in that mode
-Opener = Callable[[Any, str, int], Image.Image]
-
-
-def open_file(path: str | os.PathLike, mode: str, max_side: int) -> Image.Image:
-    """The default ``Opener``: an image file decoded upright in ``mode`` (``open_image``)."""
-    return open_image(path, mode=mode, max_side=max_side)
+# An image input (by default a file, read by ``open_image``; ``vision_attn.api`` passes one that also reads PIL
+# images), ``mode=`` ("RGB" or "L") and ``max_side=``, the longest side the caller needs -> the image decoded upright
+# in that mode
+Opener = Callable[..., Image.Image]
 
 
 def build_vit(image: ImageFormat, num_classes: int, architecture: ViTArchitecture,
@@ -82,14 +78,11 @@ class Classifier:
         """The device the network is on."""
         return next(self.model.parameters()).device
 
-    @property
-    def mode(self) -> str:
-        """The PIL mode images are read in: "L" for a 1-channel network, else "RGB"."""
-        return "L" if self.in_chans == 1 else "RGB"
-
-    def preprocess(self, path: Any, opener: Opener = open_file) -> Tensor:
-        """An image file (or what ``opener`` reads) as the network's normalised input (C, H, W): its centre square."""
-        pixels = eval_transform(self.image_size)(to_tensor(opener(path, self.mode, 2 * self.image_size)))
+    def preprocess(self, path: Any, opener: Opener = open_image) -> Tensor:
+        """An image file (or what ``opener`` reads, in "L" for a 1-channel network, else "RGB") as the network's
+        normalised input (C, H, W): its centre square."""
+        mode = "L" if self.in_chans == 1 else "RGB"
+        pixels = eval_transform(self.image_size)(to_tensor(opener(path, mode=mode, max_side=2 * self.image_size)))
         return normalize(pixels, self.mean, self.std)
 
     def class_index(self, name_or_index: str) -> int:
@@ -107,7 +100,7 @@ class Classifier:
 
 
 @torch.inference_mode()
-def classify_batches(classifier: Classifier, items: Sequence[Item], *, opener: Opener = open_file,
+def classify_batches(classifier: Classifier, items: Sequence[Item], *, opener: Opener = open_image,
                      batch_size: int = 64, on_bad_image: OnBadImage = "error",
                      bad_images: BadImageCounter | None = None) -> Iterator[tuple[Item, Tensor]]:
     """(item, its float32 CPU logits (C,)) for each readable image, in order; an unreadable one raises BadImageError,
@@ -123,15 +116,6 @@ def ranked(classifier: Classifier, logits: Tensor, top_k: int = 5) -> list[tuple
     top_k = max(1, min(top_k, len(classifier.class_names)))
     values, indices = logits.softmax(dim=-1).topk(top_k)
     return [(classifier.class_names[i], p) for p, i in zip(values.tolist(), indices.tolist(), strict=True)]
-
-
-def classify_files(classifier: Classifier, paths: Sequence[str | os.PathLike], *, top_k: int = 5,
-                   batch_size: int = 64, on_bad_image: OnBadImage = "error",
-                   bad_images: BadImageCounter | None = None) -> Iterator[tuple[str, list[tuple[str, float]]]]:
-    """(path, [(class name, probability)] best first) for each readable image (``classify_batches``)."""
-    for path, logits in classify_batches(classifier, paths, batch_size=batch_size, on_bad_image=on_bad_image,
-                                         bad_images=bad_images):
-        yield str(path), ranked(classifier, logits, top_k)
 
 
 def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:

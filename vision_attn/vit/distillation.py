@@ -24,7 +24,6 @@ from vision_attn.vit.classifier_options import ConvNetArchitecture, Distillation
 from vision_attn.vit.convnet import ConvNet
 
 log = logging.getLogger(__name__)
-TEACHER_KINDS = (CONVNET, VIT)
 
 
 def load_teacher(path: str, num_classes: int, image: ImageFormat) -> torch.nn.Module:
@@ -32,16 +31,16 @@ def load_teacher(path: str, num_classes: int, image: ImageFormat) -> torch.nn.Mo
     read the student's images (its classes, size, channels and normalisation)."""
     loaded = load_file(path)
     kind = checkpoint_kind(loaded)
-    if kind not in TEACHER_KINDS:
+    if kind not in (CONVNET, VIT):
         raise CheckpointError(f"{path}: a teacher is a {KIND_NAMES[CONVNET]} or {KIND_NAMES[VIT]} checkpoint, "
-                              f"not {KIND_NAMES.get(kind, 'an unmarked one') if kind else 'an unmarked one'}")
+                              f"not {KIND_NAMES.get(kind, 'an unmarked one')}")
     saved = read_model_checkpoint(path, kind=kind, loaded=loaded)
     theirs = ImageFormat.coerce(saved.hparams.get("image"))
     for name, their, our in (("num_classes", saved.hparams.get("num_classes"), num_classes),
                              ("image size", theirs.size, image.size), ("channels", theirs.channels, image.channels),
                              ("mean", theirs.mean, image.mean), ("std", theirs.std, image.std)):
-        if their is not None and our is not None and list(torch.tensor(their).flatten().tolist()) != \
-                list(torch.tensor(our).flatten().tolist()):
+        if their is not None and our is not None and torch.tensor(their).flatten().tolist() != \
+                torch.tensor(our).flatten().tolist():
             raise CheckpointError(f"{path}: the teacher's {name} is {their}, the student's {our}: it must be "
                                   "trained on the same images")
     if kind == CONVNET:
@@ -66,6 +65,5 @@ def distillation_loss(options: Distillation, logits: Tensor, distilled: Tensor, 
         teacher_loss = tau ** 2 * F.kl_div(F.log_softmax(distilled / tau, dim=-1),
                                            F.log_softmax(teacher_logits / tau, dim=-1), reduction="batchmean",
                                            log_target=True)
-    weight = options.weight
-    loss = (1 - weight) * F.cross_entropy(logits, labels, label_smoothing=label_smoothing) + weight * teacher_loss
-    return loss, teacher_loss
+    student_loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+    return (1 - options.weight) * student_loss + options.weight * teacher_loss, teacher_loss

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 from PIL import Image
 from torch import Tensor
 
-from vision_attn.data.images import BadImageCounter, OnBadImage, denormalize, readable_batches, to_pil
+from vision_attn.data.images import BadImageCounter, OnBadImage, denormalize, open_image, readable_batches, to_pil
 from vision_attn.overlay import fit_within, vit_figure
-from vision_attn.vit.classifier import Classifier, Opener, centre_square, open_file
+from vision_attn.vit.classifier import Classifier, Opener, centre_square
 from vision_attn.vit.rollout import HeadFusion, explain
 
 
@@ -26,7 +26,7 @@ class Overlay(NamedTuple):
 def vit_overlays(classifier: Classifier, paths: Sequence[str | os.PathLike], *, head_fusion: HeadFusion = "mean",
                  discard_ratio: float = 0.0, gradient_class: int | None = None, panel_size: int = 224, columns: int = 5,
                  batch_size: int = 32, on_bad_image: OnBadImage = "error", bad_images: BadImageCounter | None = None,
-                 opener: Opener = open_file, **style: Any) -> Iterator[Overlay]:
+                 opener: Opener = open_image, **style: Any) -> Iterator[Overlay]:
     """An overlay per image (``opener`` reads it), titled "class probability"; the maps lie on the centre square
     the ViT saw, the rest dimmed."""
     for chunk, batch in readable_batches(paths, lambda item: classifier.preprocess(item, opener),
@@ -34,7 +34,7 @@ def vit_overlays(classifier: Classifier, paths: Sequence[str | os.PathLike], *, 
         maps = explain(classifier.model, batch.to(classifier.device), head_fusion=head_fusion,
                        discard_ratio=discard_ratio, gradient_class=gradient_class)
         for index, path in enumerate(chunk):
-            shown = fit_within(opener(path, "RGB", 2 * panel_size), panel_size)
+            shown = fit_within(opener(path, mode="RGB", max_side=2 * panel_size), panel_size)
             label = classifier.title(maps.logits[index])
             figure = vit_figure(shown, maps, index, classifier.class_names, box=centre_square(shown.size), title=label,
                                 head_fusion=head_fusion, discard_ratio=discard_ratio, gradient_class=gradient_class,

@@ -86,9 +86,8 @@ def class_map(matrix: Tensor, grid: tuple[int, int], global_pool: str = "token",
 def last_layer_maps(attentions: Sequence[Tensor], grid: tuple[int, int], global_pool: str = "token",
                     prefix_tokens: int = 1) -> Tensor:
     """Last-layer attention of the pooled token(s) to the patches, per head: (B, H, Gh, Gw)."""
-    batch, heads, tokens, _ = attentions[-1].shape
-    maps = class_map(attentions[-1].reshape(batch * heads, tokens, tokens), grid, global_pool, prefix_tokens)
-    return maps.reshape(batch, heads, *grid)
+    last = attentions[-1]  # (B, H, T, T) -> (B·H, T, T), a map per head
+    return class_map(last.flatten(0, 1), grid, global_pool, prefix_tokens).unflatten(0, last.shape[:2])
 
 
 @dataclass

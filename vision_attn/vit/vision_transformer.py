@@ -4,19 +4,12 @@ and MLPs, a linear head. Parameter names equal timm's, so timm state dicts load 
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from collections import OrderedDict
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-
-class Intermediates(NamedTuple):
-    """``forward_intermediates``: tokens (B, P + K, D), each block's attention (B, heads, T, T), the kept patches."""
-
-    tokens: Tensor
-    attentions: list[Tensor]
-    kept: Tensor | None
 
 
 def drop_path(x: Tensor, drop_prob: float, training: bool) -> Tensor:
@@ -124,15 +117,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Self-attention over the tokens, (B, N, D) -> (B, N, D), without the weights."""
-        return self._attend(x, return_weights=False)[0]
-
-    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``forward``, and the attention weights (B, H, N, N), by the explicit Softmax(QKᵀ/√d)V."""
-        return self._attend(x, return_weights=True)
-
-    def _attend(self, x: Tensor, *, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, *, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over the tokens, (B, N, D) -> (B, N, D), and with ``return_weights`` the attention weights
+        (B, H, N, N) by the explicit Softmax(QKᵀ/√d)V (else None)."""
         batch, tokens, dim = x.shape  # qkv: (B, N, 3·D) -> (3, B, H, N, d)
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         out, weights = scaled_dot_product_attention(*qkv.unbind(0), dropout_p=self.attn_drop if self.training else 0.0,
@@ -141,20 +128,11 @@ class MultiHeadSelfAttention(nn.Module):
         return self.proj_drop(self.proj(out)), weights
 
 
-class Mlp(nn.Module):
-    """fc1 -> GELU -> dropout -> fc2 -> dropout."""
-
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_dim, dim)
-        self.drop2 = nn.Dropout(drop)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The block's MLP on every token, (B, T, D) -> (B, T, D)."""
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+def mlp(dim: int, hidden_dim: int, drop: float = 0.0) -> nn.Sequential:
+    """The block's MLP on every token, (B, T, D) -> (B, T, D): fc1 -> GELU -> dropout -> fc2 -> dropout (timm's
+    ``Mlp`` and its parameter names)."""
+    return nn.Sequential(OrderedDict(fc1=nn.Linear(dim, hidden_dim), act=nn.GELU(), drop1=nn.Dropout(drop),
+                                     fc2=nn.Linear(hidden_dim, dim), drop2=nn.Dropout(drop)))
 
 
 class Block(nn.Module):
@@ -167,19 +145,16 @@ class Block(nn.Module):
         self.attn = MultiHeadSelfAttention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                                            proj_drop=drop, fused=fused_attention)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.drop_path = drop_path
 
-    def forward(self, x: Tensor) -> Tensor:
-        """z'_l = z_{l-1} + MSA(LN(z_{l-1})), z_l = z'_l + MLP(LN(z'_l)) on (B, T, D), with stochastic depth."""
-        x = x + drop_path(self.attn(self.norm1(x)), self.drop_path, self.training)  # z' = MSA(LN(z)) + z
-        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
-
-    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``forward``, and the attention weights (B, heads, T, T) it used (the explicit Softmax(QKᵀ/√d)V path)."""
-        attended, weights = self.attn.forward_with_weights(self.norm1(x))
-        x = x + drop_path(attended, self.drop_path, self.training)
-        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training), weights
+    def forward(self, x: Tensor, *, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """z'_l = z_{l-1} + MSA(LN(z_{l-1})), z_l = z'_l + MLP(LN(z'_l)) on (B, T, D), with stochastic depth; with
+        ``return_weights``, also the attention weights (B, heads, T, T) it used (the explicit Softmax(QKᵀ/√d)V)."""
+        attended, weights = self.attn(self.norm1(x), return_weights=return_weights)
+        x = x + drop_path(attended, self.drop_path, self.training)  # z' = MSA(LN(z)) + z
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # z = MLP(LN(z')) + z'
+        return (x, weights) if return_weights else x
 
 
 def sincos_position_embedding(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
@@ -291,14 +266,16 @@ class VisionTransformer(nn.Module):
             x = block(x)
         return self.norm(x)
 
-    def forward_intermediates(self, x: Tensor, *, window_origin: Tensor | None = None) -> Intermediates:
-        """``forward_features``, with each block's attention (B, heads, T, T) and the patches PatchDropout kept."""
+    def forward_intermediates(self, x: Tensor, *, window_origin: Tensor | None = None
+                              ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """``forward_features``'s tokens (B, P + K, D), with each block's attention (B, heads, T, T) and the (B, K)
+        patches PatchDropout kept (None when all are kept)."""
         x, kept = self.embed(x, window_origin=window_origin)
         attentions = []
         for block in self.blocks:
-            x, weights = block.forward_with_attention(x)
+            x, weights = block(x, return_weights=True)
             attentions.append(weights)
-        return Intermediates(self.norm(x), attentions, kept)
+        return self.norm(x), attentions, kept
 
     def window_position_embedding(self, origin: Tensor, window: tuple[int, int]) -> Tensor:
         """(B, P + h·w, D): the prefix's position embeddings, then those of each h×w window at ``origin`` [x, y]."""
@@ -334,5 +311,5 @@ class VisionTransformer(nn.Module):
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """(logits, each block's attention (B, heads, T, T)): what rollout and the overlays read."""
-        intermediates = self.forward_intermediates(x)
-        return self.forward_head(intermediates.tokens), intermediates.attentions
+        tokens, attentions, _ = self.forward_intermediates(x)
+        return self.forward_head(tokens), attentions

@@ -3,27 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep
+from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep, WeightedOptions
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary
-from vision_attn.option_groups import OptionGroup, finite, require
-
-
-@dataclass(frozen=True)
-class WeightedOptions(OptionGroup):
-    """A weighted term's options."""
-
-    weight: float = 1.0
-    """the term's weight in the objective"""
-
-    def check(self) -> None:
-        """Refuse a negative or non-finite weight."""
-        require(finite(self.weight) and self.weight >= 0, self.name, f"weight must be 0 or more, got {self.weight}")
 
 
 def concept_targets(captions: Tensor, caption_images: Tensor | None, images: int, vocab_size: int,
@@ -46,16 +31,12 @@ def concept_loss(location_logits: Tensor, targets: Tensor, ignore: Tensor) -> Te
     log_absent = -none_total
     log_present = torch.log(-torch.expm1(-none_total.clamp_min(1e-6)))  # log p_w
     per_word = -(targets * log_present + (1 - targets) * log_absent)  # (B, V)
-    keep = torch.ones(per_word.shape[1], dtype=torch.bool, device=per_word.device)
-    keep[ignore] = False
-    return per_word[:, keep].mean()
+    return per_word[:, ~torch.isin(torch.arange(per_word.shape[1], device=per_word.device), ignore)].mean()
 
 
 class ConceptLoss(AuxiliaryTerm):
     """weight × the multiple-instance loss of the references' words over the locations; its head scores every word
     at every location."""
-
-    Options = WeightedOptions
 
     def __init__(self, options: WeightedOptions, *, vocab: Vocabulary, annotation_dim: int, **_: object) -> None:
         super().__init__()

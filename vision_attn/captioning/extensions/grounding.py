@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from vision_attn.boxes import box_cell_coverage, box_cell_weights
-from vision_attn.captioning.extensions.concept import WeightedOptions
-from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep
+from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep, WeightedOptions
 from vision_attn.data.vocabulary import Vocabulary
 from vision_attn.option_groups import require
 
@@ -80,10 +80,8 @@ class Grounding(AuxiliaryTerm):
         # the vocabulary ids of the words that name each class (its object-words table's single words, else its
         # name), (C, W) padded with −1, and of the colours' words (−1: not a word of the vocabulary)
         words = objects.class_words or [[name] for name in objects.classes]
-        ids = [[vocab.id(word) for word in names if word in vocab] or [-1] for names in words]
-        width = max(len(row) for row in ids)
-        self.register_buffer("class_word_ids", torch.tensor([row + [-1] * (width - len(row)) for row in ids],
-                                                            dtype=torch.long), persistent=False)
+        ids = [torch.tensor([vocab.id(word) for word in names if word in vocab] or [-1]) for names in words]
+        self.register_buffer("class_word_ids", pad_sequence(ids, batch_first=True, padding_value=-1), persistent=False)
         self.register_buffer("colour_word_ids", torch.tensor(
             [vocab.id(name) if name in vocab else -1 for name in objects.colours], dtype=torch.long), persistent=False)
 

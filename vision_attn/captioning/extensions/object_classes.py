@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vision_attn.boxes import box_cell_weights
-from vision_attn.captioning.extensions.concept import WeightedOptions
-from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep
+from vision_attn.captioning.seams import AuxiliaryTerm, TermResult, TrainingStep, WeightedOptions
 from vision_attn.checkpoint import extract_state_dict, load_file
 from vision_attn.errors import CheckpointError
 
@@ -88,17 +87,13 @@ class ObjectClasses(AuxiliaryTerm):
         if list(pretrained_with["class_names"]) != list(self.objects.classes):
             raise CheckpointError(f"{source}: the pretrained head's classes {list(pretrained_with['class_names'])} "
                                   f"are not this captioner's object classes {list(self.objects.classes)}")
-        heads = [(self.head, "head")]
+        self.head.load_state_dict({"weight": state["head.weight"], "bias": state["head.bias"]})
         if self.colour_head is not None:
             theirs = list(pretrained_with.get("colour_names") or [])
             if theirs != list(self.objects.colours) or "colour_head.weight" not in state:
                 raise CheckpointError(f"{source}: the pretrained colour head's colours {theirs} are not this "
                                       f"captioner's object colours {list(self.objects.colours)}")
-            heads.append((self.colour_head, "colour_head"))
-        with torch.no_grad():
-            for head, prefix in heads:
-                head.weight.copy_(state[f"{prefix}.weight"])
-                head.bias.copy_(state[f"{prefix}.bias"])
+            self.colour_head.load_state_dict({"weight": state["colour_head.weight"], "bias": state["colour_head.bias"]})
 
     def forward(self, step: TrainingStep) -> TermResult | None:
         """The weighted loss with object_loss and object_acc logged (None when the batch carries no objects)."""

@@ -28,8 +28,7 @@ class RevisitPenaltyOptions(OptionGroup):
 
     def check(self) -> None:
         """Refuse a negative or non-finite penalty, no words, or an empty or repeated word."""
-        require(finite(self.penalty) and self.penalty >= 0, self.name,
-                f"penalty must be 0 or more, got {self.penalty}")
+        require(finite(self.penalty) and self.penalty >= 0, self.name, f"penalty must be 0 or more, got {self.penalty}")
         require(bool(self.words), self.name, "words: the penalty needs the words that name objects")
         checked_words(self.name, self.words)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from vision_attn.captioning.extensions.concept import WeightedOptions
 from vision_attn.captioning.seams import RewardTerm
 
 
@@ -16,8 +15,7 @@ def excess_words(candidate: Sequence[int], references: Sequence[Sequence[int]]) 
     and one "bag" counts 2."""
     most: Counter = Counter()
     for reference in references:
-        for word, count in Counter(reference).items():
-            most[word] = max(most[word], count)
+        most |= Counter(reference)  # each word's largest count
     return sum(max(0, count - max(1, most[word])) for word, count in Counter(candidate).items())
 
 
@@ -42,8 +40,6 @@ def consensus_recall(candidate: Sequence[int], references: Sequence[Sequence[int
 class RepeatPenalty(RewardTerm):
     """− the words a sample uses more often than any reference does (``excess_words``)."""
 
-    Options = WeightedOptions
-
     def value(self, candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
         """−excess_words."""
         return -excess_words(candidate, references)
@@ -52,8 +48,6 @@ class RepeatPenalty(RewardTerm):
 class HallucinationPenalty(RewardTerm):
     """− the words of a sample that no reference uses (``foreign_words``: an object that is not there)."""
 
-    Options = WeightedOptions
-
     def value(self, candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
         """−foreign_words."""
         return -foreign_words(candidate, references)
@@ -61,8 +55,6 @@ class HallucinationPenalty(RewardTerm):
 
 class RecallReward(RewardTerm):
     """+ the share of the words every reference uses that the sample uses (``consensus_recall``)."""
-
-    Options = WeightedOptions
 
     def value(self, candidate: Sequence[int], references: Sequence[Sequence[int]]) -> float:
         """consensus_recall."""
