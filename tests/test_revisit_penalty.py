@@ -14,6 +14,7 @@ from tests.test_captioner_model import END, START, _sequence_log_prob, tiny_deco
 from vision_attn.captioning.beam_search import beam_search
 from vision_attn.captioning.decoder import AttentionDecoder
 from vision_attn.captioning.options import DecodingOptions
+from vision_attn.captioning.seams import SearchStep
 from vision_attn.data.vocabulary import SPECIALS
 from vision_attn.tasks import CaptionerTask
 
@@ -74,3 +75,28 @@ def test_revisit_penalty_is_checked_and_its_words_read_from_the_vocabulary() -> 
     assert task.model.processors[0].ids.tolist() == [task.model.vocab.id("top")]
     decoded = task.model.eval().decode(torch.randn(2, 3, 96, 96))  # decodes with it
     assert len(decoded.hypotheses) == 2
+
+
+def test_the_peak_measure_costs_an_object_word_only_where_alpha_peaks_near_an_earlier_object_words_peak() -> None:
+    """A hand-built step on a 4×4 grid, earlier words "coat" (α peaked at cell (1, 1)) and "and" (α at (3, 3)):
+    α_t peaked at (2, 2) is one cell from (1, 1), so the object words lose ρ; at (3, 3) it is near only the
+    non-object word, and a diffuse α_t whose peak is at (0, 3) costs nothing though it overlaps both."""
+    grid = torch.zeros(3, 16)
+    grid[0, 2 * 4 + 2] = grid[1, 3 * 4 + 3] = 1.0  # α_t peaks at (2, 2), then at (3, 3)
+    grid[2] = 0.05
+    grid[2, 0 * 4 + 3] = 0.3  # diffuse, over (1, 1) too, peaked at (0, 3)
+    history = torch.zeros(3, 2, 16)
+    history[:, 0, 1 * 4 + 1] = 1.0
+    history[:, 1, 3 * 4 + 3] = 1.0
+    step = SearchStep(t=2, words=torch.tensor([5, 5, 5]), alpha=grid, max_length=5,
+                      history_tokens=torch.tensor([[3, 5]] * 3), history_alphas=history)
+    scores = torch.zeros(3, 6)
+    changed = processor("revisit_penalty", OBJECTS, penalty=2.5, measure="peak")(scores, step)
+    assert changed[0, list(OBJECTS)].tolist() == [-2.5, -2.5] and changed[1:].abs().sum() == 0
+    assert changed[0, [0, 1, 2, 5]].abs().sum() == 0 and scores.abs().sum() == 0  # other words; input untouched
+    exact = processor("revisit_penalty", OBJECTS, penalty=2.5, measure="peak", radius=0)(scores, step)
+    assert exact.abs().sum() == 0  # (2, 2) is not (1, 1)
+    overlap = processor("revisit_penalty", OBJECTS, penalty=2.5)(scores, step)
+    assert overlap[2, 3] < 0  # the overlap measure does cost the diffuse α_t
+    with pytest.raises(ValueError, match="radius must be 0 or more"):
+        DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], "radius": -1}]})

@@ -2,11 +2,17 @@
 score of each object word of O at step t. An object word whose α lies where an earlier object word's lay (naming
 the same object twice) costs up to ρ; two objects of one class in two places cost nothing. α_t is the same for
 every word of the step, so the penalty only moves the search to another beam: one that ended, or named that object
-before, or looks elsewhere. The model's own log-probabilities are left as they are."""
+before, or looks elsewhere. The model's own log-probabilities are left as they are.
+
+With ``measure: peak`` the revisit is 1 where α_t peaks within ``radius`` cells of where an earlier object word's α
+peaked, else 0: a diffuse α_t that peaks on another object no longer costs anything. The grid is square (images
+are squashed to a square), so its side is √L."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -25,12 +31,17 @@ class RevisitPenaltyOptions(OptionGroup):
     """ρ, the most naming again a place already named costs"""
     words: list[str] = field(default_factory=list)
     """the words that name objects (the Fashion scenes: their ten class words)"""
+    measure: Literal["overlap", "peak"] = "overlap"
+    """how α_t revisits an earlier α_s: their overlap Σ_i min(α_ti, α_si), or whether their peaks are near"""
+    radius: int = 1
+    """with ``measure: peak``, how many cells apart (in rows and in columns) two peaks count as one place"""
 
     def check(self) -> None:
         """Refuse a negative or non-finite penalty, no words, or an empty or repeated word."""
         require(finite(self.penalty) and self.penalty >= 0, self.name, f"penalty must be 0 or more, got {self.penalty}")
         require(bool(self.words), self.name, "words: the penalty needs the words that name objects")
         checked_words(self.name, self.words)
+        require(self.radius >= 0, self.name, f"radius must be 0 or more, got {self.radius}")
 
 
 class RevisitPenalty(DecodingProcessor):
@@ -41,7 +52,7 @@ class RevisitPenalty(DecodingProcessor):
 
     def __init__(self, options: RevisitPenaltyOptions, *, vocab: Vocabulary, **_: object) -> None:
         super().__init__()
-        self.penalty = options.penalty
+        self.penalty, self.measure, self.radius = options.penalty, options.measure, options.radius
         self.register_buffer("ids", word_ids(vocab, options.words), persistent=False)
 
     def forward(self, scores: Tensor, step: SearchStep) -> Tensor:
@@ -49,7 +60,14 @@ class RevisitPenalty(DecodingProcessor):
         if not self.penalty or not len(self.ids) or step.history_tokens is None or not step.history_tokens.shape[1]:
             return scores
         said = torch.isin(step.history_tokens, self.ids)  # (N, T): which words so far name objects
-        overlap = torch.minimum(step.alpha.float().unsqueeze(1), step.history_alphas).sum(-1)  # (N, T)
+        if self.measure == "peak":
+            side = math.isqrt(step.alpha.shape[1])
+            now, before = step.alpha.argmax(-1, keepdim=True), step.history_alphas.argmax(-1)  # (N, 1), (N, T)
+            near = ((now // side - before // side).abs() <= self.radius) & \
+                ((now % side - before % side).abs() <= self.radius)
+            overlap = near.float()  # (N, T): 1 where α_t peaks near α_s's peak
+        else:
+            overlap = torch.minimum(step.alpha.float().unsqueeze(1), step.history_alphas).sum(-1)  # (N, T)
         revisit = overlap.masked_fill(~said, 0.0).amax(dim=1)  # (N,): the most α_t shares with one of them
         scores = scores.clone()
         scores[:, self.ids] -= self.penalty * revisit.unsqueeze(-1)
