@@ -98,5 +98,9 @@ def test_the_peak_measure_costs_an_object_word_only_where_alpha_peaks_near_an_ea
     assert exact.abs().sum() == 0  # (2, 2) is not (1, 1)
     overlap = processor("revisit_penalty", OBJECTS, penalty=2.5)(scores, step)
     assert overlap[2, 3] < 0  # the overlap measure does cost the diffuse α_t
+    uneven = SearchStep(t=2, words=step.words, alpha=grid[:, :15], max_length=5, history_tokens=step.history_tokens,
+                        history_alphas=history[..., :15])
+    with pytest.raises(ValueError, match="measure peak needs a square grid, got 15 cells"):
+        processor("revisit_penalty", OBJECTS, measure="peak")(scores, uneven)
     with pytest.raises(ValueError, match="radius must be 0 or more"):
         DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], "radius": -1}]})

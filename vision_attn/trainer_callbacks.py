@@ -52,19 +52,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return load_file(path, map_location=map_location or "cpu")
 
 
-def _paced(stage: str) -> Any:
-    """``TQDMProgressBar``'s ``on_<stage>_batch_end``, for the batches ``PacedProgressBar.due`` only."""
-    hook = getattr(TQDMProgressBar, f"on_{stage}_batch_end")
-    bar = "val_progress_bar" if stage == "validation" else f"{stage}_progress_bar"
-
-    def on_batch_end(self: PacedProgressBar, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                     batch: Any, batch_idx: int, *dataloader_idx: int) -> None:
-        """Draw the stage's bar when ``due``."""
-        if self.due(batch_idx, getattr(self, bar)):
-            hook(self, trainer, pl_module, outputs, batch, batch_idx, *dataloader_idx)
-    return on_batch_end
-
-
 class PacedProgressBar(TQDMProgressBar):
     """Lightning's tqdm bars, redrawn at most every ``interval`` seconds and at each bar's last batch: redrawing at
     each of a fast model's steps takes a share of a time-budgeted fit's steps on a CPU. A batch-end hook passes
@@ -79,15 +66,35 @@ class PacedProgressBar(TQDMProgressBar):
         """Whether batch ``batch_idx`` of ``bar`` is drawn (and restarts the interval): the last, or one ``interval``
         after the last drawn."""
         now = time.monotonic()
-        if (bar.total is not None and batch_idx + 1 >= bar.total) or now - self.drawn_at >= self.interval:
+        last = bar.total is not None and batch_idx + 1 >= bar.total
+        if last or now - self.drawn_at >= self.interval:
             self.drawn_at = now
             return True
         return False
 
-    on_train_batch_end = _paced("train")
-    on_validation_batch_end = _paced("validation")
-    on_test_batch_end = _paced("test")
-    on_predict_batch_end = _paced("predict")
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Draw the training bar when ``due``."""
+        if self.due(batch_idx, self.train_progress_bar):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Draw the validation bar when ``due``."""
+        if self.due(batch_idx, self.val_progress_bar):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Draw the test bar when ``due``."""
+        if self.due(batch_idx, self.test_progress_bar):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_predict_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                             batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Draw the predict bar when ``due``."""
+        if self.due(batch_idx, self.predict_progress_bar):
+            super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
 class FinalWeightsInLast(L.Callback):

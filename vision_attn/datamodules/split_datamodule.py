@@ -129,7 +129,11 @@ class SplitDataModule(L.LightningDataModule):
             if trainer.current_epoch != self._counted_epoch:
                 self._counted_epoch, self._batches_this_epoch = trainer.current_epoch, 0
             self._batches_this_epoch += 1
-        return self.prepare_batch(batch)  # type: ignore[attr-defined]
+        return self.prepare_batch(batch)
+
+    def prepare_batch(self, batch: Any) -> Any:
+        """A batch on the device as the model reads it (normalised; augmented when training)."""
+        raise NotImplementedError
 
     def state_dict(self) -> dict[str, int]:
         """Where in the training order the run is, saved in every checkpoint by Lightning."""

@@ -28,7 +28,6 @@ from vision_attn.checkpoint import (
 from vision_attn.datamodules.split_datamodule import SplitDataModule
 from vision_attn.option_groups import Optimiser, Schedule, plain
 from vision_attn.overlay import log_figures
-from vision_attn.tasks.predictions import PredictionsWriter
 from vision_attn.tasks.schedule import RunSchedule
 
 
@@ -138,11 +137,9 @@ class BaseTask(L.LightningModule):
                                             strict=strict, weights_only=True, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """The skipped-image report, the data files, the overlays, the schedule and, for a task that predicts
-        (``tasks.predictions``), the ``PredictionsWriter``."""
-        callbacks = [SkippedImagesReport(), DataFilesBesideCheckpoints(), ValidationOverlays(self.log_overlays),
-                     self.schedule]
-        return [*callbacks, PredictionsWriter()] if hasattr(self, "save_predictions") else callbacks
+        """The skipped-image report, the data files, the overlays and the schedule."""
+        return [SkippedImagesReport(), DataFilesBesideCheckpoints(), ValidationOverlays(self.log_overlays),
+                self.schedule]
 
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW over ``parameter_groups``, its rate following the run's schedule at every step."""

@@ -1,8 +1,5 @@
 """``vision-attn predict``: the tasks' ``predict_step`` over the test split, and the ``predictions.json`` rank 0
-writes in the log dir as ``caption`` or ``classify`` would. A task predicts with a mixin here before ``BaseTask``:
-``predict_step`` returns a list of records per batch, ``gather_predictions(records)`` puts every rank's in the
-predict set's order (a collective under DDP), ``save_predictions(path, records)`` writes them to ``path`` atomically
-and returns it; ``BaseTask`` then adds the ``PredictionsWriter``."""
+writes in the log dir as ``caption`` or ``classify`` would."""
 
 from __future__ import annotations
 
@@ -57,7 +54,24 @@ class PredictionsWriter(BasePredictionWriter):
             print(f"wrote {len(records)} predictions to {os.path.abspath(written)}", flush=True)
 
 
-class CaptionPredictions:
+class Predicting:
+    """What ``vision-attn predict`` needs of a task (a mixin before ``BaseTask``): ``predict_step`` returns a list of
+    records per batch, ``gather_predictions`` puts every rank's in order, ``save_predictions`` writes them."""
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The task's other callbacks and the ``PredictionsWriter``."""
+        return [*super().configure_callbacks(), PredictionsWriter()]  # type: ignore[misc]
+
+    def gather_predictions(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank's records, in the predict set's order (a collective under DDP)."""
+        raise NotImplementedError
+
+    def save_predictions(self, path: Path, records: list[dict[str, Any]]) -> Path:
+        """Write the gathered records to ``path`` atomically; returns it."""
+        raise NotImplementedError
+
+
+class CaptionPredictions(Predicting):
     """The captioner's predictions: a results record per image, as ``caption`` writes them."""
 
     def predict_step(self, batch: EvalCaptionBatch | None, batch_idx: int) -> list[dict[str, Any]]:
@@ -71,7 +85,7 @@ class CaptionPredictions:
     save_predictions = staticmethod(write_results)  # the results JSON
 
 
-class ClassPredictions:
+class ClassPredictions(Predicting):
     """The classifiers' predictions: ``classify``'s entry per image; a batch's last element is its images' places
     (index, and file or ``test/<index>``)."""
 

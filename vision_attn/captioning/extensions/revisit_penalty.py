@@ -62,6 +62,8 @@ class RevisitPenalty(DecodingProcessor):
         said = torch.isin(step.history_tokens, self.ids)  # (N, T): which words so far name objects
         if self.measure == "peak":
             side = math.isqrt(step.alpha.shape[1])
+            if side * side != step.alpha.shape[1]:  # every encoder's grid is square: a caller's bug, not a user's
+                raise ValueError(f"revisit_penalty: measure peak needs a square grid, got {step.alpha.shape[1]} cells")
             now, before = step.alpha.argmax(-1, keepdim=True), step.history_alphas.argmax(-1)  # (N, 1), (N, T)
             near = ((now // side - before // side).abs() <= self.radius) & \
                 ((now % side - before % side).abs() <= self.radius)
