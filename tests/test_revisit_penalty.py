@@ -102,5 +102,7 @@ def test_the_peak_measure_costs_an_object_word_only_where_alpha_peaks_near_an_ea
                         history_alphas=history[..., :15])
     with pytest.raises(ValueError, match="measure peak needs a square grid, got 15 cells"):
         processor("revisit_penalty", OBJECTS, measure="peak")(scores, uneven)
-    with pytest.raises(ValueError, match="radius must be 0 or more"):
-        DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], "radius": -1}]})
+    for bad, message in (({"radius": -1}, "radius must be 0 or more"),
+                         ({"measure": "peaks"}, "measure must be one of overlap, peak, got 'peaks'")):
+        with pytest.raises(ValueError, match=message):
+            DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], **bad}]})

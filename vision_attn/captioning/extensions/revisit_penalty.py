@@ -37,10 +37,13 @@ class RevisitPenaltyOptions(OptionGroup):
     """with ``measure: peak``, how many cells apart (in rows and in columns) two peaks count as one place"""
 
     def check(self) -> None:
-        """Refuse a negative or non-finite penalty, no words, or an empty or repeated word."""
+        """Refuse a negative or non-finite penalty, no words, an empty or repeated word, an unknown measure or a
+        negative radius."""
         require(finite(self.penalty) and self.penalty >= 0, self.name, f"penalty must be 0 or more, got {self.penalty}")
         require(bool(self.words), self.name, "words: the penalty needs the words that name objects")
         checked_words(self.name, self.words)
+        require(self.measure in ("overlap", "peak"), self.name,
+                f"measure must be one of overlap, peak, got {self.measure!r}")
         require(self.radius >= 0, self.name, f"radius must be 0 or more, got {self.radius}")
 
 
