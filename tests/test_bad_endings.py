@@ -86,15 +86,22 @@ def test_bad_endings_are_checked_and_read_from_the_vocabulary() -> None:
     assert not len(plain.model.processors)
 
 
-def test_the_scenes_default_never_ends_a_caption_on_an_article_a_conjunction_or_a_colour() -> None:
-    """The shipped default blocks <end> after every word that needs a noun after it: the articles, "and", the
-    prepositions it uses, and each colour of the scenes (a caption ending "... and a blue" names nothing)."""
+def test_the_scenes_default_blocks_every_ending_but_a_garment_and_on_its_own() -> None:
+    """The shipped default blocks <end> after every word of the scenes' captions that needs another after it: every
+    word of their templates, relation phrases and colours but "own" ("a red coat on its own"), the one a template
+    ends on. So no caption ends "... and a blue", "... next" or "... on"; the garments' names end them."""
+    import re
+
     import yaml
 
     from tests.conftest import REPO
-    from vision_attn.data.scenes import COLOURS
+    from vision_attn.data.scenes import CAPTION_FORMS, COLOURS, ONE_ITEM_FORMS
 
     config = yaml.safe_load((REPO / "configs" / "captioner" / "fashion_scenes.yaml").read_text())
     processors = config["model"]["init_args"]["decoding"]["processors"]
     blocked = next(p for p in processors if p["name"] == "blocked_endings")["words"]
-    assert set(COLOURS) | {"a", "the", "and", "of", "with"} <= set(blocked)
+    templates = [template for forms in CAPTION_FORMS.values() for template, _ in forms] + list(ONE_ITEM_FORMS)
+    phrases = ["to the left of", "to the right of", "above", "below", ", with", "and"]
+    words = {word for text in templates + phrases for word in re.findall(r"[a-z]+", re.sub(r"{[^}]*}", " ", text))}
+    assert set(blocked) == (words | set(COLOURS)) - {"own"}
+    assert {"name": "forbidden_words", "words": ["<unk>"]} in processors

@@ -48,6 +48,21 @@ def test_forbidden_words_are_listed_by_a_config_and_checked() -> None:
             DecodingOptions.coerce({"processors": [{"name": "forbidden_words", "words": words}]})
 
 
+def test_unk_may_be_forbidden_and_is_then_never_said() -> None:
+    """The paper's search may say <unk> (the word for one the vocabulary lacks); a recipe forbids it by listing it."""
+    task = CaptionerTask(vocabulary=[*SPECIALS, "a", "red", "top"], image={"size": 96}, encoder={"width": 8},
+                         decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
+                         decoding={"processors": [{"name": "forbidden_words", "words": ["<unk>"]}]})
+    unk = SPECIALS.index("<unk>")
+    assert task.model.processors[0].ids.tolist() == [unk]
+    with torch.no_grad():
+        task.model.decoder.output_words.bias[unk] += 50.0  # the likeliest word at every step, but for the processor
+    decoded = task.model.eval().decode(torch.randn(2, 3, 96, 96))
+    assert not any(unk in h.tokens for h in decoded.hypotheses)
+    task.model.processors = torch.nn.ModuleList()
+    assert all(unk in h.tokens for h in task.model.decode(torch.randn(2, 3, 96, 96)).hypotheses)
+
+
 def test_the_processors_list_is_checked_in_one_line() -> None:
     for processors, message in (([{"name": "no_such"}], "unknown extension 'no_such'; use one of blocked_endings"),
                                 (["forbiden_words"], "unknown extension 'forbiden_words'; did you mean forbidden"),
@@ -69,3 +84,22 @@ def test_every_registered_extension_lives_in_its_own_module_of_the_extensions_pa
         for name, cls in registry.items():
             assert cls.__module__.startswith("vision_attn.captioning.extensions."), name
     assert VOCABULARY.tokens[FORBIDDEN] == "and"
+
+
+def test_a_quoted_word_that_yaml_reads_as_true_stays_a_word_through_the_command_line(tmp_path) -> None:
+    """"on", "no" and "yes" are words of captions: quoted in a config file, and in a value given on the command
+    line, they reach the processor as words, not as YAML's true and false."""
+    import yaml
+
+    from tests.conftest import run_in_process, shipped
+
+    config = tmp_path / "words.yaml"
+    config.write_text('model:\n  init_args:\n    decoding:\n      processors:\n'
+                      '        - {name: forbidden_words, words: ["on", "no"]}\n')
+    words = {"name": "blocked_endings", "words": ["yes", "off"]}
+    for extra in ([], ["--model.init_args.decoding.processors", '[{name: blocked_endings, words: ["yes", "off"]}]']):
+        result = run_in_process("fit", *shipped("trainer/cpu.yaml", "tasks/captioner.yaml"), "--config", str(config),
+                                *extra, "--print_config")
+        assert result.returncode == 0, result.stderr[-1500:]
+        processors = yaml.safe_load(result.stdout)["model"]["init_args"]["decoding"]["processors"]
+        assert processors == ([words] if extra else [{"name": "forbidden_words", "words": ["on", "no"]}])

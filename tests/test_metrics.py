@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
 import pytest
 
 from vision_attn import metrics
-from vision_attn.metrics import caption_scores, deduplicate, java_available, pointing_scores
+from vision_attn.metrics import caption_scores, deduplicate, java_available, pointing_scores, unfinished_rate
 
 REFERENCES = {
     1: ["a red sneaker to the left of a white bag", "a white bag to the right of a red sneaker"],
@@ -162,3 +163,16 @@ def test_one_meteor_process_serves_every_scoring_and_a_dead_one_is_replaced() ->
     process.kill()
     process.wait()
     assert caption_scores(predictions, references) == first and meteor_scorer().meteor_p is not process
+
+
+def test_a_caption_is_unfinished_when_it_ends_on_a_word_the_references_use_but_never_last() -> None:
+    references = ["a red coat next to a blue bag", "there is a red coat and a blue bag"]
+    records = [{"caption": caption, "references": references} for caption in (
+        "a red coat next to a blue bag",  # ends as a reference does
+        "a red coat next",                # "next" is always followed by a word
+        "a red coat and a blue",          # a colour with no garment after it
+        "",                               # says nothing
+        "a red zebra",                    # a word the references never use: not counted
+    )]
+    assert unfinished_rate(records) == {"unfinished_caption_rate": 3 / 5}
+    assert math.isnan(unfinished_rate([])["unfinished_caption_rate"])

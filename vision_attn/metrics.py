@@ -108,6 +108,23 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     return scores
 
 
+def unfinished_rate(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``unfinished_caption_rate``: the share of captions that say nothing, or end on a word the records' references
+    use but never last ("... a red coat and", "... next"), a word that needs another after it. The references
+    show which words those are, so no word list is needed; a word they never use is given the benefit of the doubt."""
+    used, last = set(), set()
+    for record in records:
+        for reference in record["references"]:
+            words = tokenize(reference)
+            used.update(words)
+            last.update(words[-1:])
+    unfinished = 0
+    for record in records:
+        words = tokenize(record["caption"])
+        unfinished += not words or (words[-1] in used and words[-1] not in last)
+    return {"unfinished_caption_rate": unfinished / len(records) if records else float("nan")}
+
+
 class CiderD:
     """CIDEr-D (Vedantam et al. 2015) of single candidates, as a training reward: pycocoevalcap's ``Cider`` (tf-idf
     n-grams, n = 1..4, clipped at the reference's, Gaussian length penalty σ = 6, times 10) with the document

@@ -34,7 +34,14 @@ from vision_attn.data.object_words import ObjectWords, object_words
 from vision_attn.data.vocabulary import tokenize
 from vision_attn.errors import Interrupted
 from vision_attn.io import output_file, write_json_atomically
-from vision_attn.metrics import caption_scores, deduplicate, hallucination_scores, pointing_scores, scene_scores
+from vision_attn.metrics import (
+    caption_scores,
+    deduplicate,
+    hallucination_scores,
+    pointing_scores,
+    scene_scores,
+    unfinished_rate,
+)
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, read_scored_results, write_results
 
@@ -162,13 +169,14 @@ class EvaluationRecords:
 def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
                   box_scale: dict[Any, tuple[float, float]] | None = None, words: ObjectWords | None = None,
                   masks: Callable[[Any, str], Tensor | None] | None = None) -> dict[str, float]:
-    """BLEU-1..4, METEOR, ROUGE-L, CIDEr-D and the image count of records with ``references``; with ``objects`` the
-    scene metrics, and with ``pointing`` the pointing ones (``docs/formats/metrics.md``; ``box_scale`` maps boxes to
-    the input, ``masks`` adds α's mass in each category's mask). ``words``, an object-words table, names objects in
-    captions and adds CHAIR, counting each image's categories once and those its references name as present
-    (Rohrbach et al.)."""
+    """BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, the share of unfinished captions and the image count of records with
+    ``references``; with ``objects`` the scene metrics, and with ``pointing`` the pointing ones
+    (``docs/formats/metrics.md``; ``box_scale`` maps boxes to the input, ``masks`` adds α's mass in each category's
+    mask). ``words``, an object-words table, names objects in captions and adds CHAIR, counting each image's
+    categories once and those its references name as present (Rohrbach et al.)."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
+    scores.update(unfinished_rate(records))
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
     if boxes:
         if pointing:

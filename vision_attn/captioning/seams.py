@@ -24,7 +24,9 @@ from torch import Tensor, nn
 
 from vision_attn.option_groups import OptionGroup, finite, require
 
-Entry = str | dict[str, Any]  # how a config lists an extension: its name, or {name: ..., <its options>}
+# How a config lists an extension: its name, or {name: ..., <its options>}. The options' types are spelt out: typed
+# Any, jsonargparse reads a quoted word such as "on" or "no" of a config file as YAML again, as true or false.
+Entry = str | dict[str, bool | int | float | str | list[str] | None]
 
 
 @dataclass(frozen=True)

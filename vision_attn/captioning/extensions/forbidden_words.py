@@ -18,12 +18,12 @@ class ForbiddenWordsOptions(OptionGroup):
     """The forbidden words' options."""
 
     words: list[str] = field(default_factory=list)
-    """the words no caption may say"""
+    """the words no caption may say; ``<unk>`` too, the word a caption says for one its vocabulary lacks"""
 
     def check(self) -> None:
-        """Refuse an empty or repeated word, or a special token (<end> forbidden, no caption could end)."""
+        """Refuse an empty or repeated word, or a special token but <unk> (<end> forbidden, no caption could end)."""
         checked_words(self.name, self.words)
-        special = [word for word in self.words if word in SPECIALS]
+        special = [word for word in self.words if word in SPECIALS and word != "<unk>"]
         require(not special, self.name, f"words: {', '.join(special)} are special tokens, not words")
 
 
