@@ -95,7 +95,7 @@ def test_the_scenes_default_blocks_every_ending_but_a_garment_and_on_its_own() -
     import yaml
 
     from tests.conftest import REPO
-    from vision_attn.data.scenes import CAPTION_FORMS, COLOURS, ONE_ITEM_FORMS
+    from vision_attn.data.scenes import CAPTION_FORMS, CLASS_WORDS, COLOURS, ONE_ITEM_FORMS
 
     config = yaml.safe_load((REPO / "configs" / "captioner" / "fashion_scenes.yaml").read_text())
     processors = config["model"]["init_args"]["decoding"]["processors"]
@@ -105,3 +105,5 @@ def test_the_scenes_default_blocks_every_ending_but_a_garment_and_on_its_own() -
     words = {word for text in templates + phrases for word in re.findall(r"[a-z]+", re.sub(r"{[^}]*}", " ", text))}
     assert set(blocked) == (words | set(COLOURS)) - {"own"}
     assert {"name": "forbidden_words", "words": ["<unk>"]} in processors
+    rule = next(p for p in processors if p["name"] == "next_words")  # a colour names the garment after it
+    assert set(rule["after"]) == set(COLOURS) and set(rule["only"]) == set(CLASS_WORDS)

@@ -106,3 +106,21 @@ def test_the_peak_measure_costs_an_object_word_only_where_alpha_peaks_near_an_ea
                          ({"measure": "peaks"}, "measure must be one of overlap, peak, got 'peaks'")):
         with pytest.raises(ValueError, match=message):
             DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], **bad}]})
+
+
+def test_modifiers_cost_the_same_but_are_compared_with_earlier_object_words_only() -> None:
+    """The same 4×4 step with word 5 a modifier (a colour): α_t peaked one cell from the earlier object word's peak
+    costs the object words and the modifier ρ; peaked on the earlier modifier's own peak it costs nothing ("a blue
+    coat": the garment looks where its colour did)."""
+    grid = torch.zeros(2, 16)
+    grid[0, 2 * 4 + 2] = grid[1, 3 * 4 + 3] = 1.0  # α_t peaks at (2, 2), then at (3, 3)
+    history = torch.zeros(2, 2, 16)
+    history[:, 0, 1 * 4 + 1] = 1.0  # the object word 3 looked at (1, 1)
+    history[:, 1, 3 * 4 + 3] = 1.0  # the modifier 5 at (3, 3)
+    step = SearchStep(t=2, words=torch.tensor([5, 5]), alpha=grid, max_length=5,
+                      history_tokens=torch.tensor([[3, 5]] * 2), history_alphas=history)
+    penalty = processor("revisit_penalty", (3,), penalty=2.5, measure="peak", modifiers=["red"])
+    charged = penalty(torch.zeros(2, 6), step)
+    assert charged[0].tolist() == [0, 0, 0, -2.5, 0, -2.5] and charged[1].abs().sum() == 0
+    with pytest.raises(ValueError, match="a word is in words and in modifiers"):
+        DecodingOptions.coerce({"processors": [{"name": "revisit_penalty", "words": ["coat"], "modifiers": ["coat"]}]})

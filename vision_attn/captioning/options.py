@@ -143,7 +143,9 @@ class DecodingOptions(OptionGroup):
     processors: list[Entry] = field(default_factory=list)
     """changes to each step's word scores, applied in order (extensions, none in the paper): blocked_endings
     ({name: blocked_endings, words: [and, a]}: no caption ends on one), revisit_penalty ({name: revisit_penalty,
-    penalty: 3.0, words: [...]}: naming again the place an object word already named costs up to the penalty)"""
+    penalty: 3.0, words: [...]}: naming again the place an object word already named costs up to the penalty),
+    forbidden_words ({name: forbidden_words, words: [...]}: never said), next_words ({name: next_words, after:
+    [blue], only: [coat, bag]}: after one of after comes one of only)"""
 
     def __post_init__(self) -> None:  # the processors with every option filled in and checked
         object.__setattr__(self, "processors", checked_entries(self.processors, PROCESSORS, "decoding.processors"))

@@ -8,6 +8,7 @@ from vision_attn.captioning.extensions.concept import ConceptLoss
 from vision_attn.captioning.extensions.coverage import Coverage
 from vision_attn.captioning.extensions.forbidden_words import ForbiddenWords
 from vision_attn.captioning.extensions.grounding import Grounding
+from vision_attn.captioning.extensions.next_words import NextWords
 from vision_attn.captioning.extensions.object_classes import ObjectClasses
 from vision_attn.captioning.extensions.previous_word import PreviousWord
 from vision_attn.captioning.extensions.revisit_penalty import RevisitPenalty
@@ -19,7 +20,8 @@ ATTENTION_INPUTS = {"coverage": Coverage, "previous_word": PreviousWord}
 # decoder.output_terms: learnt terms of the word scores
 OUTPUT_TERMS = {"word_counts": WordCounts}
 # decoding.processors: changes to each step's scores in beam search and self-critical sampling, in the listed order
-PROCESSORS = {"blocked_endings": BlockedEndings, "revisit_penalty": RevisitPenalty, "forbidden_words": ForbiddenWords}
+PROCESSORS = {"blocked_endings": BlockedEndings, "revisit_penalty": RevisitPenalty, "forbidden_words": ForbiddenWords,
+              "next_words": NextWords}
 # objective.auxiliary: losses added to the training objective
 AUXILIARY = {"concept": ConceptLoss, "object": ObjectClasses, "grounding": Grounding}
 # self_critical.rewards: terms added to the self-critical reward
