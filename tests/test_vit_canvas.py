@@ -179,7 +179,7 @@ def training_canvases(canvas: dict, batch_size: int) -> tuple:
     data.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     data.trainer.training = True
     items, labels = next(iter(data.train_dataloader()))
-    inputs, _, boxes = data.on_after_batch_transfer((items, labels), 0)
+    inputs, _, boxes, *_ = data.on_after_batch_transfer((items, labels), 0)  # and the windows' origins, if any
     return data, items, ((inputs * data.std[0] + data.mean[0]) * 255).round()[:, 0], boxes
 
 
@@ -286,3 +286,41 @@ def test_attention_grounding_pulls_the_rollout_onto_the_items_through_the_cli(tm
         rows = [row for path in run.rglob("metrics.csv") for row in csv.DictReader(path.open())]
         mass[weight] = next(float(row["val/rollout_mass"]) for row in rows if row.get("val/rollout_mass"))
     assert mass["1.0"] > 0.6 and mass["1.0"] > mass["0.0"] + 0.2, mass
+
+
+def test_scaled_training_items_come_at_sizes_of_their_own_inside_their_boxes() -> None:
+    """canvas.scale [0.5, 1.15] with train_window 40: each training item is resized to a side of its own, 14 to 32
+    pixels, and lies whole inside its box, which fits the window; its pixels are the item's, resized; sizes and
+    places vary over a batch, and evaluation canvases keep their 28-pixel items on black."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)  # the sizes and places are drawn from torch's generator
+    data, items, pixels, boxes = training_canvases({"size": 56, "train_window": 40, "scale": [0.5, 1.15]}, 256)
+    sides = boxes[:, 2].tolist()
+    assert torch.equal(boxes[:, 2], boxes[:, 3]) and min(sides) == 14 and max(sides) == 32
+    assert len(set(sides)) == 19  # every side from 14 to 32 pixels
+    for canvas, item, (x, y, w, h) in zip(pixels, items[:, 0].float(), boxes.tolist(), strict=True):
+        assert 0 <= x <= 40 - w and 0 <= y <= 40 - h
+        inside = canvas[y : y + h, x : x + w]
+        assert canvas.sum() == inside.sum()  # nothing lit outside the box
+        resized = F.interpolate(item[None, None], size=(h, w), mode="bilinear", antialias=True)[0, 0]
+        mirrored = F.interpolate(item.flip(-1)[None, None], size=(h, w), mode="bilinear", antialias=True)[0, 0]
+        assert min(float((inside - r.round().clamp(0, 255)).abs().max()) for r in (resized, mirrored)) == 0
+    assert len({tuple(box) for box in boxes[:, :2].tolist()}) > 100
+    assert_test_canvases_are_black_round_their_items(data)
+
+
+@pytest.mark.parametrize(("scale", "message"), [
+    ([0.5], "scale is [low, high] with 0 < low <= high, got [0.5]"),
+    ([1.0, 0.5], "scale is [low, high]"),
+    ([0.0, 1.0], "scale is [low, high]"),
+    ([0.5, float("nan")], "scale is [low, high]"),
+    ([0.5, 1.5], "scale [0.5, 1.5] draws items of up to 42 pixels: they must fit the training window (40 pixels)"),
+    ([0.01, 1.0], "draws items of up to 28 pixels: they must fit the training window (40 pixels), and be 1 pixel"),
+])
+def test_a_scale_that_cannot_be_drawn_is_refused_in_one_line(scale, message) -> None:
+    from vision_attn.datamodules.data_options import Canvas
+
+    with pytest.raises(ValueError, match="^canvas.") as refused:
+        Canvas.coerce({"size": 56, "train_window": 40, "scale": scale})
+    assert message in str(refused.value) and "\n" not in str(refused.value)

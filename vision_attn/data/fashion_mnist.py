@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vision_attn.errors import DatasetNotFoundError
@@ -42,6 +43,29 @@ def place_on_canvas(items: Tensor, places: Tensor, canvas_size: int) -> Tensor:
     cols = (places[:, 0, None] + torch.arange(width, device=items.device))[:, None, :]  # (N, 1, w)
     canvases[torch.arange(count, device=items.device)[:, None, None], :, rows, cols] = items.permute(0, 2, 3, 1)
     return canvases
+
+
+def scaled_side(factor: float) -> int:
+    """An item's side in pixels at ``factor`` times its 28."""
+    return round(ITEM_SIZE * factor)
+
+
+def place_scaled_on_canvas(items: Tensor, scale: tuple[float, float], canvas_size: int) -> tuple[Tensor, Tensor]:
+    """Items (N, C, 28, 28) uint8, each resized (bilinear, antialiased) to a side drawn uniformly from ``scale``
+    times 28 pixels and pasted at a uniform place inside a black ``canvas_size`` square: (canvases (N, C, S, S),
+    boxes (N, 4) [x, y, w, h])."""
+    count = len(items)
+    factors = torch.empty(count, device=items.device).uniform_(*scale)
+    sides = torch.round(factors * ITEM_SIZE).long()
+    corners = (torch.rand(count, 2, device=items.device) * (canvas_size - sides + 1)[:, None]).long()
+    canvases = items.new_zeros(count, items.shape[1], canvas_size, canvas_size)
+    for side in sides.unique().tolist():
+        chosen = sides == side
+        resized = F.interpolate(items[chosen].float(), size=(side, side), mode="bilinear", antialias=True,
+                                align_corners=False)
+        canvases[chosen] = place_on_canvas(resized.round().clamp(0, 255).to(items.dtype), corners[chosen],
+                                           canvas_size)
+    return canvases, torch.cat([corners, sides[:, None], sides[:, None]], dim=1)
 
 
 def read_idx(path: Path) -> Tensor:

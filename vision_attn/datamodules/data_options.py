@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vision_attn.data import fashion_mnist
 from vision_attn.data.backgrounds import Background
 from vision_attn.option_groups import OptionGroup, at_most, finite, require
 
@@ -172,10 +173,21 @@ class Canvas(OptionGroup):
     """background mixed: the odds of black, noise, texture and distractors (null: equal)"""
     texture_source: str = "skimage"
     """background texture: the photographs shipped with skimage (scikit-image) or matplotlib"""
+    scale: list[float] | None = None
+    """training items resized to a side drawn per item from this range of their 28 pixels, e.g. [0.6, 1.15]
+    (null: as they are)"""
 
     def check(self) -> None:
-        """Refuse a bad noise level or background, a canvas below an item, a window not reaching every place."""
+        """Refuse a bad noise level, background or scale, a canvas below an item, a window not reaching every
+        place."""
         item = 28
+        if self.scale is not None:
+            require(len(self.scale) == 2 and all(map(finite, self.scale)) and 0 < self.scale[0] <= self.scale[1],
+                    self.name, f"scale is [low, high] with 0 < low <= high, got {self.scale}")
+            side, room = fashion_mnist.scaled_side(self.scale[1]), self.train_window or self.size
+            require(fashion_mnist.scaled_side(self.scale[0]) >= 1 and side <= room, self.name,
+                    f"scale {self.scale} draws items of up to {side} pixels: they must fit the training "
+                    f"{'window' if self.train_window else 'canvas'} ({room} pixels), and be 1 pixel or more")
         require(0 <= self.background_noise <= 255, self.name,
                 f"background_noise is a grey level from 0 to 255, got {self.background_noise}")
         require(not (self.background_noise and self.background != "black"), self.name,

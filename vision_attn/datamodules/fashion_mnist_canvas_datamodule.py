@@ -20,10 +20,11 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
     a classifier that must find the item before it can name it, so that its attention can be checked against
     the item's mask (the item's pixels > 0).
 
-    Training items get a new place in every batch; training batches are ``(images, labels, boxes)``, boxes (B, 4)
-    [x, y, w, h] pixels, and with ``canvas.train_window`` ``(images, labels, boxes, origins)``: a window round the
-    item, origins (B, 2) [x, y] on the canvas. Evaluation items get fixed places from ``canvas.seed``, on black, in
-    batches ``(images, labels, masks)``, masks (B, S, S) the item's pixels > 0.
+    Training items get a new place in every batch (and with ``canvas.scale`` a new size); training batches are
+    ``(images, labels, boxes)``, boxes (B, 4) [x, y, w, h] pixels, and with ``canvas.train_window`` ``(images,
+    labels, boxes, origins)``: a window round the item, origins (B, 2) [x, y] on the canvas. Evaluation items get
+    fixed places from ``canvas.seed``, on black, in batches ``(images, labels, masks)``, masks (B, S, S) the item's
+    pixels > 0.
 
     Args:
         root: where to look for Fashion-MNIST after Debian's dataset-fashion-mnist, and where a download goes
@@ -55,12 +56,15 @@ class FashionMNISTCanvasDataModule(FashionMNISTDataModule):
             # the item is shifted and mirrored, then placed (as mirroring the canvas would), then erased
             items, canvas = self.augment(images, erase=False), self.canvas
             size = canvas.train_window or canvas.size
-            places = fashion_mnist.random_places(len(images), size, device=images.device)
-            canvases = fashion_mnist.place_on_canvas(items, places, size)
+            if canvas.scale is None:
+                places = fashion_mnist.random_places(len(images), size, device=images.device)
+                canvases = fashion_mnist.place_on_canvas(items, places, size)
+                boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)
+            else:  # each item at a size of its own
+                canvases, boxes = fashion_mnist.place_scaled_on_canvas(items, tuple(canvas.scale), size)
             canvases = fill_canvases(canvases, items, noise=canvas.background_noise, background=self.background)
             if self.augmentation.erase_prob:
                 canvases = random_erase(canvases, self.augmentation.erase_prob)
-            boxes = torch.cat([places, places.new_full(places.shape, fashion_mnist.ITEM_SIZE)], dim=1)
             if canvas.train_window is None:
                 return self.normalize(canvases), labels, boxes
             # a window of the canvas around the item: where it lies, in whole steps (the ViT's patches)
