@@ -15,8 +15,8 @@ groups are ``KINDS`` below; the training mixes are ``configs/captioner/fashion_s
 on scikit-image's), noise up to 75% of white (training draws up to 50%), and gratings and checkerboards that this
 script paints under clean scenes (``FOREIGN``: no generator of the project draws them). Also held out, and drawn
 by ``held_out_scenes.py`` rather than the project's generator (``HELD_OUT``): grey noise and saturated colour at
-40-75% of white, garments at half and at 1.3 times their size, and six garments a scene; the ViT is scored on those
-of them that a one-item grey canvas can show.
+40-75% of white, grey noise at 80-100% (brighter than any training draws), garments at half and at 1.3 times their
+size, and six garments a scene; the ViT is scored on those of them that a one-item grey canvas can show.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Held-out test scenes and canvases for the clutter protocol, drawn here by code that no training calls: brighter
-grey noise and bright saturated colour than the training draws, garments at sizes outside the trained range, and six
-garments a scene (training draws up to five).
+"""Held-out test scenes and canvases for the clutter protocol, drawn here by code that no training calls: bright
+grey noise and bright saturated colour (at 40-75% of white, and grey noise at 80-100%, brighter than any training
+draws), garments at sizes outside the trained range, and six garments a scene (training draws up to five).
 
 The scenes are written in the Fashion scenes' format (``docs/formats/scenes.md``: images, captions, instances with
 visible masks, attributes, and the backgrounds alone for the erasure test), from the Fashion-MNIST test items the
@@ -28,25 +28,26 @@ from vision_attn.data.scenes import ITEM_SIZE as ITEM
 
 CANVAS, CANVAS_VIT = 96, 56
 # kind: (its group in the protocol's tables, objects per scene (least, most), item scale (least, most), background:
-# black, grey or colour)
+# black, grey or colour, and its brightest pixel as a share of white, drawn per scene from (least, most))
+BRIGHT = (0.4, 0.75)
 HELD_OUT = {
-    "noise_grey_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "grey"),
-    "noise_colour_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "colour"),
-    "scale_0.5": ("held-out sizes", (2, 3), (0.5, 0.5), "black"),
-    "scale_1.3": ("held-out sizes", (2, 3), (1.3, 1.3), "black"),
-    "objects_6": ("held-out counts", (6, 6), (0.7, 1.0), "black"),
+    "noise_grey_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "grey", BRIGHT),
+    "noise_colour_40_75": ("held-out clutter", (2, 3), (1.0, 1.0), "colour", BRIGHT),
+    "scale_0.5": ("held-out sizes", (2, 3), (0.5, 0.5), "black", None),
+    "scale_1.3": ("held-out sizes", (2, 3), (1.3, 1.3), "black", None),
+    "objects_6": ("held-out counts", (6, 6), (0.7, 1.0), "black", None),
+    "noise_grey_80_100": ("held-out clutter", (2, 3), (1.0, 1.0), "grey", (0.8, 1.0)),  # brighter than any training
 }
-VIT_HELD_OUT = ("noise_grey_40_75", "scale_0.5", "scale_1.3")  # the ViT sees grey; one item a canvas
-LEVELS = (0.4, 0.75)  # a noise background's brightest pixel, as a share of white, drawn per scene
+VIT_HELD_OUT = ("noise_grey_40_75", "scale_0.5", "scale_1.3", "noise_grey_80_100")  # the ViT sees grey; one item
 TEST_ITEMS = SOURCES["test"][1]  # the official test items the Fashion scenes' test split draws from
 
 
-def background(rng: np.random.Generator, kind: str, size: int) -> np.ndarray:
-    """(size, size, 3) uint8: black; grey noise whose brightest pixel is 40-75% of white, at a grain of 1-4 pixels;
-    or blobs of saturated random hues at that brightness, at a grain of 3-8 pixels."""
+def background(rng: np.random.Generator, kind: str, size: int, levels: tuple[float, float] | None) -> np.ndarray:
+    """(size, size, 3) uint8: black; grey noise whose brightest pixel is drawn from ``levels`` (shares of white), at
+    a grain of 1-4 pixels; or blobs of saturated random hues at that brightness, at a grain of 3-8 pixels."""
     if kind == "black":
         return np.zeros((size, size, 3), np.uint8)
-    level = rng.uniform(*LEVELS)
+    level = rng.uniform(*levels)
     grain = int(rng.integers(1, 5) if kind == "grey" else rng.integers(3, 9))
     small = math.ceil(size / grain)
     if kind == "grey":
@@ -88,7 +89,7 @@ def listing(names: list[str], form: int) -> str:
 def write_split(root: Path, kind: str, count: int, seed: int, items: np.ndarray, labels: np.ndarray) -> None:
     """``count`` test scenes of ``kind`` under ``root``, in the Fashion scenes' format, from ``items`` (the test
     split's Fashion-MNIST pool) and their ``labels``."""
-    _, objects, scales, ground = HELD_OUT[kind]
+    _, objects, scales, ground, levels = HELD_OUT[kind]
     rng = np.random.default_rng([seed, 7331, list(HELD_OUT).index(kind)])
     for folder in ("images/test", "annotations", "backgrounds/test"):
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def write_split(root: Path, kind: str, count: int, seed: int, items: np.ndarray,
             corners = places(rng, sizes, CANVAS)
             if corners is not None:
                 break
-        under = background(rng, ground, CANVAS)
+        under = background(rng, ground, CANVAS, levels)
         canvas, names, covered = under.copy(), [], np.zeros((CANVAS, CANVAS), bool)
         for label, size, (y, x) in zip(classes, sizes, corners, strict=True):
             pool = np.flatnonzero(labels == label)
@@ -166,7 +167,7 @@ def vit_scores(ckpt: str, kind: str, count: int, seed: int) -> dict:
     from vision_attn.vit.rollout import explain
     from vision_attn.vit.rollout_mass import map_scores
 
-    _, _, scales, ground = HELD_OUT[kind]
+    _, _, scales, ground, levels = HELD_OUT[kind]
     rng = np.random.default_rng([seed, 7331, 100 + list(HELD_OUT).index(kind)])
     images, labels = load_fashion_mnist(find_fashion_mnist("data/fashion_mnist"), "test")
     classifier = Classifier.from_checkpoint(ckpt)
@@ -178,7 +179,7 @@ def vit_scores(ckpt: str, kind: str, count: int, seed: int) -> dict:
             size = round(ITEM * rng.uniform(*scales))
             pixels = item_pixels(images[index].numpy(), size)
             y, x = (int(v) for v in rng.integers(0, CANVAS_VIT - size + 1, size=2))
-            canvas = background(rng, ground, CANVAS_VIT)[..., 0]  # grey: one channel
+            canvas = background(rng, ground, CANVAS_VIT, levels)[..., 0]  # grey: one channel
             item = np.zeros((CANVAS_VIT, CANVAS_VIT), np.uint8)
             item[y : y + size, x : x + size] = np.rint(255 * pixels)
             canvas = np.where(item > 0, item, canvas)

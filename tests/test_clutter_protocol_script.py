@@ -63,7 +63,8 @@ def held_out():
 def test_held_out_scenes_are_valid_splits_whose_boxes_masks_and_backgrounds_match_the_items(tmp_path: Path) -> None:
     """Every held-out kind written by held_out_scenes.py passes the formats' checks; each item's box is the tight box
     of its mask, its pixels are its colour's, the background alone differs from the scene exactly on the items, the
-    noise is 40-75% of white at its brightest, and the counts and sizes are the kind's."""
+    noise is as bright as its kind says (40-75% or 80-100% of white) at its brightest, and the counts and sizes are
+    the kind's."""
     from pycocotools import mask as coco_mask
 
     from vision_attn.data.formats import check_attributes, check_coco_captions, check_coco_instances, read_json
@@ -72,7 +73,7 @@ def test_held_out_scenes_are_valid_splits_whose_boxes_masks_and_backgrounds_matc
     rng = np.random.default_rng(0)
     items = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8) * (rng.random((40, 28, 28)) < 0.6)
     labels = np.arange(40) % 10
-    for kind, (_, objects, scales, ground) in script.HELD_OUT.items():
+    for kind, (_, objects, scales, ground, levels) in script.HELD_OUT.items():
         root = tmp_path / kind
         script.write_split(root, kind, 6, 3, items, labels)
         notes = root / "annotations"
@@ -98,6 +99,6 @@ def test_held_out_scenes_are_valid_splits_whose_boxes_masks_and_backgrounds_matc
                 union |= mask
             assert ((scene != alone).any(-1) == union).all()
             if ground != "black":
-                assert 0.4 * 255 * 0.8 <= alone[~union].max() <= 0.75 * 255 + 1
+                assert levels[0] * 255 * 0.8 <= alone[~union].max() <= levels[1] * 255 + 1
             else:
                 assert not scene[~union].any()
