@@ -95,13 +95,13 @@ def test_the_scenes_default_blocks_every_ending_but_a_garment_and_on_its_own() -
     import yaml
 
     from tests.conftest import REPO
-    from vision_attn.data.scenes import CAPTION_FORMS, CLASS_WORDS, COLOURS, ONE_ITEM_FORMS
+    from vision_attn.data.scenes import CAPTION_FORMS, CLASS_WORDS, COLOURS, ONE_ITEM_FORMS, RELATIONS
 
     config = yaml.safe_load((REPO / "configs" / "captioner" / "fashion_scenes.yaml").read_text())
     processors = config["model"]["init_args"]["decoding"]["processors"]
     blocked = next(p for p in processors if p["name"] == "blocked_endings")["words"]
     templates = [template for forms in CAPTION_FORMS.values() for template, _ in forms] + list(ONE_ITEM_FORMS)
-    phrases = ["to the left of", "to the right of", "above", "below", ", with", "and"]
+    phrases = [*RELATIONS, ", with", "and"]  # and the joiners of four or five items
     words = {word for text in templates + phrases for word in re.findall(r"[a-z]+", re.sub(r"{[^}]*}", " ", text))}
     assert set(blocked) == (words | set(COLOURS)) - {"own"}
     assert {"name": "forbidden_words", "words": ["<unk>"]} in processors

@@ -180,7 +180,7 @@ class Canvas(OptionGroup):
     def check(self) -> None:
         """Refuse a bad noise level, background or scale, a canvas below an item, a window not reaching every
         place."""
-        item = 28
+        item = fashion_mnist.ITEM_SIZE
         if self.scale is not None:
             require(len(self.scale) == 2 and all(map(finite, self.scale)) and 0 < self.scale[0] <= self.scale[1],
                     self.name, f"scale is [low, high] with 0 < low <= high, got {self.scale}")

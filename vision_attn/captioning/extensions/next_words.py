@@ -34,7 +34,8 @@ class NextWordsOptions(OptionGroup):
 
 
 class NextWords(DecodingProcessor):
-    """Every word but those of ``only`` (and <end>) at −inf right after a word of ``after``."""
+    """Every word but those of ``only``, <end> included, at −inf right after a word of ``after`` (but at the last
+    step)."""
 
     Options = NextWordsOptions
     sampling = False  # a search-time constraint: self-critical samples come from the model as it is
