@@ -45,7 +45,7 @@ CAPTION  := $(CPU) --config configs/tasks/captioner.yaml --config configs/captio
 VIT      := $(CPU) --config configs/tasks/classifier.yaml --config configs/data/fashion_mnist.yaml \
             --config configs/vit/fashion_mnist.yaml
 CAP_RUN  := $(RUNS)/captioner_fashion_scenes
-SCENES   := data/fashion_scenes_mixed
+SCENES   := data/fashion_scenes_mixed_bright
 HELD_OUT := data/fashion_scenes_held_out
 # The captioner's final weights, where its cosine ends at max_steps (best.ckpt, the best by val CIDEr-D, is kept
 # too).

@@ -3,7 +3,7 @@ its box, by the pretrained encoder's own head, by linear probes on the pretraine
 by the captioner's object head (when it was trained with ``object_weight``).
 
     python scripts/probe_recognition.py runs/encoder_fashion_scene_items/checkpoints/best.ckpt \
-        runs/captioner_fashion_scenes/checkpoints/best.ckpt data/fashion_scenes_mixed
+        runs/captioner_fashion_scenes/checkpoints/best.ckpt data/fashion_scenes_mixed_bright
 
 Each box's feature is the mean of the grid's annotation vectors weighted by how much of each cell the box covers.
 The probes are multinomial logistic regressions fitted (L-BFGS, a little L2) on the val scenes' boxes and scored

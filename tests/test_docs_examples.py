@@ -25,8 +25,8 @@ from vision_attn.cli import main
 from vision_attn.data.scenes import make_scenes
 
 RUN_PAGES = [page for page in PAGES if any(not e.twin for e in examples(page))]
-TRAIN_STYLE = {"train": {"layout": "mixed", "shade_jitter": 1.0, "scale": [0.7, 1.07], "objects": [1, 5],
-                         "background": "mixed", "background_weights": [9, 1, 1, 1]}}  # fashion_scenes.yaml's
+# Where fashion_scenes.yaml looks for its scenes, and how it draws the training ones: the seed draws them so.
+SCENES_DATA = yaml.safe_load((REPO / "configs" / "captioner" / "fashion_scenes.yaml").read_text())["data"]["init_args"]
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def seed(tmp_path_factory, vit_checkpoint) -> Path:
     docs name, in a Hugging Face cache."""
     root = tmp_path_factory.mktemp("docs_seed")
     counts = {"train": 12, "val": 4, "test": 4}
-    make_scenes(root / "data" / "fashion_scenes_mixed", counts=counts, seed=0, styles=TRAIN_STYLE)
+    make_scenes(root / SCENES_DATA["root"], counts=counts, seed=0, styles=SCENES_DATA["scenes"]["styles"])
     make_scenes(root / "data" / "fashion_scenes", counts=counts, seed=0)
     (root / "configs").symlink_to(REPO / "configs")
     cpu = ["--config", "configs/trainer/cpu.yaml"]
