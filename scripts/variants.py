@@ -19,7 +19,8 @@ the console script what ``make demo`` runs for a default:
 
 Each JSON line also gives the optimiser steps the budget gave. A captioner that keeps the default's
 ``encoder.pretrained`` needs the encoder pretraining (configs/captioner/fashion_scene_items.yaml) first. Run it
-on an otherwise idle machine: the budget is wall time.
+alone or beside other jobs: the budgets are in steps, so load moves a run's time, not its figures. The thread
+count changes the rounding, and so the figures, by about as much as a seed: compare runs at one count.
 """
 
 from __future__ import annotations
