@@ -12,8 +12,9 @@ and ``deletion``'s ``--background``). It writes ``OUT/protocol.json`` (every fig
 every kind) and ``OUT/protocol.md`` (the tables the README and the attention guide show). The kinds and their
 groups are ``KINDS`` below; the training mixes are ``configs/captioner/fashion_scenes.yaml``'s and
 ``configs/vit/fashion_mnist_canvas.yaml``'s. Held out: the photographs shipped with matplotlib (the defaults train
-on scikit-image's), noise up to 75% of white (training draws up to 50%), and gratings and checkerboards that this
-script paints under clean scenes (``FOREIGN``: no generator of the project draws them). Also held out, and drawn
+on scikit-image's), noise up to 75% of white (held out while the defaults drew up to 50%; both defaults now draw up to
+80%, so for them it is trained brightness), and gratings and checkerboards that this script paints under
+clean scenes (``FOREIGN``: no generator of the project draws them). Also held out, and drawn
 by ``held_out_scenes.py`` rather than the project's generator (``HELD_OUT``): grey noise and saturated colour at
 40-75% of white, grey noise at 80-100% (brighter than any training draws), garments at half and at 1.3 times their
 size, and six garments a scene; the ViT is scored on those of them that a one-item grey canvas can show.
