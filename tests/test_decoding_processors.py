@@ -66,7 +66,6 @@ def test_unk_may_be_forbidden_and_is_then_never_said() -> None:
 def test_the_processors_list_is_checked_in_one_line() -> None:
     for processors, message in (([{"name": "no_such"}], "unknown extension 'no_such'; use one of blocked_endings"),
                                 (["forbiden_words"], "unknown extension 'forbiden_words'; did you mean forbidden"),
-                                (["blocked_endings", "blocked_endings"], "blocked_endings is listed twice"),
                                 ([{"words": ["a"]}], "each entry is a name or a mapping with a name"),
                                 ([{"name": "blocked_endings", "word": ["a"]}], "unknown option word")):
         with pytest.raises(ValueError, match=message) as raised:

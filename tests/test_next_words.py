@@ -67,3 +67,26 @@ def test_next_words_are_listed_by_a_config_checked_and_read_from_the_vocabulary(
                              ({"after": ["blue"], "only": [""]}, "words are words")):
         with pytest.raises(ValueError, match=f"decoding.processors.next_words: .*{message}"):
             DecodingOptions.coerce({"processors": [{"name": "next_words", **options}]})
+
+
+def test_next_words_listed_again_is_one_more_rule_and_each_applies() -> None:
+    """The scenes' word order is several rules (after "a" a colour, after a colour a garment): the processors may
+    list next_words once per rule, each built and applied in order, where another seam refuses a name twice."""
+    options = DecodingOptions.coerce({"processors": [{"name": "next_words", "after": ["a"], "only": ["blue"]},
+                                                     {"name": "next_words", "after": ["blue"], "only": ["coat"]}]})
+    task = CaptionerTask(vocabulary=[*SPECIALS, "a", "blue", "coat"], image={"size": 96}, encoder={"width": 8},
+                         decoder={"embed_dim": 16, "hidden_dim": 32, "attention_dim": 16},
+                         decoding={"processors": options.processors})
+    assert len(task.model.processors) == 2
+    vocab = task.model.vocab
+    with torch.no_grad():  # "a" then <end> the likeliest at every step, but for the rules
+        task.model.decoder.output_words.bias[vocab.id("a")] += 20.0
+    captions = [task.model.words(h) for beams in task.model.eval().decode(torch.randn(3, 3, 96, 96), beam_size=4,
+                                                                           all_beams=True).beams for h in beams]
+    for words in captions:
+        assert all(words[i + 1] == "blue" for i in range(len(words) - 1) if words[i] == "a")
+        assert all(words[i + 1] == "coat" for i in range(len(words) - 1) if words[i] == "blue")
+    assert any("a" in words for words in captions)
+    with pytest.raises(ValueError, match="objective.auxiliary: concept is listed twice"):
+        CaptionerTask(vocabulary=[*SPECIALS, "a"], objective={"auxiliary": ["concept", "concept"]})
+

@@ -36,8 +36,12 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
     A caption is at most ``max_length`` words, then <end>, and at least ``min_length`` (the benchmark sets it to
     ``max_length``: every search the same steps); <start> and <pad> are never emitted (<unk> may be). A score is
     the summed log-probability / length^``length_penalty`` (1: the mean per word, <end> counted), after the
-    ``processors`` changed each step's log-probabilities in order. Beams without a finite score are left out,
-    but for the best when none has one (NaN scores), which the caller refuses.
+    ``processors`` changed each step's log-probabilities in order. As in HF transformers' beam search, a caption
+    that ends leaves the k live beams for a pool of the k best finished ones: live beams that later turn out
+    worse never push it out, and k beams stay live. The search stops once no live beam can beat the pool (without
+    a length penalty, scores only fall: log-probabilities are at most 0 and processors only lower them).
+    Captions without a finite score are left out, but for the best when none has one (NaN scores), which the
+    caller refuses.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
@@ -53,66 +57,73 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     model_log_probs = scores.clone()  # the model's own log-probabilities: the scores less the processors' changes
-    finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
-    lengths = torch.zeros(batch, k, device=device)  # words emitted, <end> included
-    history_tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
-    history_alphas = torch.zeros(batch, k, 0, locations, device=device)
-    history_betas = torch.zeros(batch, k, 0, device=device)
-    history_heads = None  # (B, k, T, K, L) with a multihead score
-    images = torch.arange(batch, device=device)[:, None]  # with ``parent``, indexes each beam's parent (B, k)
+    # Each live beam's words, α, β (and each head's α, with a multihead score) so far: (B, k, t, ...)
+    live = {"tokens": torch.zeros(batch, k, 0, dtype=torch.long, device=device),
+            "alphas": torch.zeros(batch, k, 0, locations, device=device),
+            "betas": torch.zeros(batch, k, 0, device=device)}
+    # The pool of finished captions, best first: scores (length-normalised), the model's log-probabilities,
+    # lengths (<end> included) and histories, padded to the live beams' length
+    pool_scores = torch.full((batch, k), float("-inf"), device=device)
+    pool_log_probs, pool_lengths = pool_scores.clone(), torch.ones(batch, k, device=device)
+    pool = dict(live)
+    images = torch.arange(batch, device=device)[:, None]  # with a (B, n) index, picks n beams of each image
     for t in range(max_length + 1):  # up to max_length words, then <end>
         logits, alpha, beta, new_state, _, heads = decoder.step(words, image, state)
-        log_probs = logits.float().log_softmax(dim=-1).view(batch, k, -1)  # (B, k, V); fp32 under autocast too
+        log_probs = logits.float().log_softmax(dim=-1)  # (B·k, V); fp32 under autocast too
         vocab = log_probs.shape[-1]
-        log_probs[..., [start_id, pad_id]] = float("-inf")
+        log_probs[:, [start_id, pad_id]] = float("-inf")
         if t < min_length:
-            log_probs[..., end_id] = float("-inf")
+            log_probs[:, end_id] = float("-inf")
         if t == max_length:
-            log_probs[..., :end_id] = float("-inf")
-            log_probs[..., end_id + 1 :] = float("-inf")
-        # A finished beam stays as it is: one continuation (<end> again) at no cost, all others impossible.
-        if finished.any():
-            log_probs.masked_fill_(finished.unsqueeze(-1), float("-inf"))
-            log_probs[..., end_id].masked_fill_(finished, 0.0)
-        step_scores = log_probs.view(batch * k, vocab)
+            log_probs[:, :end_id] = float("-inf")
+            log_probs[:, end_id + 1 :] = float("-inf")
+        step_scores = log_probs
         if processors:
-            step = SearchStep(t, words, alpha, max_length, history_tokens.reshape(batch * k, t),
-                              history_alphas.reshape(batch * k, t, locations))
+            step = SearchStep(t, words, alpha, max_length, live["tokens"].reshape(batch * k, t),
+                              live["alphas"].reshape(batch * k, t, locations))
             for processor in processors:
                 step_scores = processor(step_scores, step)
-        step_scores = step_scores.view(batch, k, vocab)
-        candidates = (scores.unsqueeze(-1) + step_scores).view(batch, k * vocab)  # (B, k·V)
-        scores, flat = candidates.topk(k, dim=-1)  # (B, k)
+        # The 2k best continuations: at most k of them end, so k stay live
+        candidates = (scores.unsqueeze(-1) + step_scores.view(batch, k, vocab)).view(batch, k * vocab)
+        top_scores, flat = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2k)
         parent, token = flat // vocab, flat % vocab
-        model_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
-        rows = (images * k + parent).view(-1)  # parent beam in (B·k)
-        was_finished = finished.gather(1, parent)
-        history_tokens = torch.cat([history_tokens[images, parent], token.unsqueeze(-1)], 2)
-        history_alphas = torch.cat([history_alphas[images, parent], alpha[rows].view(batch, k, 1, locations)], 2)
-        history_betas = torch.cat([history_betas[images, parent], beta[rows].view(batch, k, 1)], 2)
+        top_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
+        rows = (images * k + parent).view(-1)  # each candidate's parent beam in (B·k)
+        step_history = {"tokens": token.reshape(-1), "alphas": alpha[rows], "betas": beta[rows]}
         if heads is not None:
-            step_heads = heads[rows].view(batch, k, 1, *heads.shape[1:])
-            kept = step_heads[:, :, :0] if history_heads is None else history_heads[images, parent]
-            history_heads = torch.cat([kept, step_heads], 2)
-        lengths = lengths.gather(1, parent) + (~was_finished).float()
-        finished = was_finished | (token == end_id)
-        state = new_state.select(rows)
-        words = token.view(-1)
-        if finished.all():
+            step_history["heads"] = heads[rows]
+            if t == 0:
+                live["heads"] = pool["heads"] = heads.new_zeros(batch, k, 0, *heads.shape[1:])
+        grown = {name: torch.cat([live[name][images, parent], new.view(*parent.shape, 1, *new.shape[1:])], 2)
+                 for name, new in step_history.items()}
+        # The pool keeps its k best of the captions finished before and those that end now
+        ends = token == end_id
+        normalised = top_scores / float(t + 1) ** length_penalty if length_penalty else top_scores
+        pool_scores, chosen = torch.cat([pool_scores, normalised.masked_fill(~ends, float("-inf"))], 1).topk(k, dim=1)
+        pool = {name: torch.cat([torch.cat([pool[name], torch.zeros_like(history[:, :k, -1:])], 2), history], 1)
+                [images, chosen] for name, history in grown.items()}
+        pool_log_probs = torch.cat([pool_log_probs, top_log_probs], 1).gather(1, chosen)
+        pool_lengths = torch.cat([pool_lengths, torch.full_like(top_scores, t + 1)], 1).gather(1, chosen)
+        # The live beams: the k best continuations that did not end
+        scores, kept = top_scores.masked_fill(ends, float("-inf")).topk(k, dim=1)
+        live = {name: history[images, kept] for name, history in grown.items()}
+        model_log_probs = top_log_probs.gather(1, kept)
+        state = new_state.select((images * k + parent.gather(1, kept)).view(-1))
+        words = token.gather(1, kept).view(-1)
+        best_live = scores.max(dim=1).values
+        if (best_live == float("-inf")).all() or (not length_penalty and (pool_scores[:, -1] >= best_live).all()):
             break
-    normalised = scores / lengths.clamp_min(1) ** length_penalty if length_penalty else scores
-    order = normalised.argsort(dim=1, descending=True)
     results: list[list[Hypothesis]] = []
     for b in range(batch):
         beams = []
-        for j in order[b].tolist():
-            emitted = int(lengths[b, j].item())
-            tokens = history_tokens[b, j, :emitted].tolist()
-            keep = emitted - 1 if tokens and tokens[-1] == end_id else emitted  # α/β of words, not of <end>
-            beams.append(Hypothesis(tokens[:keep], history_alphas[b, j, :keep].cpu(), history_betas[b, j, :keep].cpu(),
-                                    float(model_log_probs[b, j]), float(normalised[b, j]),
-                                    None if history_heads is None else history_heads[b, j, :keep].cpu()))
-        # A beam scored -inf (fewer live candidates than beams: a tiny vocabulary, or processors that forbid
+        for j in range(k):
+            length = int(pool_lengths[b, j].item())
+            tokens = pool["tokens"][b, j, :length].tolist()
+            keep = length - 1 if tokens and tokens[-1] == end_id else length  # α/β of words, not of <end>
+            beams.append(Hypothesis(tokens[:keep], pool["alphas"][b, j, :keep].cpu(), pool["betas"][b, j, :keep].cpu(),
+                                    float(pool_log_probs[b, j]), float(pool_scores[b, j]),
+                                    pool["heads"][b, j, :keep].cpu() if "heads" in pool else None))
+        # A caption scored -inf (fewer live candidates than beams: a tiny vocabulary, or processors that forbid
         # words) is no caption; the best is kept whatever its score, for the caller to refuse by its image
         results.append([beam for beam in beams if math.isfinite(beam.score)] or beams[:1])
     return results

@@ -18,7 +18,7 @@ from vision_attn.captioning.decoder import AttentionDecoder, DecoderOutput
 from vision_attn.captioning.encoder import AnnotationEncoder
 from vision_attn.captioning.extensions import PROCESSORS
 from vision_attn.captioning.options import DecoderOptions, DecodingOptions, EncoderOptions
-from vision_attn.captioning.seams import built
+from vision_attn.captioning.seams import built_one
 from vision_attn.checkpoint import CAPTIONER, load_weights, read_model_checkpoint
 from vision_attn.data.images import IMAGENET_MEAN, IMAGENET_STD
 from vision_attn.data.vocabulary import END_ID, PAD_ID, START_ID, Vocabulary, tokenize
@@ -62,7 +62,8 @@ class Captioner(nn.Module):
         self._check_pretraining_normalisation()
         self.decoder = AttentionDecoder(vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim,
                                         options=decoder)
-        self.processors = nn.ModuleList(built(self.decoding.processors, PROCESSORS, vocab=self.vocab).values())
+        self.processors = nn.ModuleList(built_one(entry, PROCESSORS, vocab=self.vocab)
+                                        for entry in self.decoding.processors)
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",

@@ -145,10 +145,11 @@ class DecodingOptions(OptionGroup):
     ({name: blocked_endings, words: [and, a]}: no caption ends on one), revisit_penalty ({name: revisit_penalty,
     penalty: 3.0, words: [...]}: naming again the place an object word already named costs up to the penalty),
     forbidden_words ({name: forbidden_words, words: [...]}: never said), next_words ({name: next_words, after:
-    [blue], only: [coat, bag]}: after one of after comes one of only)"""
+    [blue], only: [coat, bag]}: after one of after comes one of only; listed again for each rule of word order)"""
 
     def __post_init__(self) -> None:  # the processors with every option filled in and checked
-        object.__setattr__(self, "processors", checked_entries(self.processors, PROCESSORS, "decoding.processors"))
+        object.__setattr__(self, "processors", checked_entries(self.processors, PROCESSORS, "decoding.processors",
+                                                               repeatable=True))
 
     def check(self) -> None:
         """Refuse a beam size or maximum length out of range, or a negative length penalty."""

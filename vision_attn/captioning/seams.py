@@ -52,9 +52,11 @@ def refuse_unless(condition: bool, seam: str, message: str) -> None:
         raise ValueError(f"{seam}: {message}")
 
 
-def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: str) -> list[dict[str, Any]]:
+def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: str, *,
+                    repeatable: bool = False) -> list[dict[str, Any]]:
     """``entries`` as ``{name, **options}`` with every option filled in and checked (what a checkpoint keeps); an
-    unknown name, a name listed twice or a bad option is refused in one line."""
+    unknown name, a name listed twice (unless ``repeatable``: the processors, each entry its own rule) or a bad
+    option is refused in one line."""
     refuse_unless(isinstance(entries, list | tuple), seam, f"expected a list of extensions, got {entries!r}")
     plain: list[dict[str, Any]] = []
     for entry in entries:
@@ -64,7 +66,7 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
         close = difflib.get_close_matches(name, list(registry), n=1)
         refuse_unless(name in registry, seam, f"unknown extension {name!r}; " + (
             f"did you mean {close[0]}?" if close else f"use one of {', '.join(sorted(registry))}"))
-        refuse_unless(all(name != done["name"] for done in plain), seam, f"{name} is listed twice")
+        refuse_unless(repeatable or all(name != done["name"] for done in plain), seam, f"{name} is listed twice")
         given = {key: value for key, value in entry.items() if key != "name"} if isinstance(entry, Mapping) else {}
         options_type = registry[name].Options
         try:
@@ -77,8 +79,13 @@ def checked_entries(entries: Sequence[Any], registry: Mapping[str, type], seam: 
 
 def built(entries: Sequence[Mapping[str, Any]], registry: Mapping[str, type], **context: Any) -> dict[str, Any]:
     """The extensions of checked ``entries`` by name, in order, each built from its options and ``context``."""
-    return {entry["name"]: registry[entry["name"]](registry[entry["name"]].Options.coerce(
-        {key: value for key, value in entry.items() if key != "name"}), **context) for entry in entries}
+    return {entry["name"]: built_one(entry, registry, **context) for entry in entries}
+
+
+def built_one(entry: Mapping[str, Any], registry: Mapping[str, type], **context: Any) -> Any:
+    """The extension of one checked entry, built from its options and ``context``."""
+    options = registry[entry["name"]].Options.coerce({key: value for key, value in entry.items() if key != "name"})
+    return registry[entry["name"]](options, **context)
 
 
 class LocationTerm(NamedTuple):
@@ -186,8 +193,9 @@ class SearchStep:
 
 class DecodingProcessor(nn.Module):
     """A change to each step's word scores (N, V) in decoding: log-probabilities in beam search, logits in
-    self-critical sampling; never in place (sampling differentiates them). ``sampling`` False: beam search only.
-    Built from its options and the ``Vocabulary``."""
+    self-critical sampling; never in place (sampling differentiates them), and never raising a score (beam search
+    stops once no live beam can beat its finished captions). ``sampling`` False: beam search only. Built from its
+    options and the ``Vocabulary``."""
 
     Options: ClassVar[type[OptionGroup]] = NoOptions
     sampling: ClassVar[bool] = True
