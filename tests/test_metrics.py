@@ -174,5 +174,18 @@ def test_a_caption_is_unfinished_when_it_ends_on_a_word_the_references_use_but_n
         "",                               # says nothing
         "a red zebra",                    # a word the references never use: not counted
     )]
-    assert unfinished_rate(records) == {"unfinished_caption_rate": 3 / 5}
+    assert unfinished_rate(records)["unfinished_caption_rate"] == 3 / 5
     assert math.isnan(unfinished_rate([])["unfinished_caption_rate"])
+
+
+def test_a_caption_with_two_words_no_reference_puts_side_by_side_counts_as_an_unseen_pair() -> None:
+    references = ["there is a red coat and a blue bag", "a blue bag on its own"]
+    records = [{"caption": caption, "references": references} for caption in (
+        "there is a red coat and a blue bag on its own",  # every pair is in one reference or the other
+        "there is a red coat and a with a own",  # "a with", "with a", "a own": never side by side
+        "a red coat and and a blue bag",         # "and and"
+        "a red zebra",                           # "zebra" is no reference's word: not counted
+        "",                                      # no pair
+    )]
+    assert unfinished_rate(records)["unseen_pair_rate"] == 2 / 5
+    assert math.isnan(unfinished_rate([])["unseen_pair_rate"])

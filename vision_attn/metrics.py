@@ -111,18 +111,23 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
 def unfinished_rate(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """``unfinished_caption_rate``: the share of captions that say nothing, or end on a word the records' references
     use but never last ("... a red coat and", "... next"), a word that needs another after it. The references
-    show which words those are, so no word list is needed; a word they never use is given the benefit of the doubt."""
-    used, last = set(), set()
+    show which words those are, so no word list is needed; a word they never use is given the benefit of the doubt.
+    ``unseen_pair_rate``: the share of captions in which two adjacent words, both used by the references, are
+    side by side in none of them ("and a with a its own" on the scenes; on COCO a new but sound pair counts too)."""
+    used, last, pairs = set(), set(), set()
     for record in records:
         for reference in record["references"]:
             words = tokenize(reference)
             used.update(words)
             last.update(words[-1:])
-    unfinished = 0
+            pairs.update(zip(words, words[1:], strict=False))
+    unfinished = unseen = 0
     for record in records:
         words = tokenize(record["caption"])
         unfinished += not words or (words[-1] in used and words[-1] not in last)
-    return {"unfinished_caption_rate": unfinished / len(records) if records else float("nan")}
+        unseen += any(pair not in pairs and {*pair} <= used for pair in zip(words, words[1:], strict=False))
+    count = len(records) or float("nan")
+    return {"unfinished_caption_rate": unfinished / count, "unseen_pair_rate": unseen / count}
 
 
 class CiderD:

@@ -36,18 +36,16 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
     A caption is at most ``max_length`` words, then <end>, and at least ``min_length`` (the benchmark sets it to
     ``max_length``: every search the same steps); <start> and <pad> are never emitted (<unk> may be). A score is
     the summed log-probability / length^``length_penalty`` (1: the mean per word, <end> counted), after the
-    ``processors`` changed each step's log-probabilities in order. As in HF transformers' beam search, a caption
-    that ends leaves the k live beams for a pool of the k best finished ones: live beams that later turn out
-    worse never push it out, and k beams stay live. The search stops once no live beam can beat the pool (without
-    a length penalty, scores only fall: log-probabilities are at most 0 and processors only lower them).
-    Captions without a finite score are left out, but for the best when none has one (NaN scores), which the
-    caller refuses.
+    ``processors`` changed each step's log-probabilities in order. As in HF transformers, a caption that ends
+    goes to a pool of the k best finished ones, which live beams that turn out worse never push out, and k beams
+    stay live; without a length penalty the search stops once no live beam can beat the pool (scores only fall).
+    Captions without a finite score are left out, but for the best when none has one (NaN scores): the caller
+    refuses it.
     """
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be between 0 and max_length ({max_length}), got {min_length}")
     batch, locations, _ = annotations.shape
-    k = beam_size
-    device = annotations.device
+    k, device = beam_size, annotations.device
     # The k beams of an image attend its one copy of a and W_a a (never expanded k times, never reordered);
     # only the recurrent state has a row per beam: (B, H) -> (B·k, H)
     image = decoder.encode(annotations)
@@ -74,18 +72,15 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
         log_probs[:, [start_id, pad_id]] = float("-inf")
         if t < min_length:
             log_probs[:, end_id] = float("-inf")
-        if t == max_length:
-            log_probs[:, :end_id] = float("-inf")
-            log_probs[:, end_id + 1 :] = float("-inf")
+        if t == max_length:  # only <end> is left
+            log_probs[:, torch.arange(vocab, device=device) != end_id] = float("-inf")
         step_scores = log_probs
-        if processors:
-            step = SearchStep(t, words, alpha, max_length, live["tokens"].reshape(batch * k, t),
-                              live["alphas"].reshape(batch * k, t, locations))
-            for processor in processors:
-                step_scores = processor(step_scores, step)
-        # The 2k best continuations: at most k of them end, so k stay live
+        step = SearchStep(t, words, alpha, max_length, live["tokens"].reshape(batch * k, t),
+                          live["alphas"].reshape(batch * k, t, locations))
+        for processor in processors:
+            step_scores = processor(step_scores, step)
         candidates = (scores.unsqueeze(-1) + step_scores.view(batch, k, vocab)).view(batch, k * vocab)
-        top_scores, flat = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2k)
+        top_scores, flat = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2k): at most k end, k stay live
         parent, token = flat // vocab, flat % vocab
         top_log_probs = model_log_probs.gather(1, parent) + log_probs.view(batch, k * vocab).gather(1, flat)
         rows = (images * k + parent).view(-1)  # each candidate's parent beam in (B·k)
@@ -104,27 +99,22 @@ def beam_search(decoder: AttentionDecoder, annotations: Tensor, *, start_id: int
                 [images, chosen] for name, history in grown.items()}
         pool_log_probs = torch.cat([pool_log_probs, top_log_probs], 1).gather(1, chosen)
         pool_lengths = torch.cat([pool_lengths, torch.full_like(top_scores, t + 1)], 1).gather(1, chosen)
-        # The live beams: the k best continuations that did not end
-        scores, kept = top_scores.masked_fill(ends, float("-inf")).topk(k, dim=1)
+        scores, kept = top_scores.masked_fill(ends, float("-inf")).topk(k, dim=1)  # live: the k best not ended
         live = {name: history[images, kept] for name, history in grown.items()}
         model_log_probs = top_log_probs.gather(1, kept)
         state = new_state.select((images * k + parent.gather(1, kept)).view(-1))
         words = token.gather(1, kept).view(-1)
-        best_live = scores.max(dim=1).values
-        if (best_live == float("-inf")).all() or (not length_penalty and (pool_scores[:, -1] >= best_live).all()):
+        if (scores[:, 0] == float("-inf")).all() or (not length_penalty and (pool_scores[:, -1] >= scores[:, 0]).all()):
             break
     results: list[list[Hypothesis]] = []
     for b in range(batch):
         beams = []
         for j in range(k):
-            length = int(pool_lengths[b, j].item())
-            tokens = pool["tokens"][b, j, :length].tolist()
-            keep = length - 1 if tokens and tokens[-1] == end_id else length  # α/β of words, not of <end>
-            beams.append(Hypothesis(tokens[:keep], pool["alphas"][b, j, :keep].cpu(), pool["betas"][b, j, :keep].cpu(),
+            keep = int(pool_lengths[b, j].item()) - 1  # every pooled caption ends on <end>: its words, α and β
+            beams.append(Hypothesis(pool["tokens"][b, j, :keep].tolist(), pool["alphas"][b, j, :keep].cpu(),
+                                    pool["betas"][b, j, :keep].cpu(),
                                     float(pool_log_probs[b, j]), float(pool_scores[b, j]),
                                     pool["heads"][b, j, :keep].cpu() if "heads" in pool else None))
-        # A caption scored -inf (fewer live candidates than beams: a tiny vocabulary, or processors that forbid
-        # words) is no caption; the best is kept whatever its score, for the caller to refuse by its image
         results.append([beam for beam in beams if math.isfinite(beam.score)] or beams[:1])
     return results
 

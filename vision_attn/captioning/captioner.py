@@ -62,8 +62,7 @@ class Captioner(nn.Module):
         self._check_pretraining_normalisation()
         self.decoder = AttentionDecoder(vocab_size=len(self.vocab), annotation_dim=self.encoder.annotation_dim,
                                         options=decoder)
-        self.processors = nn.ModuleList(built_one(entry, PROCESSORS, vocab=self.vocab)
-                                        for entry in self.decoding.processors)
+        self.processors = nn.ModuleList(built_one(e, PROCESSORS, vocab=self.vocab) for e in self.decoding.processors)
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
