@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vision_attn import metrics
-from vision_attn.metrics import caption_scores, deduplicate, java_available, pointing_scores, unfinished_rate
+from vision_attn.metrics import caption_scores, deduplicate, java_available, pointing_scores, word_order_rates
 
 REFERENCES = {
     1: ["a red sneaker to the left of a white bag", "a white bag to the right of a red sneaker"],
@@ -174,8 +174,8 @@ def test_a_caption_is_unfinished_when_it_ends_on_a_word_the_references_use_but_n
         "",                               # says nothing
         "a red zebra",                    # a word the references never use: not counted
     )]
-    assert unfinished_rate(records)["unfinished_caption_rate"] == 3 / 5
-    assert math.isnan(unfinished_rate([])["unfinished_caption_rate"])
+    assert word_order_rates(records)["unfinished_caption_rate"] == 3 / 5
+    assert math.isnan(word_order_rates([])["unfinished_caption_rate"])
 
 
 def test_a_caption_with_two_words_no_reference_puts_side_by_side_counts_as_an_unseen_pair() -> None:
@@ -187,5 +187,5 @@ def test_a_caption_with_two_words_no_reference_puts_side_by_side_counts_as_an_un
         "a red zebra",                           # "zebra" is no reference's word: not counted
         "",                                      # no pair
     )]
-    assert unfinished_rate(records)["unseen_pair_rate"] == 2 / 5
-    assert math.isnan(unfinished_rate([])["unseen_pair_rate"])
+    assert word_order_rates(records)["unseen_pair_rate"] == 2 / 5
+    assert math.isnan(word_order_rates([])["unseen_pair_rate"])

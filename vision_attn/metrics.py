@@ -108,7 +108,7 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     return scores
 
 
-def unfinished_rate(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def word_order_rates(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """``unfinished_caption_rate``: the share of captions that say nothing, or end on a word the records' references
     use but never last ("... a red coat and", "... next"), a word that needs another after it. The references
     show which words those are, so no word list is needed; a word they never use is given the benefit of the doubt.

@@ -40,7 +40,7 @@ from vision_attn.metrics import (
     hallucination_scores,
     pointing_scores,
     scene_scores,
-    unfinished_rate,
+    word_order_rates,
 )
 from vision_attn.overlay import caption_overlay
 from vision_attn.results import caption_record, read_scored_results, write_results
@@ -176,7 +176,7 @@ def score_records(records: Sequence[dict[str, Any]], *, pointing: bool = True,
     categories once and those its references name as present (Rohrbach et al.)."""
     scores = caption_scores({r["image_id"]: r["caption"] for r in records},
                             {r["image_id"]: r["references"] for r in records})
-    scores.update(unfinished_rate(records))
+    scores.update(word_order_rates(records))
     boxes = {r["image_id"]: r["objects"] for r in records if r.get("objects") is not None}
     if boxes:
         if pointing:
