@@ -33,8 +33,8 @@ chromium:
 	fi
 
 # The main job on the embedded default: pretrain the captioner's encoder on single Fashion-MNIST items drawn as
-# the scenes draw them, over clutter (6 epochs), generate Fashion scenes and train the Show-Attend-Tell captioner
-# from that encoder (700 steps; budgets in steps, the same run on every machine), test it on the default scenes
+# the scenes draw them, over clutter (4 epochs), generate Fashion scenes and train the Show-Attend-Tell captioner
+# from that encoder (560 steps; budgets in steps, the same run on every machine), test it on the default scenes
 # (BLEU, METEOR, ROUGE-L,
 # CIDEr-D, pointing, the scene metrics), score it again on scenes drawn another way (items anywhere, other shades of
 # each colour, over photographs it never trained on), draw its attention over a handful of scenes of both kinds,
