@@ -79,8 +79,10 @@ def test_next_words_listed_again_is_one_more_rule_and_each_applies() -> None:
                          decoding={"processors": options.processors})
     assert len(task.model.processors) == 2
     vocab = task.model.vocab
-    with torch.no_grad():  # "a" then <end> the likeliest at every step, but for the rules
+    with torch.no_grad():  # "a" the likeliest at every step, then "blue" and "coat", far above <end>: a caption
+        # says "a" whatever the random weights, and without the rules "a" would follow "a" and "blue"
         task.model.decoder.output_words.bias[vocab.id("a")] += 20.0
+        task.model.decoder.output_words.bias[[vocab.id("blue"), vocab.id("coat")]] += 10.0
     captions = [task.model.words(h) for beams in task.model.eval().decode(torch.randn(3, 3, 96, 96), beam_size=4,
                                                                            all_beams=True).beams for h in beams]
     for words in captions:
