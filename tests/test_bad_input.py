@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_script, tiny
+from tests.conftest import run_in_process, tiny
 from vision_attn.cli import main
 from vision_attn.data.coco import load_caption_image, read_coco_captions, read_karpathy
 from vision_attn.data.images import BadImageError, open_image
@@ -285,8 +285,8 @@ def test_a_vocabulary_that_does_not_match_the_checkpoint(trained_captioner, tmp_
 
 
 def test_a_config_key_typo_is_lightningclis_error_without_a_traceback(tmp_path) -> None:
-    result = run_script("fit", *tiny("vit_tiny.yaml"), "--model.init_args.architecture.embed_dimm", "8",
-                        "--trainer.default_root_dir", str(tmp_path))
+    result = run_in_process("fit", *tiny("vit_tiny.yaml"), "--model.init_args.architecture.embed_dimm", "8",
+                            "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 2
     assert "embed_dimm" in result.stderr and "Traceback" not in result.stderr
 

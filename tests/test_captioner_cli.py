@@ -55,9 +55,9 @@ def test_results_json_feeds_pycocoevalcap(trained_captioner, tmp_path) -> None:
     from pycocotools.coco import COCO
 
     out = tmp_path / "results.json"
-    result = run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), "--coco-annotations",
-                        str(trained_captioner["scenes"] / "annotations" / "captions_test.json"),
-                        "--image-dir", str(trained_captioner["scenes"] / "images" / "test"), "--out", str(out))
+    result = run_in_process("caption", "--ckpt", str(trained_captioner["ckpt"]), "--coco-annotations",
+                            str(trained_captioner["scenes"] / "annotations" / "captions_test.json"),
+                            "--image-dir", str(trained_captioner["scenes"] / "images" / "test"), "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     check_records(json.loads(out.read_text()), 6)
     coco = COCO(str(trained_captioner["scenes"] / "annotations" / "captions_test.json"))
@@ -73,8 +73,8 @@ def test_caption_own_images_of_odd_sizes_and_modes(trained_captioner, tmp_path) 
     Image.new("CMYK", (64, 64), (0, 120, 200, 0)).save(folder / "cmyk.jpg")
     Image.new("P", (50, 50)).save(folder / "palette.gif")
     out = tmp_path / "out" / "results.json"
-    result = run_script("caption", "--ckpt", str(trained_captioner["ckpt"]), str(folder), "--beam", "3",
-                        "--out", str(out))
+    result = run_in_process("caption", "--ckpt", str(trained_captioner["ckpt"]), str(folder), "--beam", "3",
+                            "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = json.loads(out.read_text())
     check_records(records, 4)
@@ -89,7 +89,7 @@ def test_caption_refuses_a_vit_checkpoint_in_one_line(tmp_path) -> None:
     torch.save({"vision_attn_kind": "vit", "state_dict": {}, "hyper_parameters": {}}, bogus)
     image = tmp_path / "x.png"
     Image.new("RGB", (8, 8)).save(image)
-    result = run_script("caption", "--ckpt", str(bogus), str(image))
+    result = run_in_process("caption", "--ckpt", str(bogus), str(image))
     assert result.returncode == 2
     assert result.stderr.strip() == (f"error: {bogus}: this is a ViT classifier checkpoint, but a Show-Attend-Tell "
                                      "captioner is needed")
@@ -136,9 +136,9 @@ def test_hard_attention_trains_self_critically_from_the_start_of_the_time_budget
 
 
 def test_self_critical_training_needs_grouped_captions_in_one_line(trained_captioner, tmp_path) -> None:
-    result = run_script("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
-                        str(trained_captioner["scenes"]), "--model.init_args.self_critical.from_epoch", "0",
-                        "--trainer.default_root_dir", str(tmp_path))
+    result = run_in_process("fit", *tiny("captioner_tiny.yaml"), "--data.init_args.root",
+                            str(trained_captioner["scenes"]), "--model.init_args.self_critical.from_epoch", "0",
+                            "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode != 0
     assert "group_captions: true" in result.stderr and "Traceback" not in result.stderr
 

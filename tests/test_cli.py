@@ -81,7 +81,7 @@ def test_classify_prints_top5_for_images_of_any_mode_and_size(vit_checkpoint, tm
     rgb = tmp_path / "wide.jpg"
     Image.fromarray(np.stack([images[1].numpy()] * 3, -1)).resize((90, 40)).save(rgb)
     out = tmp_path / "classes.json"
-    result = run_script("classify", "--ckpt", str(vit_checkpoint), str(grey), str(rgb), "--out", str(out))
+    result = run_in_process("classify", "--ckpt", str(vit_checkpoint), str(grey), str(rgb), "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0] == str(grey) and lines[6] == str(rgb) and lines[12] == f"wrote the classes of 2 images to {out}"

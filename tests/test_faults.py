@@ -86,11 +86,8 @@ def test_a_run_killed_mid_epoch_resumes_to_bitwise_the_same_weights(tmp_path) ->
 
 def test_a_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path) -> None:
     config, checkpoints = resume_config(tmp_path, "nan", slow=False)
-    result = subprocess.run(
-        [console_script(), "fit", *tiny("vit_tiny.yaml", config), "--trainer.default_root_dir", str(tmp_path / "nan"),
-         "--model.init_args.optimiser.lr", "1e30", "--model.init_args.optimiser.weight_decay", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    result = run_in_process("fit", *tiny("vit_tiny.yaml", config), "--trainer.default_root_dir", str(tmp_path / "nan"),
+                            "--model.init_args.optimiser.lr", "1e30", "--model.init_args.optimiser.weight_decay", "0")
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
