@@ -24,7 +24,7 @@ import torchvision
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from tests.conftest import REPO, run_script, tiny
+from tests.conftest import REPO, run_in_process, tiny
 from vision_attn.captioning.encoder import AnnotationEncoder, SmallCNN
 from vision_attn.errors import CheckpointError
 from vision_attn.vit.pretrained import load_pretrained
@@ -152,10 +152,10 @@ def test_torchvision_weights_missing_offline_are_one_line_naming_the_file(tmp_pa
 def test_the_cli_reports_missing_torchvision_weights_in_one_line(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = run_script("fit", *tiny("captioner_tiny.yaml"),
-                        "--data.init_args.root", str(tmp_path / "scenes"), "--trainer.default_root_dir",
-                        str(tmp_path / "run"), "--model.init_args.encoder.backbone", "resnet50",
-                        "--model.init_args.encoder.pretrained", "imagenet")
+    result = run_in_process("fit", *tiny("captioner_tiny.yaml"),
+                            "--data.init_args.root", str(tmp_path / "scenes"), "--trainer.default_root_dir",
+                            str(tmp_path / "run"), "--model.init_args.encoder.backbone", "resnet50",
+                            "--model.init_args.encoder.pretrained", "imagenet")
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
