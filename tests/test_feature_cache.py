@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,14 @@ def test_fit_and_test_read_the_cache_through_the_cli(scenes, tmp_path) -> None:
     cache, run = tmp_path / "cache", tmp_path / "run"
     common = [*tiny("captioner_tiny.yaml"), "--data.init_args.root", str(scenes),
               "--model.init_args.encoder.trainable_stages", "0", "--data.init_args.feature_cache.folder", str(cache)]
-    ahead = run_in_process("cache-features", *common)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ahead = run_in_process("cache-features", *common)
     assert ahead.returncode == 0, ahead.stderr[-3000:]
+    # its arguments reach LightningCLI as a command line: no warning of args given beside sys.argv's own (the
+    # deprecations are jsonargparse's, of Lightning's calls)
+    assert not [w for w in caught if Path(w.filename).match("lightning/pytorch/cli.py")
+                and not issubclass(w.category, DeprecationWarning)]
     assert "36 images x" in ahead.stdout and "(3 of 3 shards to fill)" in ahead.stdout
     folders = sorted(cache.iterdir())
     assert len(folders) == 3
@@ -233,3 +240,9 @@ def test_a_bad_cache_folder_or_shard_size_is_one_line_before_any_work(scenes, tm
                 "shard_size_0": "error: feature_cache.shard_size must be at least 1, got 0"}[bad]
     assert result.stderr.strip().splitlines()[-1] == expected
     assert (tmp_path / "a_file").read_text() == "x" and not (tmp_path / "cache").exists()
+
+
+def test_cache_features_help_names_the_tool() -> None:
+    helped = run_in_process("cache-features", "--help")
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    assert helped.stdout.startswith("usage: vision-attn cache-features [-c CONFIG]")

@@ -224,9 +224,17 @@ def end_process_group() -> None:
 def cache_features(args: Sequence[str]) -> None:
     """``vision-attn cache-features --config C [overrides]``: fill every split's feature cache ahead of ``fit``, as
     ``fit`` would (in one process), printing the disk size first and a progress bar per split."""
-    cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
-                        subclass_mode_data=True, args=list(args), run=False, auto_configure_optimizers=False,
-                        save_config_callback=None)
+    arguments = nulls_to_groups(list(args))
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(arguments))  # as fit's
+    # LightningCLI warns when given args while sys.argv holds any: the tool's arguments stand in for the command
+    # line while it reads them, and its help names the tool
+    command_line, sys.argv = sys.argv, [sys.argv[0], *arguments]
+    try:
+        cli = VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                            subclass_mode_data=True, run=False, auto_configure_optimizers=False,
+                            save_config_callback=None, parser_kwargs={"prog": "vision-attn cache-features"})
+    finally:
+        sys.argv = command_line
     model, datamodule = cli.model, cli.datamodule
     options = getattr(datamodule, "feature_cache", None)
     if options is None or not options.folder:
