@@ -196,15 +196,20 @@ def run_lightning(args: Sequence[str] | None) -> None:
     if args is None:  # from the command line, sys.argv is rewritten in place (LightningCLI warns of both ways)
         sys.argv[1:] = nulls_to_groups(sys.argv[1:])
     arguments = None if args is None else nulls_to_groups(args)
-    # A dataclass field's doc is the string under it (the option groups). Reading those strings means parsing the
-    # sources of every class the parser takes, Trainer's among them, so it is done only for the help that shows them.
-    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(given_argv(arguments)))
+    read_docs_only_for_help(given_argv(arguments))
     try:
         VisionAttnCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                       save_config_kwargs={"overwrite": True}, args=arguments, auto_configure_optimizers=False)
     except MisconfigurationException as error:
         raise ValueError(f"Lightning refused a setting: {error}") from None
     end_process_group()
+
+
+def read_docs_only_for_help(args: Sequence[str]) -> None:
+    """Have jsonargparse read the options' docs only when ``args`` ask for a help that shows them: a dataclass
+    field's doc is the string under it (the option groups), and reading those strings means parsing the sources
+    of every class the parser takes, Trainer's among them."""
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(args))
 
 
 def asks_for_help(args: Sequence[str]) -> bool:
@@ -225,7 +230,7 @@ def cache_features(args: Sequence[str]) -> None:
     """``vision-attn cache-features --config C [overrides]``: fill every split's feature cache ahead of ``fit``, as
     ``fit`` would (in one process), printing the disk size first and a progress bar per split."""
     arguments = nulls_to_groups(list(args))
-    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(arguments))  # as fit's
+    read_docs_only_for_help(arguments)
     # LightningCLI warns when given args while sys.argv holds any: the tool's arguments stand in for the command
     # line while it reads them, and its help names the tool
     command_line, sys.argv = sys.argv, [sys.argv[0], *arguments]
