@@ -90,6 +90,34 @@ def test_under_a_step_budget_the_warm_up_counts_an_epochs_own_steps(tmp_path) ->
     assert trainer.global_step == 25 and schedule.total_steps == 25 and schedule.warmup_steps == 5
 
 
+class _Validated(_Steps):
+    """``_Steps`` that notes the global step of each validation."""
+
+    def __init__(self, schedule: RunSchedule) -> None:
+        super().__init__(schedule)
+        self.validated_at: list[int] = []
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.validated_at.append(self.trainer.global_step)
+
+
+@pytest.mark.parametrize(("max_steps", "interval", "expected"), [
+    (7, 1.0, [7]),  # inside the first epoch of 10: validated only where the budget ends
+    (25, 1.0, [10, 20, 25]),  # each epoch's end, then the budget's last step, part-way through an epoch
+    (20, 1.0, [10, 20]),  # the budget ends with an epoch: one validation there, not two
+    (12, 4, [4, 8, 12]),  # every 4 steps, the last of them the budget's
+])
+def test_a_step_budget_validates_its_last_step(tmp_path, max_steps, interval, expected) -> None:
+    """Whatever val_check_interval says, the weights a step budget ends with are validated, once."""
+    model = _Validated(RunSchedule(Schedule()))
+    trainer = L.Trainer(max_steps=max_steps, max_epochs=100, val_check_interval=interval, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(model, _loader(10), _loader(2))
+    assert trainer.global_step == max_steps and model.validated_at == expected
+
+
 def test_a_max_time_ceiling_that_ends_a_step_budget_says_so(tmp_path, caplog) -> None:
     """max_steps 1000 of 0.2-s steps under a 1-s max_time: the fit ends early, says so in one line, and logs
     stopped_by_max_time; a fit that reaches its max_steps says nothing."""

@@ -1,6 +1,7 @@
 """The one owner of a run's schedule: its progress and what follows it (the learning rate, phases that start
-part-way, the PatchDropout rate, the stop at a time budget's last validation). Progress is the share of steps done,
-or with ``Schedule.by_time`` and ``max_time`` the spent share of the time budget if further (Li et al. 2020)."""
+part-way, the PatchDropout rate, the stop at a time budget's last validation, a validation at a step budget's last
+step). Progress is the share of steps done, or with ``Schedule.by_time`` and ``max_time`` the spent share of the
+time budget if further (Li et al. 2020)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,13 @@ class RunSchedule(L.Callback):
             self._phases[name] = trainer.global_step
             log.info("%.0f%% of the run done at step %d: %s from here", 100 * share, trainer.global_step, name)
         return name in self._phases and trainer.global_step >= self._phases[name]
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """At a step budget's last step, ask Lightning to stop, which validates there: the final weights are always
+        validated (and can be best.ckpt), whatever ``val_check_interval`` says and wherever the epoch ends."""
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Note when the validation starts, to time it."""
