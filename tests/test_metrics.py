@@ -29,6 +29,37 @@ def test_all_coco_metrics_with_java_rank_good_captions_above_bad_ones() -> None:
     assert all(good[key] > bad[key] for key in EXPECTED_KEYS)
 
 
+@pytest.mark.skipif(not metrics.java_available(), reason="Java is part of the set-up; this machine has none")
+def test_one_scoring_starts_the_ptb_tokenizer_once_and_tokenizes_as_two_runs_would(monkeypatch, tmp_path) -> None:
+    """References and candidates go through one tokenizer run (each Java start costs a fraction of a second); the
+    tokens are those of one run each, empty and multi-line captions included."""
+    import shutil
+
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    log = tmp_path / "java.log"
+    wrapper = tmp_path / "bin" / "java"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("java")} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    references = {**REFERENCES, 4: ["A coat, then (a bag)!", "two\nlines"], 5: ["it's a U.S. bag", ""]}
+    predictions = {1: "A red sneaker.", 2: "", 3: "a yellow dress -- and a red top", 4: "a coat", 5: "naïve bag"}
+    metrics.meteor_scorer()  # started before the count: METEOR is one process for the whole run
+    scores = caption_scores(predictions, references)
+    tokenizer_runs = [line for line in log.read_text().splitlines() if "PTBTokenizer" in line]
+    assert len(tokenizer_runs) == 1 and set(scores) == EXPECTED_KEYS
+
+    def one_run(captions: dict) -> dict:
+        return PTBTokenizer().tokenize({k: [{"caption": c} for c in v] for k, v in captions.items()})
+
+    separately = (one_run(references), one_run({k: [v] for k, v in predictions.items()}))
+    assert scores["CIDEr-D"] == float(Cider().compute_score(*separately)[0])
+    assert scores["BLEU-4"] == float(Bleu(4).compute_score(*separately, verbose=0)[0][3])
+
+
 def test_without_java_meteor_is_skipped_with_one_warning(monkeypatch, tmp_path: Path, caplog) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no java on it
     monkeypatch.setattr(metrics, "_warned", set())

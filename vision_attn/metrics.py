@@ -91,9 +91,12 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     use_java = java_available()
     if use_java:
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-        tokenizer = PTBTokenizer()
-        gts, res = (tokenizer.tokenize({key: [{"caption": c} for c in values] for key, values in captions.items()})
-                    for captions in (gts, res))
+        # one tokenizer run (one Java start) for references and candidates: it tokenizes line by line
+        both = {(side, key): [{"caption": c} for c in values] for side, captions in (("ref", gts), ("res", res))
+                for key, values in captions.items()}
+        tokenized = PTBTokenizer().tokenize(both)
+        gts, res = ({key: tokenized[side, key] for key in captions if (side, key) in tokenized}
+                    for side, captions in (("ref", gts), ("res", res)))
     else:
         _warn_once("java", "Java not found: METEOR and the PTB tokenizer are skipped; the other metrics use "
                            "vision-attn's tokenizer (apt-get install default-jre-headless to get them)")
