@@ -13,7 +13,9 @@
 # self-critical sampling and CIDEr-D rewards keep one core busy, stay under the quota, and run at the host core's
 # full speed. So the stand-in is too fast for the captioner and the encoder pretraining, and close for the
 # matmul-bound ViT: multiply a phase's time under it by that phase's correction in docs/benchmarks.md before
-# comparing it with a goal. On another host, calibrate --cpus the same way before trusting its figures. The
+# comparing it with a goal. The test suite's time is projected better without the stand-in: time the suite on
+# the host alone and use the same-suite ratio given there. On another host, calibrate --cpus the same way before
+# trusting its figures. The
 # cgroup is named by $SLOWER_CPU_GROUP (default vision-attn-slower), so that a run inside one can start another
 # with a quota of its own.
 set -eu
