@@ -92,11 +92,11 @@ def caption_scores(predictions: Mapping[Any, str], references: Mapping[Any, Sequ
     if use_java:
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
         # one tokenizer run (one Java start) for references and candidates: it tokenizes line by line
-        both = {(side, key): [{"caption": c} for c in values] for side, captions in (("ref", gts), ("res", res))
-                for key, values in captions.items()}
-        tokenized = PTBTokenizer().tokenize(both)
+        sides = (("ref", gts), ("res", res))
+        tokenized = PTBTokenizer().tokenize({(side, key): [{"caption": c} for c in values]
+                                             for side, captions in sides for key, values in captions.items()})
         gts, res = ({key: tokenized[side, key] for key in captions if (side, key) in tokenized}
-                    for side, captions in (("ref", gts), ("res", res)))
+                    for side, captions in sides)
     else:
         _warn_once("java", "Java not found: METEOR and the PTB tokenizer are skipped; the other metrics use "
                            "vision-attn's tokenizer (apt-get install default-jre-headless to get them)")
